@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Build a tiny random-weight LLaVA (CLIP vision tower + Llama LM) fully offline.
+
+    python scripts/build_tiny_model.py OUT_DIR [--image-size 32 --patch 8 ...]
+
+Everything vLLM and transformers need is written (config, safetensors weights, a BPE
+tokenizer trained here on a few sentences, image processor, chat template); nothing is
+downloaded. Deterministic: the same arguments give byte-identical weights. The default
+(32 px, patch 8 -> 16 image tokens, 2-layer towers) starts in seconds on a CPU; larger
+towers (e.g. ``--image-size 224 --patch 16 --vision-hidden 768 --vision-layers 12``, a
+SigLIP-base-sized encoder) are for benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+CORPUS = [
+    "USER: What is shown in this image? ASSISTANT: A picture of a cat.",
+    "Describe the image in detail. The quick brown fox jumps over the lazy dog.",
+    "red green blue yellow square circle triangle color shape number one two three",
+] * 50
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}USER: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] in ('image', 'image_url', 'image_pil') %}<image>\n"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %} "
+    "{% else %}ASSISTANT: {% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+
+
+def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
+          vision_layers: int = 2, seed: int = 0) -> str:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(seed)
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+    image_token_id = hf_tok.convert_tokens_to_ids("<image>")
+    vocab_size = (len(hf_tok) + 63) // 64 * 64
+
+    heads = max(2, vision_hidden // 64)
+    vision = CLIPVisionConfig(
+        hidden_size=vision_hidden, intermediate_size=vision_hidden * 4 if vision_hidden > 32 else 64,
+        num_hidden_layers=vision_layers, num_attention_heads=heads,
+        image_size=image_size, patch_size=patch, projection_dim=32)
+    text = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2,  # head_dim 32: supported by CPU attention
+        max_position_embeddings=1024, bos_token_id=hf_tok.bos_token_id,
+        eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id,
+        tie_word_embeddings=False)
+    cfg = LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token_id,
+        vision_feature_select_strategy="default", vision_feature_layer=-2,
+        projector_hidden_act="gelu")
+    cfg.torch_dtype = torch.float32
+    model = LlavaForConditionalGeneration(cfg).to(torch.float32).eval()
+    model.save_pretrained(out, safe_serialization=True)
+
+    # transformers 5 saves the tower as "vision_tower.<...>"; vLLM's LLaVA loader expects
+    # the hub layout "vision_tower.vision_model.<...>" that real checkpoints use.
+    weights_path = os.path.join(out, "model.safetensors")
+    state = load_file(weights_path)
+    renamed = {}
+    for key, value in state.items():
+        if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+            key = "vision_tower.vision_model." + key[len("vision_tower."):]
+        renamed[key] = value
+    save_file(renamed, weights_path, metadata={"format": "pt"})
+
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(
+            size={"shortest_edge": image_size},
+            crop_size={"height": image_size, "width": image_size},
+            do_center_crop=True, do_resize=True),
+        tokenizer=hf_tok, patch_size=patch, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, image_token="<image>", chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(out)
+    with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
+        json.dump({"image_size": image_size, "patch": patch, "vision_hidden": vision_hidden,
+                   "vision_layers": vision_layers, "seed": seed,
+                   "image_tokens": (image_size // patch) ** 2}, f)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--patch", type=int, default=8)
+    p.add_argument("--vision-hidden", type=int, default=32)
+    p.add_argument("--vision-layers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed)
+    print(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

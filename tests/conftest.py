@@ -1,0 +1,32 @@
+"""Shared fixtures: the tiny offline model, and process-wide settings for real engines.
+
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` + the ``uni`` executor): they
+start in seconds and let tests observe the model directly (e.g. count encoder calls).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CACHE_ROOT", str(ROOT / ".vllm-cache"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """Path of the tiny random-weight LLaVA (built by scripts/setup; built here if missing)."""
+    path = ROOT / ".models" / "tiny-llava"
+    if not (path / "encache_tiny_model.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)],
+                       check=True, capture_output=True)
+    return str(path)
