@@ -1,0 +1,161 @@
+"""The store contract: what every backend (disk, Redis) provides, and its data classes.
+
+Stores move *bytes* (whole encoded entries, see :mod:`.entry`) and keep the bookkeeping a
+store needs to be operable: usage counters written by serving engines, a capacity, an
+exclusive lock for batch jobs. They never import vLLM or torch.
+
+Semantics every backend honours (checked by ``tests/test_store_contract.py``):
+
+* ``put`` is atomic: a reader sees the previous entry, the new one, or nothing — never a
+  partial blob. A failed ``put`` leaves no visible trace.
+* ``get`` of a missing (or concurrently deleted) entry returns ``None``: a miss, not an
+  error. Integrity is checked by the caller with :func:`.entry.decode`.
+* ``delete`` removes an entry whole; concurrent readers see it or a miss.
+* Counters are additive across processes and hosts (``add_counters`` takes deltas).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .entry import CorruptEntry, EntryMeta
+
+#: counters a consumer connector records; all additive
+COUNTER_NAMES = ("hits", "misses", "load_errors", "load_seconds", "bytes_loaded",
+                 "saves", "save_errors", "bytes_saved", "evictions")
+
+
+class StoreError(RuntimeError):
+    """The store itself is unusable (unreachable, unwritable, misconfigured)."""
+
+
+class LockBusy(StoreError):
+    """Another process holds the lock asked for."""
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry as a scan sees it: its header metadata (or why it is unreadable)."""
+
+    identifier: str
+    size: int  # bytes of the whole stored blob
+    meta: EntryMeta | None = None
+    created: float | None = None  # epoch seconds (metadata, else file mtime)
+    accessed: float | None = None  # last load, where the backend records it
+    error: str | None = None  # why the header is unreadable (reason tag)
+
+    @property
+    def lora(self) -> str | None:
+        if self.meta is not None and self.meta.lora:
+            return self.meta.lora
+        from .keys import split_lora
+        return split_lora(self.identifier)[0]
+
+    @property
+    def model(self) -> str | None:
+        return self.meta.model if self.meta else None
+
+    @property
+    def legacy(self) -> bool:
+        return self.meta is not None and self.meta.legacy
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """Backend-level facts for ``encache stats``."""
+
+    url: str  # with any password redacted
+    backend: str  # "disk" | "redis"
+    max_bytes: int | None = None
+    extra: dict = field(default_factory=dict)  # backend specifics (Redis memory, policy…)
+
+
+class Store(ABC):
+    """Abstract store of encoded entries keyed by vLLM identifier."""
+
+    backend: str = "?"
+    #: True when ``contains`` is cheap enough for a scheduler hot path (a local stat)
+    local: bool = False
+
+    # -- entries -----------------------------------------------------------------
+    @abstractmethod
+    def get(self, identifier: str) -> bytes | bytearray | None:
+        """The whole encoded entry, or None if absent."""
+
+    @abstractmethod
+    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+        """Store an encoded entry atomically (``parts``: one buffer or several to join).
+
+        Returns the number of bytes written.
+        """
+
+    @abstractmethod
+    def delete(self, identifier: str) -> bool:
+        """Remove an entry; True if it existed."""
+
+    @abstractmethod
+    def contains(self, identifier: str) -> bool:
+        ...
+
+    @abstractmethod
+    def identifiers(self) -> Iterator[str]:
+        """Every identifier present (cheap: no entry is read)."""
+
+    @abstractmethod
+    def scan(self) -> Iterator[EntryInfo]:
+        """Every entry with its header metadata (headers only, not tensors)."""
+
+    @abstractmethod
+    def stat(self, identifier: str) -> EntryInfo | None:
+        """One entry's header metadata, or None if absent."""
+
+    def get_many(self, identifiers: list[str]) -> list[bytes | bytearray | None]:
+        return [self.get(i) for i in identifiers]
+
+    # -- bookkeeping ---------------------------------------------------------------
+    @abstractmethod
+    def add_counters(self, deltas: dict[str, float]) -> None:
+        ...
+
+    @abstractmethod
+    def read_counters(self) -> dict[str, float]:
+        ...
+
+    @abstractmethod
+    def reset_counters(self) -> None:
+        ...
+
+    @abstractmethod
+    def info(self) -> StoreInfo:
+        ...
+
+    @abstractmethod
+    def lock(self, name: str, wait: float = 0.0) -> contextlib.AbstractContextManager:
+        """Exclusive, process-crash-safe lock; raises :class:`LockBusy` after ``wait`` s."""
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def info_from_blob_header(identifier: str, size: int, header_bytes,
+                          created: float | None, accessed: float | None) -> EntryInfo:
+    """Build an :class:`EntryInfo` from an entry's leading bytes (shared by backends)."""
+    from .entry import parse_header
+
+    try:
+        meta, _ = parse_header(header_bytes, total_size=size)
+    except CorruptEntry as e:
+        return EntryInfo(identifier, size, None, created, accessed, e.reason)
+    if meta.created is not None:
+        created = meta.created
+    ident = meta.identifier or identifier
+    return EntryInfo(ident, size, meta, created, accessed, None)

@@ -1,0 +1,374 @@
+"""DiskStore: the embedded default — one safetensors file per entry, no server.
+
+Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
+
+    {root}/{name}/encoder_cache.safetensors   one entry; name = keys.to_name(identifier)
+    {root}/.encache/config.json               store settings (capacity)
+    {root}/.encache/counters.json             consumer counters (flock-guarded)
+    {root}/.encache/*.lock                    exclusive locks (precompute)
+
+Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
+renamed over ``encoder_cache.safetensors`` — the rename is the commit point, so a reader
+(or a writer killed with SIGKILL) never leaves a visible partial entry; stray
+``.tmp-*`` files are invisible to readers and removed by ``encache verify --repair``.
+A directory without the entry file (``ECExampleConnector.has_cache_item`` creates
+those) is not an entry. A file that vanishes between lookup and read is a miss.
+
+Capacity: with ``max_bytes`` set, a write that would exceed it first evicts entries by
+policy (``lru``: oldest recorded access; ``fifo``: oldest creation) down to a low
+watermark, so eviction cost is amortised over many writes. Access times are the file
+atimes, which :meth:`DiskStore.get` refreshes (at most once a minute per entry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .entry import header_length
+from .keys import from_name, is_entry_name, to_name
+
+ENTRY_FILE = "encoder_cache.safetensors"
+META_DIR = ".encache"
+TEMP_PREFIX = ".tmp-"
+ACCESS_RESOLUTION_S = 60.0
+EVICTION_POLICIES = ("lru", "fifo")
+_HEAD_READ = 4096
+
+
+class DiskStore(Store):
+    backend = "disk"
+    local = True
+
+    def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
+                 create: bool = True, fsync: bool = True, eviction: str = "lru",
+                 low_watermark: float = 0.9):
+        self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+        if create:
+            try:
+                (self.root / META_DIR).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create store at {self.root}: {e.strerror}") from None
+        elif not self.root.is_dir():
+            raise StoreError(f"no store at {self.root} (directory not found)")
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {EVICTION_POLICIES}")
+        self.fsync = fsync
+        self.eviction = eviction
+        self.low_watermark = low_watermark
+        self._config = self._read_config()
+        if max_bytes is not None and max_bytes != self._config.get("max_bytes"):
+            self._config["max_bytes"] = int(max_bytes) if max_bytes > 0 else None
+            self._write_config()
+        self._lock = threading.Lock()
+        self._used: int | None = None
+        self._used_at = 0.0
+
+    # -- paths -----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    @property
+    def max_bytes(self) -> int | None:
+        return self._config.get("max_bytes")
+
+    def entry_path(self, identifier: str) -> Path:
+        return self.root / to_name(identifier) / ENTRY_FILE
+
+    # -- entries ---------------------------------------------------------------------
+    def get(self, identifier: str) -> bytearray | None:
+        path = self.entry_path(identifier)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            buf = bytearray(st.st_size)
+            view, got = memoryview(buf), 0
+            while got < st.st_size:
+                n = os.readv(fd, [view[got:]])
+                if n == 0:  # shrank under us: impossible for renamed-in files; a miss
+                    return None
+                got += n
+            now = time.time()
+            if now - st.st_atime > ACCESS_RESOLUTION_S:
+                with contextlib.suppress(OSError):
+                    os.utime(fd, (now, st.st_mtime))
+            return buf
+        finally:
+            os.close(fd)
+
+    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+        if isinstance(parts, (bytes, bytearray, memoryview)):
+            parts = (parts,)
+        parts = [memoryview(p).cast("B") for p in parts]
+        total = sum(p.nbytes for p in parts)
+        directory = self.root / to_name(identifier)
+        if self.max_bytes:
+            self._make_room(total)
+        for attempt in range(3):  # a concurrent delete may rmdir the directory under us
+            try:
+                directory.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for p in parts:
+                    f.write(p)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, directory / ENTRY_FILE)  # the commit point
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        if self.fsync:
+            _fsync_dir(directory)
+        if self._used is not None:
+            self._used += total
+        return total
+
+    def delete(self, identifier: str) -> bool:
+        directory = self.root / to_name(identifier)
+        try:
+            os.unlink(directory / ENTRY_FILE)  # atomic: readers see all or nothing
+            existed = True
+        except (FileNotFoundError, NotADirectoryError):
+            existed = False
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)  # fails harmlessly if a writer's temp file is there
+        return existed
+
+    def contains(self, identifier: str) -> bool:
+        return os.path.isfile(self.entry_path(identifier))
+
+    def _entry_dirs(self) -> Iterator[os.DirEntry]:
+        try:
+            it = os.scandir(self.root)
+        except FileNotFoundError:
+            return
+        with it:
+            for d in it:
+                if is_entry_name(d.name) and d.is_dir(follow_symlinks=False):
+                    yield d
+
+    def identifiers(self) -> Iterator[str]:
+        for d in self._entry_dirs():
+            if not os.path.isfile(os.path.join(d.path, ENTRY_FILE)):
+                continue
+            ident = from_name(d.name)
+            if ident is None:  # hashed name: the identifier lives in the metadata
+                info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
+                ident = info.identifier if info else None
+            if ident is not None:
+                yield ident
+
+    def scan(self) -> Iterator[EntryInfo]:
+        for d in self._entry_dirs():
+            info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
+            if info is not None:
+                yield info
+
+    def stat(self, identifier: str) -> EntryInfo | None:
+        name = to_name(identifier)
+        return self._stat_path(name, str(self.root / name / ENTRY_FILE))
+
+    def _stat_path(self, name: str, path: str) -> EntryInfo | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            head = os.pread(fd, _HEAD_READ, 0)
+            try:
+                need = header_length(head)
+                if need > len(head):
+                    head = os.pread(fd, need, 0)
+            except ValueError:
+                pass  # reported by info_from_blob_header
+        finally:
+            os.close(fd)
+        ident = from_name(name) or name
+        info = info_from_blob_header(ident, st.st_size, head, st.st_mtime, st.st_atime)
+        if from_name(name) is not None and info.identifier != ident:
+            # the name is what consumers look up; keep it and flag the mismatch
+            return EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
+                             info.error or "wrong-identifier")
+        return info
+
+    # -- maintenance helpers (verify --repair, capacity) ---------------------------------
+    def stray_files(self, older_than: float = 0.0) -> list[Path]:
+        """Leftover temp files and empty entry directories (never visible to readers)."""
+        found, now = [], time.time()
+        for d in self._entry_dirs():
+            try:
+                names = os.listdir(d.path)
+            except OSError:
+                continue
+            if not names:
+                found.append(Path(d.path))
+            for n in names:
+                p = os.path.join(d.path, n)
+                if n.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(OSError):
+                        if now - os.stat(p).st_mtime >= older_than:
+                            found.append(Path(p))
+        return found
+
+    def used_bytes(self) -> int:
+        total = 0
+        for d in self._entry_dirs():
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(d.path, ENTRY_FILE)).st_size
+        return total
+
+    def _make_room(self, incoming: int) -> None:
+        limit = self.max_bytes
+        with self._lock:
+            if self._used is None or time.monotonic() - self._used_at > 30:
+                self._used, self._used_at = self.used_bytes(), time.monotonic()
+            if self._used + incoming <= limit:
+                return
+            target = max(0, int(limit * self.low_watermark) - incoming)
+            candidates = []
+            for d in self._entry_dirs():
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(d.path, ENTRY_FILE))
+                    key = st.st_atime if self.eviction == "lru" else st.st_mtime
+                    candidates.append((key, st.st_size, d.name))
+            candidates.sort()
+            used = sum(c[1] for c in candidates)
+            evicted = 0
+            for _, size, name in candidates:
+                if used <= target:
+                    break
+                ident = from_name(name)
+                path = self.root / name / ENTRY_FILE
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    used -= size
+                    evicted += 1
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.root / name)
+                del ident
+            self._used, self._used_at = used, time.monotonic()
+        if evicted:
+            self.add_counters({"evictions": evicted})
+
+    # -- bookkeeping ---------------------------------------------------------------
+    def _meta(self, name: str) -> Path:
+        return self.root / META_DIR / name
+
+    def _read_config(self) -> dict:
+        try:
+            return json.loads(self._meta("config.json").read_text())
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            return {}
+
+    def _write_config(self) -> None:
+        _atomic_write_json(self._meta("config.json"), self._config)
+
+    @contextlib.contextmanager
+    def _counters_locked(self):
+        self._meta("").mkdir(parents=True, exist_ok=True)
+        with open(self._meta("counters.lock"), "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lk, fcntl.LOCK_UN)
+
+    def add_counters(self, deltas: dict[str, float]) -> None:
+        deltas = {k: v for k, v in deltas.items() if v}
+        if not deltas:
+            return
+        with self._counters_locked():
+            counters = self.read_counters()
+            for k, v in deltas.items():
+                counters[k] = counters.get(k, 0) + v
+            counters["updated"] = time.time()
+            _atomic_write_json(self._meta("counters.json"), counters)
+
+    def read_counters(self) -> dict[str, float]:
+        try:
+            data = json.loads(self._meta("counters.json").read_text())
+            return data if isinstance(data, dict) else {}
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            return {}
+
+    def reset_counters(self) -> None:
+        with self._counters_locked():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._meta("counters.json"))
+
+    def info(self) -> StoreInfo:
+        extra = {}
+        with contextlib.suppress(OSError):
+            extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free
+        return StoreInfo(url=self.url, backend=self.backend, max_bytes=self.max_bytes, extra=extra)
+
+    @contextlib.contextmanager
+    def lock(self, name: str, wait: float = 0.0):
+        self._meta("").mkdir(parents=True, exist_ok=True)
+        path = self._meta(f"{name}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + max(0.0, wait)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                    if time.monotonic() >= deadline:
+                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                        raise LockBusy(f"store {self.url} is locked by another {name} "
+                                       f"({holder or 'unknown holder'})") from None
+                    time.sleep(0.1)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock (also on crash)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,214 @@
+"""The entry format: one safetensors blob per encoder output, plus header metadata.
+
+This is the only module that knows the bytes. An entry is a standard safetensors file
+holding one tensor named ``ec_cache`` — exactly what vLLM's ``ECExampleConnector``
+writes and reads — with encache's bookkeeping in the safetensors ``__metadata__``
+(string values only, as the format requires):
+
+    encache_format  "1"
+    identifier      the vLLM identifier (``{lora}:{hash}`` with tower LoRA)
+    lora            LoRA name or ""
+    model           model id string exactly as given to ``--model``
+    vllm_version    version of the producing vLLM
+    hash_algo       vLLM's mm hasher algorithm (blake3 / sha256 / sha512)
+    created         epoch seconds (float, as text)
+    checksum        ``blake3:<hex>`` of the tensor bytes
+
+A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
+still listable and loadable, but without an integrity check.
+
+The codec is pure Python (no torch, no numpy): the CLI reads headers of 100,000
+entries without importing a tensor library, and the vLLM adapter turns the returned
+buffer into a tensor with ``torch.frombuffer`` (no copy).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import dataclass, field
+from math import prod
+
+from blake3 import blake3
+
+from .keys import split_lora, validate
+
+FORMAT_VERSION = "1"
+TENSOR_KEY = "ec_cache"
+MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
+_LEN = struct.Struct("<Q")
+
+# safetensors dtype codes -> item size in bytes
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}
+
+
+class CorruptEntry(ValueError):
+    """Bytes that are not a valid entry; ``reason`` is a short machine-friendly tag."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class EntryMeta:
+    """What a header says about an entry. ``format_version is None`` means legacy."""
+
+    identifier: str | None
+    dtype: str
+    shape: tuple[int, ...]
+    data_bytes: int
+    lora: str | None = None
+    model: str | None = None
+    vllm_version: str | None = None
+    hash_algo: str | None = None
+    created: float | None = None
+    checksum: str | None = None
+    format_version: str | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def legacy(self) -> bool:
+        return self.format_version is None
+
+    def to_dict(self) -> dict:
+        return {
+            "identifier": self.identifier, "lora": self.lora, "model": self.model,
+            "dtype": self.dtype, "shape": list(self.shape), "data_bytes": self.data_bytes,
+            "vllm_version": self.vllm_version, "hash_algo": self.hash_algo,
+            "created": self.created, "checksum": self.checksum,
+            "format_version": self.format_version, "legacy": self.legacy,
+        }
+
+
+def checksum(data) -> str:
+    return "blake3:" + blake3(data).hexdigest()
+
+
+def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None = None,
+                 lora: str | None = None, vllm_version: str | None = None,
+                 hash_algo: str | None = None, created: float | None = None) -> tuple[bytes, object]:
+    """Return ``(header_bytes, data)``; the entry is their concatenation.
+
+    ``data`` is any buffer (bytes, memoryview, numpy/torch uint8 view) of the tensor in
+    little-endian, C order. Kept as two parts so a writer can stream the tensor without
+    copying it into one large bytes object.
+    """
+    validate(identifier)
+    if dtype not in DTYPE_SIZES:
+        raise ValueError(f"unsupported dtype {dtype!r}")
+    shape = tuple(int(s) for s in shape)
+    view = memoryview(data).cast("B")
+    nbytes = view.nbytes
+    if prod(shape) * DTYPE_SIZES[dtype] != nbytes:
+        raise ValueError(f"{nbytes} bytes do not hold a {dtype} tensor of shape {shape}")
+    if lora is None:
+        lora = split_lora(identifier)[0]
+    meta = {
+        "encache_format": FORMAT_VERSION,
+        "identifier": identifier,
+        "lora": lora or "",
+        "model": model or "",
+        "vllm_version": vllm_version or "",
+        "hash_algo": hash_algo or "",
+        "created": repr(time.time() if created is None else float(created)),
+        "checksum": checksum(view),
+    }
+    header = {
+        "__metadata__": meta,
+        TENSOR_KEY: {"dtype": dtype, "shape": list(shape), "data_offsets": [0, nbytes]},
+    }
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # safetensors aligns the data on 8 bytes
+    return _LEN.pack(len(raw)) + raw, view
+
+
+def encode(identifier: str, data, dtype: str, shape, **meta) -> bytes:
+    header, view = encode_parts(identifier, data, dtype, shape, **meta)
+    return header + view.tobytes()
+
+
+def header_length(prefix) -> int:
+    """Total header size (8 + JSON) from the first 8 bytes of an entry."""
+    if len(prefix) < 8:
+        raise CorruptEntry("truncated", "shorter than the 8-byte header length")
+    (n,) = _LEN.unpack_from(prefix, 0)
+    if n == 0 or n > MAX_HEADER_BYTES:
+        raise CorruptEntry("bad-header", f"header length {n}")
+    return 8 + n
+
+
+def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
+    """Parse the header at the start of ``buf``; return ``(meta, data_offset)``.
+
+    ``total_size`` (the full entry size, if known) is checked against the tensor's
+    byte range, so a truncated file is caught from its header alone.
+    """
+    start = header_length(buf)
+    if len(buf) < start:
+        raise CorruptEntry("truncated", "header cut short")
+    try:
+        header = json.loads(bytes(buf[8:start]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptEntry("bad-header", f"header is not JSON ({e.__class__.__name__})") from None
+    if not isinstance(header, dict) or TENSOR_KEY not in header:
+        raise CorruptEntry("bad-header", f"no {TENSOR_KEY!r} tensor")
+    info = header[TENSOR_KEY]
+    try:
+        dtype = info["dtype"]
+        shape = tuple(int(s) for s in info["shape"])
+        begin, end = (int(x) for x in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptEntry("bad-header", "malformed tensor description") from None
+    if dtype not in DTYPE_SIZES:
+        raise CorruptEntry("bad-header", f"unknown dtype {dtype!r}")
+    if any(s < 0 for s in shape) or not 0 <= begin <= end:
+        raise CorruptEntry("bad-header", "negative shape or offsets")
+    if prod(shape) * DTYPE_SIZES[dtype] != end - begin:
+        raise CorruptEntry("wrong-shape", f"shape {shape} {dtype} != {end - begin} bytes")
+    if total_size is not None and start + end != total_size:
+        kind = "truncated" if start + end > total_size else "trailing-bytes"
+        raise CorruptEntry(kind, f"expected {start + end} bytes, found {total_size}")
+    md = header.get("__metadata__") or {}
+    if not isinstance(md, dict):
+        raise CorruptEntry("bad-header", "metadata is not a mapping")
+    fmt = md.get("encache_format") or None
+    created = md.get("created")
+    try:
+        created = float(created) if created not in (None, "") else None
+    except ValueError:
+        created = None
+    known = {"encache_format", "identifier", "lora", "model", "vllm_version", "hash_algo",
+             "created", "checksum"}
+    meta = EntryMeta(
+        identifier=md.get("identifier") or None, dtype=dtype, shape=shape,
+        data_bytes=end - begin, lora=md.get("lora") or None, model=md.get("model") or None,
+        vllm_version=md.get("vllm_version") or None, hash_algo=md.get("hash_algo") or None,
+        created=created, checksum=md.get("checksum") or None, format_version=fmt,
+        extra={k: v for k, v in md.items() if k not in known},
+    )
+    return meta, start + begin
+
+
+def decode(blob, *, identifier: str | None = None, verify: bool = True) -> tuple[EntryMeta, memoryview]:
+    """Validate a whole entry and return ``(meta, tensor_bytes_view)`` (no copy).
+
+    Raises :class:`CorruptEntry` for truncation, a bad header, a shape that does not
+    match the byte count, an identifier that is not the one asked for, or (``verify``)
+    a checksum mismatch. Legacy entries carry no checksum and are only size-checked.
+    """
+    view = memoryview(blob).cast("B")
+    meta, offset = parse_header(view, total_size=view.nbytes)
+    data = view[offset:offset + meta.data_bytes]
+    if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
+        raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
+    if verify and meta.checksum is not None and checksum(data) != meta.checksum:
+        raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
+    return meta, data

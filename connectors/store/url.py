@@ -1,0 +1,49 @@
+"""Open a store from a URL: ``PATH`` / ``file://PATH`` (disk), ``redis://``,
+``rediss://`` (TLS) or ``unix://`` (Redis). Also redacts passwords for display."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+from .base import Store, StoreError
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def is_redis_url(url: str) -> bool:
+    return urlsplit(url).scheme in REDIS_SCHEMES
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to print and log)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        if "password=" in parts.query:
+            return urlunsplit(parts._replace(query=re.sub(r"password=[^&]*", "password=***", parts.query)))
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def open_store(url: str, *, create: bool = True, **options) -> Store:
+    """Open the store a URL names. ``options`` go to the backend (``max_bytes``, ``prefix``…)."""
+    if not url:
+        raise StoreError("no store given (use --store PATH or redis://host:port/db)")
+    scheme = urlsplit(url).scheme
+    if scheme in REDIS_SCHEMES:
+        try:
+            from .redis import RedisStore
+        except ImportError as e:  # pragma: no cover - redis is a dependency
+            raise StoreError(f"Redis support unavailable: {e}") from None
+        redis_opts = {k: v for k, v in options.items() if k in RedisStore.OPTIONS}
+        return RedisStore(url, **redis_opts)
+    if scheme == "file":
+        url = urlsplit(url).path
+    elif scheme and len(scheme) > 1:
+        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://)")
+    from .disk import DiskStore
+
+    disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction")}
+    return DiskStore(url, create=create, **disk_opts)

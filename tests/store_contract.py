@@ -1,0 +1,133 @@
+"""The store contract suite (zarr's StoreTests pattern): subclass per backend.
+
+A backend test module defines ``class TestXStore(StoreContract)`` with a ``store``
+fixture returning a fresh, empty store (and ``make_store`` for a second handle on the same
+data, used to check cross-process visibility).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from encache.connectors.store import CorruptEntry, decode, encode, encode_parts
+
+
+def blob(identifier: str, n: int = 64, seed: int = 0, **meta) -> bytes:
+    arr = np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float16)
+    return encode(identifier, arr.view(np.uint8), "F16", arr.shape, model="m", **meta)
+
+
+class StoreContract:
+    @pytest.fixture
+    def store(self):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def test_missing_is_none(self, store):
+        assert store.get("nope") is None
+        assert not store.contains("nope")
+        assert store.stat("nope") is None
+        assert store.delete("nope") is False
+
+    def test_put_get_roundtrip(self, store):
+        b = blob("a" * 64)
+        assert store.put("a" * 64, b) == len(b)
+        got = store.get("a" * 64)
+        assert bytes(got) == b
+        meta, data = decode(got, identifier="a" * 64)
+        assert meta.shape == (64, 8) and meta.dtype == "F16" and meta.model == "m"
+        assert store.contains("a" * 64)
+
+    def test_put_parts_equals_put_bytes(self, store):
+        arr = np.ones((4, 4), np.float32)
+        header, view = encode_parts("p", arr.view(np.uint8), "F32", arr.shape)
+        store.put("p", [header, view])
+        assert bytes(store.get("p")) == header + view.tobytes()
+
+    def test_overwrite_replaces_whole(self, store):
+        store.put("k", blob("k", seed=1))
+        store.put("k", blob("k", n=32, seed=2))
+        meta, _ = decode(store.get("k"))
+        assert meta.shape == (32, 8)
+
+    def test_delete(self, store):
+        store.put("d", blob("d"))
+        assert store.delete("d") is True
+        assert store.get("d") is None and not store.contains("d")
+        assert "d" not in set(store.identifiers())
+
+    def test_identifiers_and_scan(self, store):
+        ids = {f"{i:064x}" for i in range(5)} | {"lora1:" + "f" * 64}
+        for i in ids:
+            store.put(i, blob(i))
+        assert set(store.identifiers()) == ids
+        infos = {e.identifier: e for e in store.scan()}
+        assert set(infos) == ids
+        e = infos["lora1:" + "f" * 64]
+        assert e.lora == "lora1" and e.error is None
+        assert e.size == len(blob("lora1:" + "f" * 64))
+        assert all(x.meta is not None and x.meta.shape == (64, 8) for x in infos.values())
+        assert all(x.created is not None for x in infos.values())
+
+    def test_stat_reports_size_and_meta(self, store):
+        b = blob("s")
+        store.put("s", b)
+        info = store.stat("s")
+        assert info.size == len(b) and info.meta.identifier == "s" and info.error is None
+
+    @pytest.mark.parametrize("ident", ["../escape", "a/b", ".hidden", "x" * 300, "sp ace", "ü-unicode"])
+    def test_unsafe_identifiers_roundtrip(self, store, ident):
+        store.put(ident, blob(ident))
+        assert decode(store.get(ident), identifier=ident)[0].identifier == ident
+        assert ident in set(store.identifiers())
+
+    def test_nul_identifier_rejected(self, store):
+        with pytest.raises(ValueError):
+            store.put("a\x00b", b"x")
+
+    def test_corrupt_blob_detected_by_codec(self, store):
+        b = bytearray(blob("c"))
+        b[-3] ^= 0xFF
+        store.put("c", bytes(b))
+        with pytest.raises(CorruptEntry) as e:
+            decode(store.get("c"), identifier="c")
+        assert e.value.reason == "checksum"
+
+    def test_counters_add_and_reset(self, store):
+        store.add_counters({"hits": 2, "misses": 1})
+        store.add_counters({"hits": 3, "load_seconds": 0.5})
+        c = store.read_counters()
+        assert c["hits"] == 5 and c["misses"] == 1 and abs(c["load_seconds"] - 0.5) < 1e-9
+        store.reset_counters()
+        assert store.read_counters().get("hits", 0) == 0
+
+    def test_concurrent_counter_updates_are_not_lost(self, store):
+        def bump():
+            for _ in range(20):
+                store.add_counters({"hits": 1})
+        threads = [threading.Thread(target=bump) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert store.read_counters()["hits"] == 80
+
+    def test_lock_is_exclusive(self, store):
+        from encache.connectors.store import LockBusy
+        with store.lock("precompute"):
+            other = self.make_store(store)
+            with pytest.raises(LockBusy):
+                with other.lock("precompute", wait=0.2):
+                    pass
+        with self.make_store(store).lock("precompute", wait=0):
+            pass
+
+    def test_second_handle_sees_writes(self, store):
+        store.put("shared", blob("shared"))
+        assert bytes(self.make_store(store).get("shared")) == bytes(store.get("shared"))
+
+    def test_info(self, store):
+        info = store.info()
+        assert info.backend == store.backend

@@ -1,0 +1,151 @@
+"""DiskStore: the contract suite plus disk-only behaviour (layout, legacy, capacity, crashes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from encache.connectors.store import CorruptEntry, decode, open_store
+from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from store_contract import StoreContract, blob
+
+
+class TestDiskStore(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return DiskStore(tmp_path / "store")
+
+    def make_store(self, store):
+        return DiskStore(store.root)
+
+
+def test_layout_is_example_connector_compatible(tmp_path):
+    s = DiskStore(tmp_path)
+    ident = "ab" * 32
+    s.put(ident, blob(ident))
+    path = tmp_path / ident / ENTRY_FILE
+    assert path.is_file()
+    import safetensors.numpy
+    arr = safetensors.numpy.load_file(str(path))["ec_cache"]
+    assert arr.shape == (64, 8) and arr.dtype == np.float16
+
+
+def test_legacy_entry_is_listed_and_readable(tmp_path):
+    """An entry written by ECExampleConnector (plain safetensors, no metadata)."""
+    import safetensors.numpy
+    ident = "cd" * 32
+    (tmp_path / ident).mkdir()
+    safetensors.numpy.save_file({"ec_cache": np.zeros((16, 4), np.float32)},
+                                str(tmp_path / ident / ENTRY_FILE))
+    s = DiskStore(tmp_path, create=False)
+    [info] = list(s.scan())
+    assert info.identifier == ident and info.legacy and info.error is None
+    meta, data = decode(s.get(ident), identifier=ident)
+    assert meta.legacy and meta.shape == (16, 4) and data.nbytes == 256
+
+
+def test_empty_directory_is_not_an_entry(tmp_path):
+    s = DiskStore(tmp_path)
+    (tmp_path / ("ee" * 32)).mkdir()  # what ECExampleConnector.has_cache_item leaves
+    assert list(s.identifiers()) == [] and list(s.scan()) == []
+    assert not s.contains("ee" * 32) and s.get("ee" * 32) is None
+    assert tmp_path / ("ee" * 32) in s.stray_files()
+
+
+def test_missing_store_is_an_error_when_not_creating(tmp_path):
+    from encache.connectors.store import StoreError
+    with pytest.raises(StoreError, match="no store"):
+        DiskStore(tmp_path / "nope", create=False)
+
+
+def test_file_url(tmp_path):
+    s = open_store(f"file://{tmp_path}/st")
+    assert isinstance(s, DiskStore) and s.root == tmp_path / "st"
+
+
+def test_truncated_file_detected_from_header(tmp_path):
+    s = DiskStore(tmp_path)
+    s.put("t", blob("t"))
+    p = s.entry_path("t")
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) - 10])
+    assert s.stat("t").error == "truncated"
+    with pytest.raises(CorruptEntry) as e:
+        decode(s.get("t"))
+    assert e.value.reason == "truncated"
+
+
+def test_capacity_evicts_least_recently_used(tmp_path):
+    one = len(blob("x0"))
+    s = DiskStore(tmp_path, max_bytes=one * 5, fsync=False, low_watermark=1.0)
+    for i in range(5):
+        s.put(f"x{i}", blob(f"x{i}"))
+    past = time.time() - 3600
+    for i in range(5):  # x0 oldest access ... x4 newest, then touch x0 as just used
+        os.utime(s.entry_path(f"x{i}"), (past + i, past))
+    os.utime(s.entry_path("x0"), (time.time(), past))
+    s.put("x5", blob("x5"))
+    present = set(s.identifiers())
+    assert "x1" not in present and {"x0", "x2", "x3", "x4", "x5"} <= present
+    assert s.used_bytes() <= one * 5
+    assert s.read_counters()["evictions"] == 1
+
+
+def test_capacity_persists_in_store_config(tmp_path):
+    DiskStore(tmp_path, max_bytes=12345)
+    assert DiskStore(tmp_path).max_bytes == 12345
+    assert DiskStore(tmp_path).info().max_bytes == 12345
+
+
+def test_get_records_access_time(tmp_path):
+    s = DiskStore(tmp_path)
+    s.put("a", blob("a"))
+    old = time.time() - 7200
+    os.utime(s.entry_path("a"), (old, old))
+    s.get("a")
+    assert s.stat("a").accessed > old + 3600
+
+
+WRITER = r"""
+import sys, numpy as np
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store import encode_parts
+s = DiskStore(sys.argv[1])
+print("go", flush=True)
+for seed in range(10**6):   # rewrite a 32 MiB entry until killed
+    arr = np.full((16 * 1024 * 1024,), seed % 1000, np.float16)
+    s.put("victim", encode_parts("victim", arr.view(np.uint8), "F16", arr.shape))
+"""
+
+
+def test_sigkill_mid_write_leaves_no_readable_partial_entry(tmp_path):
+    """Writers killed with SIGKILL at random points leave a complete entry or none."""
+    import random
+    store = DiskStore(tmp_path / "s")
+    rng = random.Random(0)
+    saw_partial_write = False
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(store.root)],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "go"
+            time.sleep(rng.uniform(0.2, 0.6))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        saw_partial_write |= any(p.name.startswith(".tmp-") and p.stat().st_size > 0
+                                 for p in store.stray_files())
+        got = store.get("victim")
+        if got is not None:  # the last committed version, complete and verified
+            meta, data = decode(got, identifier="victim", verify=True)
+            assert data.nbytes == 32 * 1024 * 1024
+        assert [e.error for e in store.scan()] in ([], [None])
+    assert saw_partial_write, "no kill landed mid-write; the test proved nothing"
