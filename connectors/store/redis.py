@@ -1,0 +1,667 @@
+"""RedisStore: the shared backend — the same entry bytes as DiskStore, kept in Redis.
+
+URLs (see :func:`.url.open_store`)::
+
+    redis://[[user]:password@]host:port/db[?prefix=NAME:&ttl=SECONDS]
+    rediss://...                                  (TLS)
+    unix:///path/to/redis.sock?db=0[&password=...][&prefix=...]
+
+Key layout (``P`` = ``prefix``, default ``encache:``; several models/tenants share one
+Redis by using different prefixes — no prefix may be a prefix of another's ``e:`` keys)::
+
+    P e:{identifier}   STRING  the entry: the exact bytes DiskStore keeps in a file
+    P meta             HASH    identifier -> <u64 size><f64 put time> + the entry's header
+    P atime            ZSET    identifier -> last load (epoch s; put time until first load)
+    P counters         HASH    consumer counters (HINCRBYFLOAT) + "updated"
+    P lock:{name}      STRING  "{token} pid N on HOST" with a PX expiry, renewed while held
+
+Why a side hash for headers: ``scan()`` (``encache list/stats/verify`` on 100k entries)
+must neither transfer tensors nor *touch* the entry keys — every read of a key (even
+``GETRANGE``/``STRLEN``) refreshes its LRU clock, so a listing would reshuffle what
+``allkeys-lru`` evicts next. ``scan()`` therefore walks the key space with ``SCAN MATCH
+P e:*`` (existence is authoritative: expired/evicted entries simply are not there) and
+fetches the headers of each SCAN page with one ``HMGET P meta`` plus access times with
+pipelined ``ZSCORE``s — one round trip per ~1000 entries, a few hundred bytes each.
+``put`` writes blob, header and access time in one ``MULTI``; ``delete`` removes all three
+in one ``MULTI``. The side structures can only drift when Redis itself drops a key
+(eviction, TTL) or if the ``meta`` hash is evicted: a missing header is re-read from the
+blob (``GETRANGE``) and written back, and fields whose entry is gone are pruned after a
+full scan (``prune()``: an atomic Lua check-and-delete per batch).
+
+Failures: every Redis error becomes a :class:`.base.StoreError` with a one-line message
+(connection refused, authentication failed, timed out, out of memory) naming the URL with
+its password redacted. Connection errors and timeouts are retried ``retries`` times with
+a short exponential backoff; ``socket_timeout``/``connect_timeout`` bound each attempt,
+so a dead server is reported in well under a second or two, never a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import redis as _redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
+                              ConnectionError as RedisConnectionError, NoPermissionError,
+                              OutOfMemoryError, ReadOnlyError, RedisError,
+                              TimeoutError as RedisTimeoutError)
+from redis.retry import Retry
+
+from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .entry import CorruptEntry, header_length
+from .keys import validate
+from .url import redact
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "encache:"
+ACCESS_RESOLUTION_S = 60.0  # a load refreshes the recorded access at most once a minute
+_HEAD_READ = 4096
+_META = struct.Struct("<Qd")  # size, put time
+_JOIN_LIMIT = 1 << 20  # parts smaller than this are joined; larger go as SET + APPEND
+_BATCH = 500
+RECOMMENDED_POLICIES = ("allkeys-lru", "allkeys-lfu")
+_TTL_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-ttl")
+
+# atomic "remove side records whose entry is gone": KEYS = meta, atime, e:id1..; ARGV = ids
+_PRUNE_LUA = """
+local n = 0
+for i = 1, #ARGV do
+  if redis.call('EXISTS', KEYS[i + 2]) == 0 then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
+  end
+end
+return n
+"""
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+class _Retry(Retry):
+    """Retry connection errors and timeouts, but never a refused password."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(e):
+            if isinstance(e, (AuthenticationError, AuthorizationError)):
+                return False
+            return is_retryable is None or is_retryable(e)
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def _enc(identifier: str) -> bytes:
+    return identifier.encode("utf-8", "surrogatepass")
+
+
+def _dec(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    out = bytearray()
+    for b in raw:
+        if b in b"*?[]\\":
+            out += b"\\"
+        out.append(b)
+    return bytes(out)
+
+
+def _wrapped(method):
+    """Turn redis-py errors raised by a method into one-line StoreErrors."""
+    @functools.wraps(method)
+    def inner(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except RedisError as e:
+            raise self._store_error(e) from None
+    return inner
+
+
+class RedisStore(Store):
+    """Entries in Redis under a key prefix (see the module docstring for the layout)."""
+
+    backend = "redis"
+    local = False
+    #: keyword options :func:`.url.open_store` passes through
+    OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
+               "ttl", "lock_ttl", "access_resolution")
+
+    def __init__(self, url: str, *, prefix: str | None = None, socket_timeout: float = 5.0,
+                 connect_timeout: float = 2.0, retries: int = 2,
+                 max_connections: int | None = 64, ttl: float | None = None,
+                 lock_ttl: float = 30.0, access_resolution: float = ACCESS_RESOLUTION_S):
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise StoreError(f"not a Redis URL: {redact(url)}")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        own = {k: v for k, v in query if k in ("prefix", "ttl")}
+        rest = [(k, v) for k, v in query if k not in ("prefix", "ttl")]
+        base = url.split("?", 1)[0]  # (urlunsplit would turn unix:///path into unix:/path)
+        clean = base + ("?" + urlencode(rest) if rest else "")
+        if prefix is None:
+            prefix = own.get("prefix", DEFAULT_PREFIX)
+        if ttl is None and own.get("ttl"):
+            try:
+                ttl = float(own["ttl"])
+            except ValueError:
+                raise StoreError(f"bad ttl={own['ttl']!r} in {redact(url)}") from None
+        self._url_raw = url
+        self._redacted = redact(url)
+        self._options = dict(prefix=prefix, socket_timeout=socket_timeout,
+                             connect_timeout=connect_timeout, retries=retries,
+                             max_connections=max_connections, ttl=ttl, lock_ttl=lock_ttl,
+                             access_resolution=access_resolution)
+        self.prefix = prefix
+        self.ttl = float(ttl) if ttl and float(ttl) > 0 else None
+        self.socket_timeout = socket_timeout
+        self.lock_ttl = float(lock_ttl)
+        self.access_resolution = float(access_resolution)
+        p = prefix.encode("utf-8")
+        self._entry_prefix = p + b"e:"
+        self._match = _glob_escape(self._entry_prefix) + b"*"
+        self._meta_key = p + b"meta"
+        self._atime_key = p + b"atime"
+        self._counters_key = p + b"counters"
+        self._lock_prefix = p + b"lock:"
+        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), max(0, int(retries)))
+        kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                      retry=retry, client_name="encache",
+                      max_connections=max(1, int(max_connections or 64)),
+                      timeout=socket_timeout)  # wait for a free pooled connection
+        try:
+            self._pool = _redis.BlockingConnectionPool.from_url(clean, **kwargs)
+        except (ValueError, TypeError) as e:
+            raise StoreError(f"bad Redis URL {self._redacted}: {self._scrub(str(e))}") from None
+        self._password = self._pool.connection_kwargs.get("password")
+        self._r = _redis.Redis(connection_pool=self._pool)
+        self._prune_script = self._r.register_script(_PRUNE_LUA)
+        self._unlock_script = self._r.register_script(_UNLOCK_LUA)
+        self._renew_script = self._r.register_script(_RENEW_LUA)
+        self._touched: dict[str, float] = {}
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The URL with any password redacted (safe to print)."""
+        return self._redacted
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._redacted!r}, prefix={self.prefix!r})"
+
+    __str__ = __repr__
+
+    def reopen(self) -> RedisStore:
+        """A second, independent handle (own connection pool) on the same data."""
+        return RedisStore(self._url_raw, **self._options)
+
+    def key(self, identifier: str) -> bytes:
+        """The Redis key of an entry's blob."""
+        return self._entry_prefix + _enc(validate(identifier))
+
+    def _ident(self, key: bytes) -> str:
+        return _dec(key[len(self._entry_prefix):])
+
+    # -- errors ----------------------------------------------------------------------------
+    def _scrub(self, text: str) -> str:
+        pw = getattr(self, "_password", None)
+        if pw:
+            text = text.replace(pw, "***")
+        return text
+
+    def _store_error(self, e: BaseException) -> StoreError:
+        msg = " ".join(str(e).split()) or e.__class__.__name__
+        low = msg.lower()
+        if isinstance(e, (AuthenticationError, NoPermissionError)) or "noauth" in low \
+                or "wrongpass" in low or "invalid password" in low:
+            if not self._password:
+                what = "authentication failed: the server requires a password (the URL has none)"
+            elif "wrongpass" in low or "invalid" in low:
+                what = "authentication failed: wrong password (or user)"
+            else:
+                what = f"authentication failed ({msg})"
+        elif isinstance(e, RedisTimeoutError) or "timed out" in low or "timeout" in low:
+            what = f"timed out after {self.socket_timeout:g}s ({msg})"
+        elif isinstance(e, OutOfMemoryError) or "maxmemory" in low or low.startswith("oom"):
+            what = ("out of memory: maxmemory reached and the policy evicts nothing "
+                    "(use maxmemory-policy allkeys-lru; see `encache stats`)")
+        elif isinstance(e, ReadOnlyError):
+            what = "the server is a read-only replica (point the URL at the primary)"
+        elif isinstance(e, BusyLoadingError):
+            what = "Redis is still loading its dataset; retry shortly"
+        elif isinstance(e, RedisConnectionError):
+            if "refused" in low:
+                what = "connection refused (is redis-server running there?)"
+            elif "no such file" in low:
+                what = "unix socket not found"
+            elif "name or service not known" in low or "nodename" in low:
+                what = "unknown host"
+            else:
+                what = f"connection failed ({msg})"
+        else:
+            what = f"command failed ({msg})"
+        if len(what) > 300:
+            what = what[:297] + "..."
+        return StoreError(self._scrub(f"Redis {self._redacted}: {what}"))
+
+    @contextlib.contextmanager
+    def _errors(self):
+        try:
+            yield
+        except RedisError as e:
+            raise self._store_error(e) from None
+
+    @_wrapped
+    def ping(self) -> float:
+        """Round-trip time in seconds (raises StoreError if unreachable)."""
+        t = time.perf_counter()
+        self._r.ping()
+        return time.perf_counter() - t
+
+    # -- entries ---------------------------------------------------------------------------
+    def _should_touch(self, ident: str, now: float) -> bool:
+        last = self._touched.get(ident)
+        if last is not None and now - last < self.access_resolution:
+            return False
+        if len(self._touched) > 200_000:
+            self._touched.clear()
+        self._touched[ident] = now
+        return True
+
+    @_wrapped
+    def get(self, identifier: str) -> bytes | None:
+        key = self.key(identifier)
+        now = time.time()
+        if not self._should_touch(identifier, now):
+            return self._r.get(key)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.zadd(self._atime_key, {_enc(identifier): now}, xx=True)  # only live entries
+        value, _ = pipe.execute()
+        if value is None:
+            self._touched.pop(identifier, None)
+        return value
+
+    @_wrapped
+    def get_many(self, identifiers: list[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        now = time.time()
+        for start in range(0, len(identifiers), 256):
+            chunk = identifiers[start:start + 256]
+            keys = [self.key(i) for i in chunk]
+            touch = {_enc(i): now for i in chunk if self._should_touch(i, now)}
+            pipe = self._r.pipeline(transaction=False)
+            pipe.mget(keys)
+            if touch:
+                pipe.zadd(self._atime_key, touch, xx=True)
+            out.extend(pipe.execute()[0])
+        return out
+
+    @_wrapped
+    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+        key = self.key(identifier)
+        if isinstance(parts, (bytes, bytearray, memoryview)):
+            parts = (parts,)
+        views = [memoryview(p).cast("B") for p in parts]
+        total = sum(v.nbytes for v in views)
+        head = _leading(views, _HEAD_READ)
+        try:
+            need = header_length(head)
+            if len(head) < need <= total:
+                head = _leading(views, need)
+            head = head[:need]
+        except CorruptEntry:
+            pass  # not an entry: keep the leading bytes; scan reports why
+        now = time.time()
+        pipe = self._r.pipeline(transaction=True)
+        px = int(self.ttl * 1000) if self.ttl else None
+        if len(views) == 1 or total <= _JOIN_LIMIT:
+            value = views[0] if len(views) == 1 else b"".join(views)
+            pipe.set(key, value, px=px)
+        else:  # large multi-part entry: no joined copy; atomic inside MULTI
+            pipe.set(key, views[0], px=px)
+            for v in views[1:]:
+                if v.nbytes:
+                    pipe.append(key, v)
+        ident = _enc(identifier)
+        pipe.hset(self._meta_key, ident, _META.pack(total, now) + head)
+        pipe.zadd(self._atime_key, {ident: now})
+        pipe.execute()
+        self._touched[identifier] = now
+        return total
+
+    @_wrapped
+    def delete(self, identifier: str) -> bool:
+        key, ident = self.key(identifier), _enc(identifier)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.unlink(key)
+        pipe.hdel(self._meta_key, ident)
+        pipe.zrem(self._atime_key, ident)
+        existed = pipe.execute()[0]
+        self._touched.pop(identifier, None)
+        return bool(existed)
+
+    @_wrapped
+    def delete_many(self, identifiers: Iterable[str]) -> int:
+        """Delete many entries (UNLINK in pipelined batches); returns how many existed."""
+        removed = 0
+        batch: list[str] = []
+
+        def flush():
+            nonlocal removed
+            keys = [self.key(i) for i in batch]
+            idents = [_enc(i) for i in batch]
+            pipe = self._r.pipeline(transaction=True)
+            pipe.unlink(*keys)
+            pipe.hdel(self._meta_key, *idents)
+            pipe.zrem(self._atime_key, *idents)
+            removed += pipe.execute()[0]
+            for i in batch:
+                self._touched.pop(i, None)
+            batch.clear()
+
+        for identifier in identifiers:
+            batch.append(identifier)
+            if len(batch) >= _BATCH:
+                flush()
+        if batch:
+            flush()
+        return removed
+
+    @_wrapped
+    def contains(self, identifier: str) -> bool:
+        return bool(self._r.exists(self.key(identifier)))  # EXISTS does not touch the LRU
+
+    def _scan_pages(self) -> Iterator[list[bytes]]:
+        cursor, seen = 0, set()
+        while True:
+            with self._errors():
+                cursor, keys = self._r.scan(cursor, match=self._match, count=1000)
+            page = [k for k in keys if k not in seen]
+            seen.update(page)
+            if page:
+                yield page
+            if cursor == 0:
+                return
+
+    def identifiers(self) -> Iterator[str]:
+        for page in self._scan_pages():
+            yield from (self._ident(k) for k in page)
+
+    def scan(self) -> Iterator[EntryInfo]:
+        count = 0
+        for page in self._scan_pages():
+            ids = [self._ident(k) for k in page]
+            raw = [_enc(i) for i in ids]
+            with self._errors():
+                pipe = self._r.pipeline(transaction=False)
+                pipe.hmget(self._meta_key, raw)
+                for r in raw:
+                    pipe.zscore(self._atime_key, r)
+                res = pipe.execute()
+                metas, atimes = res[0], res[1:]
+                missing = [n for n, m in enumerate(metas) if m is None]
+                repaired = self._read_heads([ids[n] for n in missing]) if missing else {}
+            for n, ident in enumerate(ids):
+                value = metas[n] if metas[n] is not None else repaired.get(ident)
+                if value is None:  # deleted between SCAN and now
+                    continue
+                count += 1
+                yield self._info(ident, value, atimes[n])
+        with contextlib.suppress(StoreError), self._errors():
+            if self._r.hlen(self._meta_key) > count or self._r.zcard(self._atime_key) > count:
+                self.prune()
+
+    @_wrapped
+    def stat(self, identifier: str) -> EntryInfo | None:
+        key, ident = self.key(identifier), _enc(identifier)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.exists(key)
+        pipe.hget(self._meta_key, ident)
+        pipe.zscore(self._atime_key, ident)
+        exists, value, accessed = pipe.execute()
+        if not exists:
+            return None
+        if value is None:
+            value = self._read_heads([identifier]).get(identifier)
+            if value is None:
+                return None
+        return self._info(identifier, value, accessed)
+
+    def _info(self, ident: str, value: bytes, accessed: float | None) -> EntryInfo:
+        if len(value) < _META.size:
+            return EntryInfo(ident, 0, None, None, accessed, "bad-meta")
+        size, put_time = _META.unpack_from(value)
+        info = info_from_blob_header(ident, size, value[_META.size:], put_time, accessed)
+        if info.identifier != ident:  # the key is what consumers look up: keep it, flag it
+            return EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
+                             info.error or "wrong-identifier")
+        return info
+
+    def _read_heads(self, ids: list[str]) -> dict[str, bytes]:
+        """Header records for entries whose ``meta`` field is missing (re-read, write back).
+
+        Reading the blob refreshes its LRU clock; this only happens after Redis dropped
+        the side hash (or for entries written by something other than encache).
+        """
+        pipe = self._r.pipeline(transaction=False)
+        for i in ids:
+            key = self.key(i)
+            pipe.exists(key)
+            pipe.strlen(key)
+            pipe.getrange(key, 0, _HEAD_READ - 1)
+        res = pipe.execute()
+        out: dict[str, bytes] = {}
+        now = time.time()
+        for n, ident in enumerate(ids):
+            exists, size, head = res[3 * n:3 * n + 3]
+            if not exists:
+                continue
+            try:
+                need = header_length(head)
+                if len(head) < need <= size:
+                    head = self._r.getrange(self.key(ident), 0, need - 1)
+                head = head[:need]
+            except CorruptEntry:
+                pass
+            out[ident] = _META.pack(size, now) + head
+        if out:
+            with contextlib.suppress(RedisError):  # best effort (e.g. a read-only replica)
+                self._r.hset(self._meta_key, mapping={_enc(k): v for k, v in out.items()})
+        return out
+
+    @_wrapped
+    def prune(self) -> int:
+        """Drop ``meta``/``atime`` records of entries Redis evicted or expired; returns count."""
+        removed = 0
+        for kind in ("meta", "atime"):
+            cursor = 0
+            while True:
+                if kind == "meta":
+                    cursor, page = self._r.hscan(self._meta_key, cursor, count=_BATCH)
+                    fields = list(page)
+                else:
+                    cursor, page = self._r.zscan(self._atime_key, cursor, count=_BATCH)
+                    fields = [m for m, _ in page]
+                if fields:
+                    keys = [self._meta_key, self._atime_key] + [self._entry_prefix + f for f in fields]
+                    removed += int(self._prune_script(keys=keys, args=fields))
+                if cursor == 0:
+                    break
+        return removed
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    @_wrapped
+    def add_counters(self, deltas: dict[str, float]) -> None:
+        deltas = {k: v for k, v in deltas.items() if v}
+        if not deltas:
+            return
+        pipe = self._r.pipeline(transaction=True)
+        for k, v in deltas.items():
+            pipe.hincrbyfloat(self._counters_key, k, float(v))
+        pipe.hset(self._counters_key, "updated", repr(time.time()))
+        pipe.execute()
+
+    @_wrapped
+    def read_counters(self) -> dict[str, float]:
+        out = {}
+        for k, v in self._r.hgetall(self._counters_key).items():
+            try:
+                x = float(v)
+            except ValueError:
+                continue
+            out[k.decode("utf-8", "replace")] = int(x) if x.is_integer() and k != b"updated" else x
+        return out
+
+    @_wrapped
+    def reset_counters(self) -> None:
+        self._r.delete(self._counters_key)
+
+    @_wrapped
+    def count(self) -> int:
+        """Number of entries (a SCAN over the key space; no entry is read)."""
+        return sum(len(p) for p in self._scan_pages())
+
+    def _memory_info(self) -> dict:
+        """``maxmemory``/``maxmemory_policy``/``used_memory`` from INFO, else CONFIG GET."""
+        mem: dict = {}
+        with contextlib.suppress(RedisError):
+            mem = dict(self._r.info("memory"))
+        if "maxmemory" not in mem or "maxmemory_policy" not in mem:
+            with contextlib.suppress(RedisError):  # CONFIG may be renamed away (managed Redis)
+                cfg = self._r.config_get("maxmemory*")
+                if "maxmemory" in cfg:
+                    mem.setdefault("maxmemory", int(cfg["maxmemory"]))
+                if "maxmemory-policy" in cfg:
+                    mem.setdefault("maxmemory_policy", cfg["maxmemory-policy"])
+        return mem
+
+    @_wrapped
+    def capacity_warnings(self, memory: dict | None = None) -> list[str]:
+        """Human-readable problems with the server's memory settings for a cache."""
+        mem = self._memory_info() if memory is None else memory
+        warnings = []
+        maxmemory, policy = mem.get("maxmemory"), mem.get("maxmemory_policy")
+        if maxmemory is None or policy is None:
+            return ["could not read maxmemory / maxmemory-policy (INFO and CONFIG unavailable); "
+                    "make sure the server is bounded and evicts with allkeys-lru or allkeys-lfu"]
+        maxmemory = int(maxmemory)
+        if maxmemory == 0:
+            warnings.append("maxmemory is 0 (unbounded): Redis grows until the host runs out of "
+                            "memory; set maxmemory to what the cache may use (and "
+                            "maxmemory-policy allkeys-lru)")
+        if policy == "noeviction":
+            warnings.append("maxmemory-policy is noeviction: once maxmemory is reached every "
+                            "new entry fails to save (OOM); use allkeys-lru or allkeys-lfu")
+        elif policy.startswith("volatile-") and not (self.ttl and policy in _TTL_POLICIES):
+            why = ("it evicts at random among them" if self.ttl else
+                   "encache entries have no TTL (ttl option unset), so nothing is evictable and "
+                   "writes fail with OOM when full")
+            warnings.append(f"maxmemory-policy is {policy}: it only evicts keys with a TTL and "
+                            f"{why}; use allkeys-lru or allkeys-lfu")
+        elif policy == "allkeys-random":
+            warnings.append("maxmemory-policy is allkeys-random: hot entries are evicted as "
+                            "readily as cold ones; allkeys-lru or allkeys-lfu is recommended")
+        used = mem.get("used_memory")
+        if maxmemory and used is not None and int(used) >= 0.9 * maxmemory \
+                and policy not in RECOMMENDED_POLICIES:
+            warnings.append(f"Redis is at {100 * int(used) / maxmemory:.0f}% of maxmemory "
+                            "and its policy will not make room")
+        return warnings
+
+    @_wrapped
+    def info(self) -> StoreInfo:
+        mem = self._memory_info()
+        if not mem:  # INFO failed as well: surface the real reason (unreachable, auth…)
+            self._r.ping()
+        server: dict = {}
+        with contextlib.suppress(RedisError):
+            server = dict(self._r.info("server"))
+        maxmemory = mem.get("maxmemory")
+        extra = {
+            "prefix": self.prefix,
+            "redis_version": server.get("redis_version"),
+            "used_memory": mem.get("used_memory"),
+            "maxmemory": maxmemory,
+            "maxmemory_policy": mem.get("maxmemory_policy"),
+            "entries": self.count(),
+            "dbsize": self._r.dbsize(),
+            "ttl": self.ttl,
+            "warnings": self.capacity_warnings(mem),
+        }
+        return StoreInfo(url=self.url, backend=self.backend,
+                         max_bytes=int(maxmemory) if maxmemory else None, extra=extra)
+
+    @contextlib.contextmanager
+    def lock(self, name: str, wait: float = 0.0):
+        """Exclusive lock: ``SET NX PX`` with a random token, renewed by a thread while
+        held (so a crashed holder frees it after ``lock_ttl`` s), released by a Lua
+        compare-and-delete. Yields a handle whose ``lost`` tells if renewal failed."""
+        key = self._lock_prefix + name.encode("utf-8")
+        holder = f"pid {os.getpid()} on {socket.gethostname()}"
+        value = f"{secrets.token_hex(8)} {holder}".encode()
+        ttl_ms = max(1000, int(self.lock_ttl * 1000))
+        deadline = time.monotonic() + max(0.0, wait)
+        with self._errors():
+            while not self._r.set(key, value, nx=True, px=ttl_ms):
+                if time.monotonic() >= deadline:
+                    held = self._r.get(key)
+                    who = held.decode(errors="replace").split(" ", 1)[-1] if held else "just released"
+                    raise LockBusy(f"store {self.url} (prefix {self.prefix}) is locked by "
+                                   f"another {name} ({who})")
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())) or 0.01)
+        handle = _LockHandle()
+        stop = threading.Event()
+
+        def renew():
+            while not stop.wait(ttl_ms / 3000):
+                try:
+                    if not self._renew_script(keys=[key], args=[value, ttl_ms]):
+                        handle.lost = True
+                        log.warning("lost the %s lock on %s", name, self.url)
+                        return
+                except RedisError as e:  # keep trying: the server may come back in time
+                    log.warning("could not renew the %s lock: %s", name, self._store_error(e))
+
+        thread = threading.Thread(target=renew, name=f"encache-lock-{name}", daemon=True)
+        thread.start()
+        try:
+            yield handle
+        finally:
+            stop.set()
+            thread.join()
+            with contextlib.suppress(RedisError):
+                self._unlock_script(keys=[key], args=[value])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._pool.disconnect()
+
+
+class _LockHandle:
+    lost = False
+
+
+def _leading(views: list[memoryview], n: int) -> bytes:
+    """The first ``n`` bytes across a list of buffers."""
+    out = bytearray()
+    for v in views:
+        if len(out) >= n:
+            break
+        out += v[:n - len(out)]
+    return bytes(out)
