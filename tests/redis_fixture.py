@@ -14,16 +14,17 @@ Fixtures
     keys (``RedisStore(server.url, prefix=f"t-{uuid4().hex}:")``) and must not change
     global settings (``CONFIG SET``) or kill it.
 ``redis_factory`` (function scope)
-    ``redis_factory(password=None, config=None, **kw) -> RedisServer``: a private server
-    for tests that need AUTH, special settings (``config={"maxmemory": "10mb"}``), or that
-    kill / stop / restart it. Every server it started is stopped at teardown.
+    ``redis_factory(password=None, config=None, tls=False) -> RedisServer``: a private
+    server for tests that need AUTH, TLS, special settings (``config={"maxmemory":
+    "10mb"}``), or that kill / stop / restart it. All are stopped at teardown.
 
 :class:`RedisServer` attributes: ``host`` (always 127.0.0.1), ``port``, ``pid``,
 ``password``, ``dir`` (its temp dir), ``unix_socket``, ``url`` (``redis://`` with the
-password, db 0), ``unix_url``; methods ``url_for(db=0, password=...)``, ``client()``
-(a redis-py client), ``kill(sig=SIGKILL)`` (by PID, waits for exit), ``pause()`` /
-``resume()`` (SIGSTOP/SIGCONT: a hung server), ``restart()`` (same port, same
-password/config, empty data), ``stop()``, ``alive``.
+password, db 0), ``unix_url``; with ``tls=True`` also ``tls_port`` and ``tls_url``
+(``rediss://`` trusting a self-signed certificate made with ``openssl``). Methods:
+``url_for(db=0, password=...)``, ``client()`` (a redis-py client), ``kill(sig=SIGKILL)``
+(by PID, waits for exit), ``pause()`` / ``resume()`` (SIGSTOP/SIGCONT: a hung server),
+``restart()`` (same port, same password/config, empty data), ``stop()``, ``alive``.
 
 If ``redis-server`` is not installed (``scripts/setup`` installs it), tests using these
 fixtures are skipped with that reason.
@@ -60,7 +61,7 @@ class RedisServer:
 
     def __init__(self, *, password: str | None = None, config: dict | None = None,
                  port: int | None = None, root: str | os.PathLike | None = None,
-                 start_timeout: float = 10.0):
+                 tls: bool = False, start_timeout: float = 10.0):
         if REDIS_SERVER is None:
             pytest.skip("redis-server not installed (scripts/setup installs it)")
         self.host = HOST
@@ -74,6 +75,10 @@ class RedisServer:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.port = port or 0
+        self.tls_port: int | None = None
+        self.tls_cert: str | None = None
+        if tls:
+            self._make_cert()
         self._start(fixed_port=port is not None)
 
     # -- addresses --------------------------------------------------------------------
@@ -86,6 +91,14 @@ class RedisServer:
     @property
     def url(self) -> str:
         return self.url_for()
+
+    @property
+    def tls_url(self) -> str:
+        """``rediss://`` URL trusting the server's self-signed certificate."""
+        if self.tls_port is None:
+            raise RuntimeError("server started without tls=True")
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"rediss://{auth}{self.host}:{self.tls_port}/0?ssl_ca_certs={quote(self.tls_cert)}"
 
     @property
     def unix_url(self) -> str:
@@ -114,15 +127,33 @@ class RedisServer:
                 "--protected-mode", "yes"]
         if self.password:
             argv += ["--requirepass", self.password]
+        if self.tls_cert:
+            argv += ["--tls-port", str(self.tls_port), "--tls-cert-file", self.tls_cert,
+                     "--tls-key-file", str(self.dir / "tls.key"),
+                     "--tls-ca-cert-file", self.tls_cert, "--tls-auth-clients", "no"]
         for k, v in self.config.items():
             argv += [f"--{k}", *([v] if isinstance(v, str) else list(v))]
         return argv
+
+    def _make_cert(self) -> None:
+        """A self-signed certificate for 127.0.0.1 (needs the ``openssl`` command)."""
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl command not available for a TLS test server")
+        cert, key = self.dir / "tls.crt", self.dir / "tls.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+                        "-out", str(cert), "-days", "2", "-subj", f"/CN={self.host}",
+                        "-addext", f"subjectAltName=IP:{self.host}"],
+                       check=True, capture_output=True)
+        self.tls_cert = str(cert)
 
     def _start(self, fixed_port: bool) -> None:
         last = ""
         for _ in range(1 if fixed_port else 5):
             if not fixed_port:
                 self.port = free_port()
+                if self.tls_cert:
+                    self.tls_port = free_port()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.unix_socket)
             self.proc = subprocess.Popen(self._argv(), stdin=subprocess.DEVNULL,

@@ -183,9 +183,11 @@ def test_scan_and_delete_many_on_thousands_of_keys(store):
     t_del = time.perf_counter() - t0
     assert removed == 1000
     assert store.delete_many([pipe_ids[0], "never-there"]) == 0
+    assert store.delete_many([pipe_ids[1], "never-there", pipe_ids[2]], per_item=True) == \
+        [True, False, True]
     left = set(store.identifiers())
-    assert len(left) == 2000 and not any(i.startswith("l0:") for i in left)
-    assert store.count() == 2000
+    assert len(left) == 1998 and not any(i.startswith("l0:") for i in left)
+    assert store.count() == 1998
     print(f"\n3000 keys: put {t_put:.2f}s, identifiers+scan {t_scan:.2f}s, delete_many {t_del:.3f}s")
     assert t_scan < 5 and t_del < 5
 
@@ -412,3 +414,32 @@ def test_full_noeviction_server_fails_writes_cleanly(redis_factory):
     assert failed not in set(s.identifiers())
     assert all(e.error is None for e in s.scan())
     assert any("noeviction" in w for w in s.info().extra["warnings"])
+
+
+def test_tls_url(redis_factory):
+    server = redis_factory(tls=True, password="tls-secret")
+    s = RedisStore(server.tls_url)
+    b = blob("t")
+    s.put("t", b)
+    assert bytes(s.get("t")) == b and s.url.startswith("rediss://:***@")
+    untrusted = RedisStore(server.tls_url.split("?")[0])  # system CAs do not know the cert
+    with pytest.raises(StoreError, match="certificate") as e:
+        untrusted.get("t")
+    assert "tls-secret" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_header_longer_than_first_read(store, redis_server):
+    ident = "L" * 4000  # header > 4 KiB: needs the second, exact GETRANGE when rebuilt
+    b = blob(ident)
+    store.put(ident, b)
+    [info] = list(store.scan())
+    assert info.identifier == ident and info.error is None and info.size == len(b)
+    redis_server.client().delete(store.prefix + "meta")
+    [info] = list(store.scan())
+    assert info.identifier == ident and info.error is None and info.meta.shape == (64, 8)
+
+
+def test_non_entry_bytes_are_listed_with_an_error(store):
+    store.put("junk", b"not a safetensors file")
+    [info] = list(store.scan())
+    assert info.identifier == "junk" and info.meta is None and info.error == "bad-header"

@@ -357,9 +357,13 @@ class RedisStore(Store):
         return bool(existed)
 
     @_wrapped
-    def delete_many(self, identifiers: Iterable[str]) -> int:
-        """Delete many entries (UNLINK in pipelined batches); returns how many existed."""
-        removed = 0
+    def delete_many(self, identifiers: Iterable[str], *, per_item: bool = False):
+        """Delete many entries: UNLINK in pipelined MULTI batches of 500.
+
+        Returns how many existed, or with ``per_item=True`` a list of booleans (one per
+        identifier, in order: did it exist).
+        """
+        removed, existed = 0, []
         batch: list[str] = []
 
         def flush():
@@ -367,10 +371,18 @@ class RedisStore(Store):
             keys = [self.key(i) for i in batch]
             idents = [_enc(i) for i in batch]
             pipe = self._r.pipeline(transaction=True)
-            pipe.unlink(*keys)
+            if per_item:
+                for k in keys:
+                    pipe.unlink(k)
+            else:
+                pipe.unlink(*keys)
             pipe.hdel(self._meta_key, *idents)
             pipe.zrem(self._atime_key, *idents)
-            removed += pipe.execute()[0]
+            res = pipe.execute()
+            if per_item:
+                existed.extend(bool(x) for x in res[:len(keys)])
+            else:
+                removed += res[0]
             for i in batch:
                 self._touched.pop(i, None)
             batch.clear()
@@ -381,7 +393,7 @@ class RedisStore(Store):
                 flush()
         if batch:
             flush()
-        return removed
+        return existed if per_item else removed
 
     @_wrapped
     def contains(self, identifier: str) -> bool:
