@@ -244,7 +244,7 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGCONT)
-        self._reap(signal.SIGTERM)
+        self._reap(signal.SIGTERM, timeout=0.5)  # no data worth waiting for: then SIGKILL
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -179,7 +179,7 @@ class RedisStore(Store):
         self._atime_key = p + b"atime"
         self._counters_key = p + b"counters"
         self._lock_prefix = p + b"lock:"
-        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.05), max(0, int(retries)))
+        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                       retry=retry, client_name="encache",
                       max_connections=max(1, int(max_connections or 64)),
@@ -292,7 +292,9 @@ class RedisStore(Store):
         pipe = self._r.pipeline(transaction=False)
         pipe.get(key)
         pipe.zadd(self._atime_key, {_enc(identifier): now}, xx=True)  # only live entries
-        value, _ = pipe.execute()
+        value, _ = pipe.execute(raise_on_error=False)  # a failed ZADD (replica) is no miss
+        if isinstance(value, Exception):
+            raise value
         if value is None:
             self._touched.pop(identifier, None)
         return value
@@ -309,7 +311,10 @@ class RedisStore(Store):
             pipe.mget(keys)
             if touch:
                 pipe.zadd(self._atime_key, touch, xx=True)
-            out.extend(pipe.execute()[0])
+            values = pipe.execute(raise_on_error=False)[0]
+            if isinstance(values, Exception):
+                raise values
+            out.extend(values)
         return out
 
     @_wrapped
