@@ -1,0 +1,4 @@
+"""``python -m encache.cli`` = ``encache``."""
+from encache.cli.app import main
+
+main()

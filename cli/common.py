@@ -1,0 +1,40 @@
+"""Helpers shared by the management commands (no vLLM, no torch)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from encache.cli.errors import EXIT_USAGE, EncacheError
+
+
+@contextlib.contextmanager
+def opened(url: str, *, create: bool = False) -> Iterator:
+    """Open the store ``url`` names; management commands never create one by accident
+    (a typo'd path is an error, exit 7, not a new empty store)."""
+    from encache.connectors.store import open_store
+
+    store = open_store(url, create=create)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def display_url(url: str, store=None) -> str:
+    """The store URL safe to print (password redacted; disk paths made absolute)."""
+    from encache.connectors.store import redact
+
+    if store is not None and getattr(store, "backend", None) == "disk":
+        return str(store.url)
+    return redact(url)
+
+
+def make_filter(*, lora=None, model=None, older_than=None):
+    from encache.connectors.store.scanning import EntryFilter
+
+    return EntryFilter(lora=lora, model=model, older_than=older_than)
+
+
+def usage(message: str, hint: str | None = None) -> EncacheError:
+    return EncacheError(message, EXIT_USAGE, hint)

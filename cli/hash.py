@@ -1,0 +1,188 @@
+"""``encache hash IMAGE… --model M [--lora NAME]``: the identifier vLLM will use for each
+file when it is served, whether the store has it, and every input that went into it.
+
+This is the tool for "why does my consumer miss?": the identifier depends on the file's
+bytes, the model id string *exactly* as given to ``vllm serve --model`` (a trailing slash
+or a local path vs. a hub id makes a different hash), the hasher algorithm
+(``--mm-hasher-algorithm``), the image io config (set when vLLM converts the image, e.g.
+RGBA -> RGB), any ``--media-io-kwargs``, and the LoRA prefix (tower-connector LoRA).
+
+The only command that imports vLLM (its own hasher is used, never a re-implementation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from encache.cli.options import JsonOpt, LoraOpt, OptionalStoreOpt
+
+HASH_ALGOS = ("blake3", "sha256", "sha512")
+
+
+def _json_dict(value: str | None) -> dict | None:
+    if value is None:
+        return None
+    try:
+        d = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e.msg}") from None
+    if not isinstance(d, dict):
+        raise typer.BadParameter("expected a JSON object")
+    return d
+
+
+def _check_algo(value: str) -> str:
+    if value not in HASH_ALGOS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(HASH_ALGOS)}")
+    return value
+
+
+def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: str,
+                 media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
+                 store=None) -> list[dict]:
+    """One record per file: its identity (inputs included) and whether the store has it."""
+    from encache.cli import errors
+
+    try:
+        from encache.connectors.vllm.hashing import identify_file
+    except ImportError as e:
+        raise errors.EncacheError(
+            f"encache hash needs vLLM's hasher, which does not import: {e}", errors.EXIT_ENGINE,
+            hint="install encache with the [cpu] or [gpu] extra") from None
+    out = []
+    for path in paths:
+        rec: dict = {"path": path}
+        try:
+            ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
+                                  media_io_kwargs=media_io_kwargs,
+                                  mm_processor_kwargs=mm_processor_kwargs)
+        except ValueError as e:
+            rec["error"] = str(e)
+            out.append(rec)
+            continue
+        rec.update(ident.to_dict())
+        rec["path"] = path
+        rec["error"] = None
+        rec["in_store"] = None
+        rec["stored"] = None
+        if store is not None:
+            info = store.stat(ident.identifier)
+            rec["in_store"] = info is not None
+            if info is not None:
+                m = info.meta
+                rec["stored"] = {
+                    "size": info.size, "created": info.created, "error": info.error,
+                    "model": m.model if m else None, "hash_algo": m.hash_algo if m else None,
+                    "legacy": bool(m is not None and m.legacy),
+                }
+        out.append(rec)
+    return out
+
+
+def _presence(rec: dict) -> str:
+    if rec.get("in_store") is None:
+        return "?"
+    if not rec["in_store"]:
+        return "no"
+    st = rec["stored"]
+    if st["error"]:
+        return f"yes, unreadable ({st['error']})"
+    notes = []
+    if st["model"] and st["model"] != rec["model"]:
+        notes.append(f"made for {st['model']!r}")
+    if st["hash_algo"] and st["hash_algo"] != rec["hash_algo"]:
+        notes.append(f"hashed with {st['hash_algo']}")
+    return "yes" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo: str,
+                 media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
+                 store_url: str | None) -> None:
+    from encache.cli.render import emit, human_bytes, print_renderables, table
+
+    inputs = [
+        ("Model id", repr(model) + "  (hashed exactly as given to `vllm serve --model`)"),
+        ("Algorithm", hash_algo + "  (`--mm-hasher-algorithm`)"),
+        ("LoRA", f"{lora}  (identifier prefix `{lora}:`)" if lora else "-"),
+    ]
+    if media_io_kwargs:
+        inputs.append(("Media io kwargs", json.dumps(media_io_kwargs, sort_keys=True)))
+    if mm_processor_kwargs:
+        inputs.append(("Processor kwargs", json.dumps(mm_processor_kwargs, sort_keys=True)))
+    inputs.append(("Store", store_url or "-  (give --store to check presence)"))
+    head = table(["", ""], inputs, title="Inputs")
+    head.show_header = False
+    rows = []
+    for r in records:
+        if r.get("error"):
+            rows.append((r["path"], f"error: {r['error']}", "-", "-", "-"))
+            continue
+        image = f"{r.get('width')}×{r.get('height')} {r.get('mode') or ''}".strip()
+        io = json.dumps(r["io_config"], sort_keys=True) if r.get("io_config") else "-"
+        rows.append((r["path"], r["identifier"], _presence(r), f"{image}, {human_bytes(r['size'])}",
+                     io))
+    body = table([("File", {"overflow": "fold"}), ("Identifier", {"overflow": "fold"}),
+                  "In store", "Image", "io_config"], rows)
+    print_renderables(head, body)
+    missing = sum(1 for r in records if r.get("in_store") is False)
+    if missing and store_url:
+        emit(f"{missing} of {len(records)} not in the store: check the model id string, "
+             "the algorithm and the LoRA against what the server was started with.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("hash")
+    def hash_images(
+        images: Annotated[list[Path], typer.Argument(
+            metavar="IMAGE...", exists=True, dir_okay=False, readable=True,
+            help="Image files, as they will be sent to the server.")],
+        model: Annotated[str, typer.Option(
+            "--model", "-m", metavar="MODEL",
+            help="Model id exactly as given to `vllm serve --model`.")],
+        lora: LoraOpt = None,
+        store: OptionalStoreOpt = None,
+        hash_algo: Annotated[str, typer.Option(
+            "--hash-algo", metavar="ALGO", callback=_check_algo,
+            help="vLLM's --mm-hasher-algorithm: blake3 (default), sha256, sha512.")] = "blake3",
+        media_io_kwargs: Annotated[Optional[str], typer.Option(
+            "--media-io-kwargs", metavar="JSON",
+            help="As given to vLLM, e.g. '{\"image\": {...}}'.")] = None,
+        mm_processor_kwargs: Annotated[Optional[str], typer.Option(
+            "--mm-processor-kwargs", metavar="JSON",
+            help="Per-request processor kwargs, if the server hashes them.")] = None,
+        json_: JsonOpt = False,
+    ) -> None:
+        """Show the identifier vLLM uses for each image, whether the store has it, and
+        the inputs that went into it (model id string, algorithm, io config, LoRA)."""
+        from encache.cli import errors
+        from encache.cli.common import display_url, opened
+        from encache.cli.render import emit_json, progress
+
+        mio = _json_dict(media_io_kwargs)
+        mpk = _json_dict(mm_processor_kwargs)
+        paths = [str(p) for p in images]
+        with contextlib.ExitStack() as stack:
+            st = stack.enter_context(opened(store)) if store else None
+            url = display_url(store, st) if st is not None else None
+            with progress("Loading vLLM's hasher", quiet=json_):
+                records = build_hashes(paths, model, lora=lora, hash_algo=hash_algo,
+                                       media_io_kwargs=mio, mm_processor_kwargs=mpk, store=st)
+        if json_:
+            emit_json({"store": url, "model": model, "lora": lora, "hash_algo": hash_algo,
+                       "media_io_kwargs": mio, "mm_processor_kwargs": mpk, "files": records})
+        else:
+            render_table(records, model=model, lora=lora, hash_algo=hash_algo,
+                         media_io_kwargs=mio, mm_processor_kwargs=mpk, store_url=url)
+        failed = sum(1 for r in records if r.get("error"))
+        if failed:
+            from encache.cli.render import note
+
+            for r in records:
+                if r.get("error"):
+                    note(f"Error: {r['error']}")
+            raise typer.Exit(errors.EXIT_USAGE if failed == len(records) else errors.EXIT_PARTIAL)

@@ -1,0 +1,150 @@
+"""``encache list``: one row per entry (identifier, LoRA, model, shape, dtype, size,
+created, last access), filtered and sorted; ``-q`` prints identifiers only."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from encache.cli.options import (JsonOpt, LimitOpt, LoraOpt, ModelOpt, OlderThanOpt,
+                                 StoreOpt)
+
+#: sort keys and their default direction (True = descending: biggest / newest first)
+SORT_KEYS = {"identifier": False, "size": True, "created": True, "accessed": True}
+
+
+def parse_sort(value: str) -> tuple[str, bool]:
+    """``"size"`` / ``"created:asc"`` -> ``(key, descending)``."""
+    key, _, direction = value.lower().partition(":")
+    if key == "name":
+        key = "identifier"
+    if key not in SORT_KEYS:
+        raise ValueError(f"unknown sort key {key!r} (use {', '.join(SORT_KEYS)}; "
+                         "append :asc or :desc to set the order)")
+    if direction not in ("", "asc", "desc"):
+        raise ValueError(f"unknown sort order {direction!r} (use asc or desc)")
+    return key, (SORT_KEYS[key] if not direction else direction == "desc")
+
+
+def _check_sort(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_sort(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
+SortOpt = Annotated[Optional[str], typer.Option(
+    "--sort", metavar="KEY[:asc|desc]", callback=_check_sort,
+    help="Sort by size, created, accessed (newest/biggest first) or identifier.")]
+
+
+def entry_dict(e) -> dict:
+    """The JSON record of one entry (raw bytes, epoch seconds)."""
+    m = e.meta
+    return {
+        "identifier": e.identifier,
+        "lora": e.lora,
+        "model": m.model if m else None,
+        "shape": list(m.shape) if m else None,
+        "dtype": m.dtype if m else None,
+        "size": e.size,
+        "created": e.created,
+        "accessed": e.accessed,
+        "legacy": bool(m is not None and m.legacy),
+        "vllm_version": m.vllm_version if m else None,
+        "hash_algo": m.hash_algo if m else None,
+        "error": e.error,
+    }
+
+
+def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
+               limit: int | None = None, progress=None) -> list:
+    """The entries to show, filtered, sorted and limited (EntryInfo objects)."""
+    from encache.connectors.store.scanning import scan
+
+    entries = list(scan(store, flt if flt is not None and flt.active else None, progress))
+    key, desc = sort or ("identifier", False)
+    if key == "identifier":
+        entries.sort(key=lambda e: e.identifier, reverse=desc)
+    else:
+        # unknown values (None) always last, whatever the direction
+        known = [e for e in entries if getattr(e, key) is not None]
+        unknown = [e for e in entries if getattr(e, key) is None]
+        known.sort(key=lambda e: (getattr(e, key), e.identifier), reverse=desc)
+        entries = known + sorted(unknown, key=lambda e: e.identifier)
+    if limit is not None:
+        entries = entries[:limit]
+    return entries
+
+
+def render_json(url: str, entries: list, total: int | None = None) -> None:
+    from encache.cli.render import emit_json
+
+    emit_json({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
+               "entries": [entry_dict(e) for e in entries]})
+
+
+def render_table(url: str, entries: list, filtered: str) -> None:
+    import time
+
+    from encache.cli.render import (human_ago, human_bytes, note, or_dash, print_renderables,
+                                    shape_str, table)
+
+    if not entries:
+        note(f"No entries ({filtered}) in {url}.")
+        return
+    now = time.time()
+    problems = any(e.error for e in entries)
+    cols = [("Identifier", {"overflow": "fold", "min_width": 16}), "LoRA", "Model",
+            "Shape", "Dtype", "Size>", "Created", "Accessed"]
+    if problems:
+        cols.append("Problem")
+    rows = []
+    for e in entries:
+        m = e.meta
+        row = [e.identifier, or_dash(e.lora), or_dash(m.model if m else None) +
+               (" (legacy)" if m is not None and m.legacy else ""),
+               shape_str(m.shape) if m else "-", m.dtype if m else "-",
+               human_bytes(e.size), human_ago(e.created, now), human_ago(e.accessed, now)]
+        if problems:
+            row.append(e.error or "")
+        rows.append(row)
+    total = sum(e.size for e in entries)
+    caption = f"{len(entries):,} entries, {human_bytes(total)}"
+    print_renderables(table(cols, rows, caption=caption))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("list")
+    def list_entries(
+        store: StoreOpt,
+        lora: LoraOpt = None,
+        model: ModelOpt = None,
+        older_than: OlderThanOpt = None,
+        sort: SortOpt = None,
+        limit: LimitOpt = None,
+        quiet: Annotated[bool, typer.Option(
+            "--quiet", "-q", help="Identifiers only, one per line.")] = False,
+        json_: JsonOpt = False,
+    ) -> None:
+        """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
+        from encache.cli.common import display_url, make_filter, opened
+        from encache.cli.render import progress
+
+        flt = make_filter(lora=lora, model=model, older_than=older_than)
+        with opened(store) as st:
+            url = display_url(store, st)
+            with progress("Scanning", quiet=quiet or json_) as tick:
+                entries = build_list(st, flt, parse_sort(sort) if sort else None, limit, tick)
+        if quiet:
+            import sys
+
+            sys.stdout.write("".join(e.identifier + "\n" for e in entries))
+        elif json_:
+            render_json(url, entries)
+        else:
+            render_table(url, entries, flt.describe())
+

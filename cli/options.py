@@ -1,0 +1,69 @@
+"""Shared option aliases (``Annotated``), so every command spells them the same way.
+
+Use them as parameter annotations; the default goes in the signature::
+
+    def cmd(store: StoreOpt, json_: JsonOpt = False, model: ModelOpt = None): ...
+
+``StoreOpt`` has no default of its own: without ``--store`` and without ``$ENCACHE_STORE``
+Typer reports a usage error (exit 2).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+STORE_ENVVAR = "ENCACHE_STORE"
+
+STORE_HELP = "Store URL: PATH, file://PATH, redis://host:port/db, rediss://…, unix://…"
+
+
+def _age(value: str) -> float:
+    from encache.connectors.store.scanning import parse_age
+
+    return parse_age(value)  # ValueError -> Typer usage error (exit 2)
+
+
+StoreOpt = Annotated[str, typer.Option(
+    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
+
+#: the same option where a store is optional (``encache hash``: "is it in the store?")
+OptionalStoreOpt = Annotated[Optional[str], typer.Option(
+    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
+
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Machine-readable JSON on stdout (raw bytes, epoch seconds).")]
+
+YesOpt = Annotated[bool, typer.Option(
+    "--yes", "-y", help="Do not ask for confirmation (needed when not on a terminal).")]
+
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", "-n", help="Show what would be done, change nothing.")]
+
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", "-m", metavar="MODEL",
+    help="Model id exactly as given to `vllm serve --model`.")]
+
+LoraOpt = Annotated[Optional[str], typer.Option(
+    "--lora", metavar="NAME", help="LoRA adapter name (identifiers NAME:<hash>).")]
+
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="Print less: no progress, no summary.")]
+
+OlderThanOpt = Annotated[Optional[float], typer.Option(
+    "--older-than", metavar="AGE", parser=_age,
+    help="Entries not written or read for AGE (90s, 30m, 12h, 7d, 2w).")]
+
+LimitOpt = Annotated[Optional[int], typer.Option(
+    "--limit", min=0, metavar="N", help="At most N rows.")]
+
+
+class GroupBy(str, Enum):
+    model = "model"
+    lora = "lora"
+
+
+ByOpt = Annotated[Optional[GroupBy], typer.Option(
+    "--by", help="Break the total down by model or by LoRA.", case_sensitive=False)]

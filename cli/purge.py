@@ -1,0 +1,126 @@
+"""``encache purge``: delete entries by LoRA, model, age, or all of them.
+
+Always builds a plan first and prints what will go and how many bytes that frees;
+``--dry-run`` stops there; otherwise it asks (on a terminal) unless ``--yes``. Without a
+terminal and without ``--yes`` it refuses (exit 6) rather than guess. Each entry is
+removed with one atomic operation (``store.delete``), so a concurrent reader sees it
+whole or not at all.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from encache.cli.options import (DryRunOpt, JsonOpt, LoraOpt, ModelOpt, OlderThanOpt, QuietOpt,
+                                 StoreOpt, YesOpt)
+
+#: rows of the plan shown to people (the summary line always counts everything)
+SHOW_ROWS = 25
+
+
+def can_prompt() -> bool:
+    """A person can answer a question: stdin is a terminal."""
+    from encache.cli.render import is_tty
+
+    return is_tty(sys.stdin)
+
+
+def render_plan(plan, rows: int = SHOW_ROWS) -> None:
+    import time
+
+    from encache.cli.render import (emit, human_ago, human_bytes, or_dash, print_renderables,
+                                    table)
+
+    if not plan.items:
+        return
+    now = time.time()
+    shown = plan.items[:rows] if rows else plan.items
+    t = table([("Identifier", {"overflow": "fold"}), "LoRA", "Model", "Size>", "Created",
+               "Accessed"],
+              [(i.identifier, or_dash(i.lora), or_dash(i.model), human_bytes(i.size),
+                human_ago(i.created, now), human_ago(i.accessed, now)) for i in shown])
+    print_renderables(t)
+    if len(plan.items) > len(shown):
+        emit(f"… and {len(plan.items) - len(shown):,} more (-v or --json to see them all)")
+
+
+def plan_line(plan, dry_run: bool) -> str:
+    from encache.cli.render import human_bytes
+
+    verb = "Would delete" if dry_run else "Will delete"
+    return (f"{verb} {plan.entries:,} entries ({plan.selection}) from {plan.store}, "
+            f"freeing {human_bytes(plan.bytes)}.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("purge")
+    def purge(
+        store: StoreOpt,
+        lora: LoraOpt = None,
+        model: ModelOpt = None,
+        older_than: OlderThanOpt = None,
+        all_: Annotated[bool, typer.Option("--all", help="Every entry in the store.")] = False,
+        dry_run: DryRunOpt = False,
+        yes: YesOpt = False,
+        verbose: Annotated[bool, typer.Option(
+            "--verbose", "-v", help=f"Show every planned entry (default: the first {SHOW_ROWS}).")
+        ] = False,
+        json_: JsonOpt = False,
+        quiet: QuietOpt = False,
+    ) -> None:
+        """Delete entries by --lora, --model, --older-than, or --all (plan, confirm, delete).
+
+        --lora NAME matches identifiers NAME:<hash> and entries whose metadata names that
+        LoRA; --older-than matches entries not written or read for that long. Filters
+        combine (AND)."""
+        from encache.cli import errors
+        from encache.cli.common import display_url, make_filter, opened, usage
+        from encache.cli.render import emit, emit_json, human_bytes, note, progress
+        from encache.connectors.store.plan import build_purge_plan, execute
+
+        flt = make_filter(lora=lora, model=model, older_than=older_than)
+        if all_ and flt.active:
+            raise usage("--all cannot be combined with --lora, --model or --older-than")
+        if not all_ and not flt.active:
+            raise usage("nothing selected",
+                        hint="give --lora NAME, --model M, --older-than AGE, or --all")
+        with opened(store) as st:
+            url = display_url(store, st)
+            with progress("Planning", quiet=quiet or json_) as tick:
+                plan = build_purge_plan(st, flt, display_url=url, everything=all_,
+                                        progress=tick)
+            if not json_:
+                if not quiet:
+                    render_plan(plan, 0 if verbose else SHOW_ROWS)
+                if plan.count:
+                    emit(plan_line(plan, dry_run))
+                else:
+                    emit(f"Nothing to purge ({plan.selection}) in {plan.store}.")
+            if dry_run or not plan.count:
+                if json_:
+                    emit_json({"plan": plan.to_dict(), "dry_run": dry_run, "result": None})
+                return
+            if not yes:
+                if not can_prompt():
+                    raise errors.EncacheError(
+                        f"refusing to delete {plan.entries:,} entries "
+                        f"({human_bytes(plan.bytes)}) without confirmation: not on a terminal",
+                        errors.EXIT_ABORTED, hint="pass --yes to confirm, or --dry-run to look")
+                if not typer.confirm(f"Delete {plan.entries:,} entries "
+                                     f"({human_bytes(plan.bytes)})?", default=False, err=True):
+                    raise errors.EncacheError("aborted; nothing was deleted", errors.EXIT_ABORTED)
+            with progress("Deleting", plan.count, quiet=quiet or json_) as tick:
+                result = execute(plan, st, progress=tick)
+        if json_:
+            emit_json({"plan": plan.to_dict(), "dry_run": False, "result": result.to_dict()})
+        else:
+            gone = f", {len(result.missing):,} were already gone" if result.missing else ""
+            emit(f"Deleted {len(result.deleted):,} entries, freed "
+                 f"{human_bytes(result.freed_bytes)}{gone}.")
+            for ident, err in result.failed:
+                note(f"Could not delete {ident}: {err}")
+        if result.failed:
+            raise typer.Exit(errors.EXIT_PARTIAL)

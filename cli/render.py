@@ -1,0 +1,180 @@
+"""Output helpers: Rich tables for people (stdout), JSON for machines (stdout), progress and
+notes on stderr. Commands build plain data first and hand it to one renderer per format.
+
+Rich is imported lazily (only when a table or a progress bar is drawn), so ``--json``
+and ``-q`` paths start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+#: width used for tables when stdout is not a terminal (pipes, files, cron mail):
+#: wide enough that identifiers are never cut
+PIPE_WIDTH = 250
+
+
+def is_tty(stream=None) -> bool:
+    stream = sys.stdout if stream is None else stream
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def out_console():
+    from rich.console import Console
+
+    tty = is_tty(sys.stdout)
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False,
+                   width=None if tty else PIPE_WIDTH, emoji=False)
+
+
+def err_console():
+    from rich.console import Console
+
+    return Console(file=sys.stderr, stderr=True, highlight=False, emoji=False)
+
+
+# -- plain text ----------------------------------------------------------------------
+
+def note(message: str) -> None:
+    """A log line for people: stderr, never mixed into data on stdout."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def emit(line: str = "") -> None:
+    print(line, file=sys.stdout)
+
+
+def emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, allow_nan=False))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+# -- human formats -------------------------------------------------------------------
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    exp = min(int(math.log(abs(n), 1024)), len(_UNITS) - 1)
+    value = n / 1024 ** exp
+    return f"{value:.1f} {_UNITS[exp]}" if value < 100 else f"{value:.0f} {_UNITS[exp]}"
+
+
+def human_ago(t: float | None, now: float | None = None) -> str:
+    """``1.7e9`` -> ``"3d ago"`` (``"-"`` when unknown)."""
+    if t is None:
+        return "-"
+    d = (time.time() if now is None else now) - t
+    if d < 0:
+        return "in the future"
+    if d < 60:
+        return f"{int(d)}s ago"
+    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= n:
+            return f"{int(d // n)}{unit} ago"
+    return "-"  # pragma: no cover
+
+
+def human_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def human_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def shape_str(shape: Sequence[int] | None) -> str:
+    return "-" if shape is None else "×".join(str(s) for s in shape) or "scalar"
+
+
+def or_dash(x) -> str:
+    return "-" if x is None or x == "" else str(x)
+
+
+# -- tables --------------------------------------------------------------------------
+
+def table(columns: Sequence[str | tuple[str, dict]], rows: Sequence[Sequence[str]],
+          title: str | None = None, caption: str | None = None):
+    """A Rich table; a column is ``"Name"`` or ``("Name", {column kwargs})``. Column
+    names ending in ``>`` are right-aligned (numbers)."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, title_justify="left",
+              caption_justify="left", pad_edge=False)
+    for c in columns:
+        name, kw = (c, {}) if isinstance(c, str) else c
+        if name.endswith(">"):
+            name, kw = name[:-1], {"justify": "right", **kw}
+        t.add_column(name, **kw)
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def print_renderables(*items) -> None:
+    con = out_console()
+    for item in items:
+        con.print(item)
+
+
+# -- progress (stderr, only on a terminal) ------------------------------------------
+
+@contextlib.contextmanager
+def progress(label: str, total: int | None = None, *, quiet: bool = False,
+             unit: str = "entries") -> Iterator[Callable[[int], None]]:
+    """Yield ``update(done)``. Draws on stderr only when it is a terminal; never starts a
+    thread (safe around ``fork``), redraws at most 10 times a second."""
+    if quiet or not is_tty(sys.stderr):
+        yield lambda done: None
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn)
+
+    cols = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        cols += [BarColumn(), MofNCompleteColumn()]
+    else:
+        cols += [TextColumn("{task.completed:,} " + unit)]
+    cols.append(TimeElapsedColumn())
+    bar = Progress(*cols, console=err_console(), auto_refresh=False, transient=True)
+    task = bar.add_task(label, total=total)
+    last = 0.0
+
+    def update(done: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= 0.1:
+            last = now
+            bar.update(task, completed=done)
+            bar.refresh()
+
+    with bar:
+        bar.refresh()
+        yield update

@@ -1,0 +1,166 @@
+"""``encache stats``: what is in a store and how well it serves (``ccache -s`` style).
+
+Contents (entries, bytes, used / max, by model, by LoRA, legacy and unreadable entries)
+come from a header-only scan; the consumer counters (hits, misses, load time…) are the
+ones serving engines record in the store. ``--reset-counters`` prints the statistics,
+then zeroes the counters (so a cron job can log and reset in one step).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from encache.cli.options import JsonOpt, StoreOpt
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = None,
+                progress=None) -> dict:
+    """The ``stats`` data (JSON-ready: raw bytes, epoch seconds)."""
+    from encache.connectors.store.scanning import summarize
+
+    summary = summarize(store, url=open_url, workers=workers, progress=progress)
+    info = store.info()
+    counters = store.read_counters()
+
+    def c(name: str) -> float:
+        v = counters.get(name, 0) or 0
+        return int(v) if float(v).is_integer() else float(v)
+
+    hits, misses = c("hits"), c("misses")
+    lookups = hits + misses
+
+    def groups(d: dict) -> list[dict]:
+        rows = [{"name": k, **g.to_dict()} for k, g in d.items()]
+        rows.sort(key=lambda r: (-r["bytes"], str(r["name"])))
+        return rows
+
+    return {
+        "store": url,
+        "backend": info.backend,
+        "entries": summary.entries,
+        "bytes": summary.bytes,
+        "max_bytes": info.max_bytes,
+        "used_ratio": _ratio(summary.bytes, info.max_bytes or 0),
+        "legacy_entries": summary.legacy,
+        "legacy_bytes": summary.legacy_bytes,
+        "unreadable_entries": summary.unreadable,
+        "unreadable_bytes": summary.unreadable_bytes,
+        "oldest_created": summary.oldest,
+        "newest_created": summary.newest,
+        "last_access": summary.last_access,
+        "by_model": groups(summary.by_model),
+        "by_lora": groups(summary.by_lora),
+        "hits": hits,
+        "misses": misses,
+        "hit_ratio": _ratio(hits, lookups),
+        "load_errors": c("load_errors"),
+        "load_seconds": c("load_seconds"),
+        # load_seconds accumulates over successful loads (hits)
+        "mean_load_seconds": _ratio(c("load_seconds"), hits),
+        "bytes_loaded": c("bytes_loaded"),
+        "saves": c("saves"),
+        "save_errors": c("save_errors"),
+        "bytes_saved": c("bytes_saved"),
+        "evictions": c("evictions"),
+        "counters_updated": counters.get("updated"),
+        "backend_info": dict(info.extra),
+    }
+
+
+def render_table(s: dict) -> None:
+    from encache.cli.render import (human_ago, human_bytes, human_duration, human_pct,
+                                    human_time, or_dash, print_renderables, table)
+
+    used = human_bytes(s["bytes"])
+    if s["max_bytes"]:
+        used += f" / {human_bytes(s['max_bytes'])} ({human_pct(s['used_ratio'])})"
+    else:
+        used += " (no capacity set)"
+    rows = [
+        ("Store", f"{s['store']} ({s['backend']})"),
+        ("Entries", f"{s['entries']:,}"),
+        ("Used", used),
+    ]
+    free = s["backend_info"].get("filesystem_free_bytes")
+    if free is not None:
+        rows.append(("Filesystem free", human_bytes(free)))
+    rows += [
+        ("Legacy entries", f"{s['legacy_entries']:,} ({human_bytes(s['legacy_bytes'])}),"
+                           " no metadata or checksum" if s["legacy_entries"] else "0"),
+        ("Unreadable entries", f"{s['unreadable_entries']:,} ({human_bytes(s['unreadable_bytes'])})"
+                               " — run `encache verify`" if s["unreadable_entries"] else "0"),
+        ("Oldest / newest", f"{human_time(s['oldest_created'])} / {human_time(s['newest_created'])}"
+                            if s["entries"] else "-"),
+    ]
+    contents = table(["", ""], rows, title="Contents")
+    contents.show_header = False
+
+    lookups = s["hits"] + s["misses"]
+    crow = [
+        ("Hits", f"{s['hits']:,}"),
+        ("Misses", f"{s['misses']:,}"),
+        ("Hit ratio", human_pct(s["hit_ratio"]) + (f" of {lookups:,} lookups" if lookups else "")),
+        ("Mean load time", human_duration(s["mean_load_seconds"])),
+        ("Loaded", human_bytes(s["bytes_loaded"])),
+        ("Load errors", f"{s['load_errors']:,}"),
+        ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
+        ("Save errors", f"{s['save_errors']:,}"),
+        ("Evictions", f"{s['evictions']:,}"),
+        ("Counters updated", human_ago(s["counters_updated"]) if s["counters_updated"] else "never"),
+    ]
+    counters = table(["", ""], crow, title="Consumer counters")
+    counters.show_header = False
+
+    def breakdown(title: str, key: str, none_label: str):
+        total = s["bytes"] or 1
+        rows = [(or_dash(g["name"]) if g["name"] is not None else none_label,
+                 f"{g['entries']:,}", human_bytes(g["bytes"]), human_pct(g["bytes"] / total))
+                for g in s[key]]
+        return table([title, "Entries>", "Size>", "Share>"], rows)
+
+    items = [contents]
+    if s["entries"]:
+        items += [breakdown("Model", "by_model", "(unknown)"),
+                  breakdown("LoRA", "by_lora", "(none)")]
+    items.append(counters)
+    print_renderables(*items)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("stats")
+    def stats(
+        store: StoreOpt,
+        json_: JsonOpt = False,
+        reset_counters: Annotated[bool, typer.Option(
+            "--reset-counters", help="After printing, zero the consumer counters.")] = False,
+        workers: Annotated[Optional[int], typer.Option(
+            "--workers", "-j", min=1, metavar="N",
+            help="Processes for the header scan (default: one per CPU, for big stores).")] = None,
+        quiet: Annotated[bool, typer.Option(
+            "--quiet", "-q", help="No progress or notes on stderr.")] = False,
+    ) -> None:
+        """Entry count, bytes (used / max), by model and LoRA, legacy entries, and the
+        hits / misses / load times recorded by serving engines."""
+        from encache.cli.common import display_url, opened
+        from encache.cli.render import emit_json, note, progress
+        from encache.connectors.store.scanning import default_workers
+
+        with opened(store) as st:
+            url = display_url(store, st)
+            n = default_workers() if workers is None else workers
+            with progress("Scanning", quiet=quiet or json_) as tick:
+                data = build_stats(st, url, workers=n, open_url=store, progress=tick)
+            if json_:
+                emit_json(data)
+            else:
+                render_table(data)
+            if reset_counters:
+                st.reset_counters()
+                if not (json_ or quiet):
+                    note("Counters reset.")

@@ -1,0 +1,263 @@
+"""Scan, filter and summarise a store's entries — shared by ``list``, ``stats``, ``size``,
+``purge`` and ``verify``. Pure Python over the :class:`~.base.Store` interface (no vLLM,
+no torch, no backend internals), so it works on every backend.
+
+* :func:`parse_age` turns ``90s`` / ``30m`` / ``12h`` / ``7d`` / ``2w`` into seconds.
+* :class:`EntryFilter` selects entries by LoRA, model and age.
+* :class:`Summary` aggregates counts and bytes (total, by model, by LoRA, legacy,
+  unreadable); summaries merge, so shards can be scanned in parallel.
+* :func:`scan` / :func:`summarize` walk a store (headers only), optionally across
+  processes (:func:`summarize` with ``workers > 1`` re-opens the store by URL in each
+  worker process and splits the identifiers between them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .base import EntryInfo, Store
+from .keys import split_lora
+
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
+AGE_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+#: progress callbacks are called at most once per this many entries
+TICK_EVERY = 256
+
+
+def parse_age(text: str) -> float:
+    """``"7d"`` -> 604800.0. Units: s, m, h, d, w (a bare number is seconds).
+
+    Raises ValueError with a message fit for a usage error.
+    """
+    m = _AGE.fullmatch(text or "")
+    if not m:
+        raise ValueError(f"invalid age {text!r} (use e.g. 90s, 30m, 12h, 7d, 2w)")
+    return float(m.group(1)) * AGE_UNITS[m.group(2).lower()]
+
+
+def format_age(seconds: float) -> str:
+    """The inverse of :func:`parse_age`, for messages (``604800`` -> ``"7d"``)."""
+    for unit in ("w", "d", "h", "m"):
+        n = AGE_UNITS[unit]
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"
+
+
+def last_used(e: EntryInfo) -> float | None:
+    """When the entry was last written or read (the later of created / accessed)."""
+    times = [t for t in (e.created, e.accessed) if t is not None]
+    return max(times) if times else None
+
+
+def lora_names(e: EntryInfo) -> set[str]:
+    """Every LoRA an entry belongs to: its identifier prefix and its metadata's LoRA."""
+    names = set()
+    prefix = split_lora(e.identifier)[0]
+    if prefix:
+        names.add(prefix)
+    if e.meta is not None and e.meta.lora:
+        names.add(e.meta.lora)
+    return names
+
+
+@dataclass(frozen=True)
+class EntryFilter:
+    """Which entries a command acts on. Empty filter = every entry.
+
+    ``older_than`` (seconds) matches entries not written or read for that long (the later
+    of creation and last access, where the backend records access) — the ``ccache
+    --evict-older-than`` meaning, so a cache entry still being served is never "old".
+    """
+
+    lora: str | None = None
+    model: str | None = None
+    older_than: float | None = None
+    now: float = field(default_factory=time.time)
+
+    @property
+    def active(self) -> bool:
+        return self.lora is not None or self.model is not None or self.older_than is not None
+
+    def matches(self, e: EntryInfo) -> bool:
+        if self.lora is not None and self.lora not in lora_names(e):
+            return False
+        if self.model is not None and e.model != self.model:
+            return False
+        if self.older_than is not None:
+            t = last_used(e)
+            if t is None or self.now - t < self.older_than:
+                return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        if self.lora is not None:
+            parts.append(f"LoRA {self.lora!r}")
+        if self.model is not None:
+            parts.append(f"model {self.model!r}")
+        if self.older_than is not None:
+            parts.append(f"unused for {format_age(self.older_than)}")
+        return ", ".join(parts) or "all entries"
+
+
+@dataclass
+class Group:
+    entries: int = 0
+    bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return {"entries": self.entries, "bytes": self.bytes}
+
+
+@dataclass
+class Summary:
+    """Counts and bytes over a set of entries; mergeable (parallel shards)."""
+
+    entries: int = 0
+    bytes: int = 0
+    legacy: int = 0
+    legacy_bytes: int = 0
+    unreadable: int = 0
+    unreadable_bytes: int = 0
+    oldest: float | None = None  # earliest creation
+    newest: float | None = None  # latest creation
+    last_access: float | None = None
+    by_model: dict[str | None, Group] = field(default_factory=dict)
+    by_lora: dict[str | None, Group] = field(default_factory=dict)
+
+    def add(self, e: EntryInfo) -> None:
+        size = e.size
+        self.entries += 1
+        self.bytes += size
+        if e.error is not None:
+            self.unreadable += 1
+            self.unreadable_bytes += size
+        elif e.meta is not None and e.meta.legacy:
+            self.legacy += 1
+            self.legacy_bytes += size
+        c = e.created
+        if c is not None:
+            if self.oldest is None or c < self.oldest:
+                self.oldest = c
+            if self.newest is None or c > self.newest:
+                self.newest = c
+        a = e.accessed
+        if a is not None and (self.last_access is None or a > self.last_access):
+            self.last_access = a
+        model = e.meta.model if e.meta is not None else None
+        g = self.by_model.get(model)
+        if g is None:
+            g = self.by_model[model] = Group()
+        g.entries += 1
+        g.bytes += size
+        lora = e.lora
+        g = self.by_lora.get(lora)
+        if g is None:
+            g = self.by_lora[lora] = Group()
+        g.entries += 1
+        g.bytes += size
+
+    def merge(self, other: Summary) -> Summary:
+        self.entries += other.entries
+        self.bytes += other.bytes
+        self.legacy += other.legacy
+        self.legacy_bytes += other.legacy_bytes
+        self.unreadable += other.unreadable
+        self.unreadable_bytes += other.unreadable_bytes
+        for name in ("oldest", "last_access", "newest"):
+            a, b = getattr(self, name), getattr(other, name)
+            if b is not None:
+                pick = min if name == "oldest" else max
+                setattr(self, name, b if a is None else pick(a, b))
+        for mine, theirs in ((self.by_model, other.by_model), (self.by_lora, other.by_lora)):
+            for k, g in theirs.items():
+                m = mine.setdefault(k, Group())
+                m.entries += g.entries
+                m.bytes += g.bytes
+        return self
+
+
+def scan(store: Store, flt: EntryFilter | None = None,
+         progress: Callable[[int], None] | None = None) -> Iterator[EntryInfo]:
+    """Every entry's header info (optionally filtered); ``progress(n_seen)`` now and then."""
+    n = 0
+    for e in store.scan():
+        n += 1
+        if progress is not None and n % TICK_EVERY == 0:
+            progress(n)
+        if flt is None or flt.matches(e):
+            yield e
+    if progress is not None:
+        progress(n)
+
+
+def summarize_entries(entries: Iterable[EntryInfo]) -> Summary:
+    s = Summary()
+    for e in entries:
+        s.add(e)
+    return s
+
+
+# -- parallel summaries ---------------------------------------------------------------
+
+def default_workers() -> int:
+    """Worker processes for a parallel scan: one per usable CPU, at most 8."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+#: below this many entries a process pool costs more than it saves
+PARALLEL_MIN_ENTRIES = 20_000
+
+
+def _summarize_shard(args) -> Summary:
+    url, options, identifiers, flt = args
+    from .url import open_store
+
+    s = Summary()
+    with open_store(url, create=False, **options) as store:
+        for ident in identifiers:
+            e = store.stat(ident)
+            if e is not None and (flt is None or flt.matches(e)):
+                s.add(e)
+    return s
+
+
+def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None = None,
+              workers: int = 1, options: dict | None = None,
+              progress: Callable[[int], None] | None = None,
+              min_parallel: int = PARALLEL_MIN_ENTRIES) -> Summary:
+    """Summarise a store. With ``workers > 1`` and ``url`` given, header reads are split
+    across that many processes (each re-opens ``url``); small stores are scanned inline.
+    """
+    if workers <= 1 or url is None:
+        return summarize_entries(scan(store, flt, progress))
+    identifiers = list(store.identifiers())
+    if len(identifiers) < max(1, min_parallel):
+        return summarize_entries(scan(store, flt, progress))
+    import multiprocessing as mp
+
+    # fork: the children need nothing but the arguments (no re-import, fast start)
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    n_chunks = workers * 4
+    size = -(-len(identifiers) // n_chunks)
+    chunks = [(url, options or {}, identifiers[i:i + size], flt)
+              for i in range(0, len(identifiers), size)]
+    total, done = Summary(), 0
+    with ctx.Pool(workers) as pool:
+        for part, chunk in zip(pool.imap(_summarize_shard, chunks), chunks):
+            total.merge(part)
+            done += len(chunk[2])
+            if progress is not None:
+                progress(done)
+    return total
+

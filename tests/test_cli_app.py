@@ -1,0 +1,169 @@
+"""The app shell: help, version, usage errors, one-line errors with exit codes, lazy imports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from encache.cli import errors
+from encache.cli.app import DEBUG_HINT, guard
+from encache.connectors.store import StoreError
+from encache.connectors.store.disk import DiskStore
+from test_cli_helpers import invoke, one_line_error, populated
+
+COMMANDS = ("list", "stats", "size", "verify", "purge", "hash")
+
+
+def test_help_lists_every_command():
+    r = invoke("--help")
+    assert r.exit_code == 0
+    for c in COMMANDS:
+        assert c in r.stdout
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_command_has_help(cmd):
+    r = invoke(cmd, "--help")
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.stdout
+
+
+def test_no_args_shows_help_with_usage_exit_code():
+    r = invoke()
+    assert r.exit_code == errors.EXIT_USAGE
+    assert "Usage" in r.output and "list" in r.output
+
+
+def test_version():
+    r = invoke("--version")
+    assert r.exit_code == 0
+    assert r.stdout.startswith("encache ")
+
+
+def test_unknown_command_and_missing_store_are_usage_errors():
+    assert invoke("bogus").exit_code == errors.EXIT_USAGE
+    r = invoke("list")  # no --store, no $ENCACHE_STORE
+    assert r.exit_code == errors.EXIT_USAGE
+    assert "--store" in r.output
+
+
+def test_store_from_environment(tmp_path):
+    populated(tmp_path / "s")
+    r = invoke("list", "-q", env={"ENCACHE_STORE": str(tmp_path / "s")})
+    assert r.exit_code == 0 and len(r.stdout.split()) == 9
+
+
+def test_missing_store_is_one_line_store_error(tmp_path):
+    r = invoke("stats", "-s", tmp_path / "nope")
+    assert r.exit_code == errors.EXIT_STORE
+    assert "no store" in one_line_error(r)
+    assert not (tmp_path / "nope").exists()  # management commands never create a store
+
+
+def test_bad_url_scheme_is_store_error():
+    r = invoke("list", "-s", "ftp://host/x")
+    assert r.exit_code == errors.EXIT_STORE
+    assert "scheme" in one_line_error(r)
+
+
+def test_unreadable_store_is_store_error(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads everything")
+    s = populated(tmp_path / "s")
+    os.chmod(s.root, 0)
+    try:
+        r = invoke("list", "-s", s.root)
+        assert r.exit_code == errors.EXIT_STORE
+        one_line_error(r)
+    finally:
+        os.chmod(s.root, 0o755)
+
+
+# -- the error guard, on a toy app built with the same guard ----------------------------
+
+def _toy(tmp_path):
+    toy = typer.Typer()
+
+    @toy.command()
+    def boom(kind: str):
+        if kind == "bug":
+            raise ZeroDivisionError("division by zero")
+        if kind == "encache":
+            raise errors.EncacheError("custom", errors.EXIT_ABORTED, hint="a hint")
+        if kind == "store":
+            raise StoreError("store down")
+        if kind == "lock":
+            a, b = DiskStore(tmp_path / "l"), DiskStore(tmp_path / "l")
+            with a.lock("precompute"), b.lock("precompute"):
+                pass
+        if kind == "usage":
+            raise typer.BadParameter("bad value")
+
+    toy.registered_commands[0].callback = guard(toy.registered_commands[0].callback)
+    return toy
+
+
+@pytest.mark.parametrize("kind, code, text", [
+    ("bug", errors.EXIT_ERROR, f"ZeroDivisionError: division by zero ({DEBUG_HINT})"),
+    ("encache", errors.EXIT_ABORTED, "custom (a hint)"),
+    ("store", errors.EXIT_STORE, "store down"),
+    ("lock", errors.EXIT_LOCKED, "locked by another precompute"),
+])
+def test_errors_are_one_line_with_exit_code(tmp_path, kind, code, text):
+    r = CliRunner().invoke(_toy(tmp_path), [kind], env={"ENCACHE_DEBUG": None})
+    assert r.exit_code == code
+    assert text in one_line_error(r)
+
+
+def test_usage_errors_keep_typer_handling(tmp_path):
+    r = CliRunner().invoke(_toy(tmp_path), ["usage"], env={"ENCACHE_DEBUG": None})
+    assert r.exit_code == errors.EXIT_USAGE
+    assert "bad value" in r.output
+
+
+def test_debug_env_reraises(tmp_path):
+    r = CliRunner().invoke(_toy(tmp_path), ["bug"], env={"ENCACHE_DEBUG": "1"})
+    assert isinstance(r.exception, ZeroDivisionError)
+    assert "Error: " not in r.stderr
+
+
+# -- the real console script ---------------------------------------------------------------
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "encache.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ENCACHE_DEBUG": "", **(env or {})})
+
+
+def test_process_exit_code_and_single_stderr_line(tmp_path):
+    p = _run("list", "-s", tmp_path / "missing")
+    assert p.returncode == errors.EXIT_STORE
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("Error: ")
+    assert p.stdout == ""
+
+
+def test_management_commands_do_not_import_vllm_or_torch(tmp_path):
+    populated(tmp_path / "s")
+    code = (
+        "import sys\n"
+        "from encache.cli.app import main\n"
+        "for argv in (['list', '--json'], ['stats'], ['size', '--by', 'model'], ['verify'],"
+        " ['purge', '--lora', 'zz', '--dry-run']):\n"
+        "    try:\n"
+        "        main(argv + ['-s', sys.argv[1]])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (argv, e.code)\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+        "sys.exit(9 if heavy else 0)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "HEAVY []" in p.stderr
+

@@ -1,0 +1,124 @@
+"""`encache list` on real disk stores."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from encache.cli import errors
+from test_cli_helpers import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error, store  # noqa: F401
+
+ENTRY_KEYS = {"identifier", "lora", "model", "shape", "dtype", "size", "created", "accessed",
+              "legacy", "vllm_version", "hash_algo", "error"}
+
+
+def ids(result) -> list[str]:
+    return result.stdout.split()
+
+
+def test_table_for_people(store):
+    r = invoke("list", "-s", store.root)
+    assert r.exit_code == 0, r.output
+    for ident in ALL_IDS:
+        assert ident in r.stdout
+    assert "9 entries" in r.stdout
+    assert "64×8" in r.stdout and "F16" in r.stdout and "(legacy)" in r.stdout
+    assert r.stderr == ""  # no progress when stderr is not a terminal
+
+
+def test_json_schema(store):
+    r = invoke("list", "-s", store.root, "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    assert set(data) == {"store", "count", "bytes", "entries"}
+    assert data["store"] == str(store.root)
+    assert data["count"] == 9 and {e["identifier"] for e in data["entries"]} == ALL_IDS
+    sizes = file_sizes(store)
+    assert data["bytes"] == sum(sizes.values())
+    for e in data["entries"]:
+        assert set(e) == ENTRY_KEYS
+        assert e["size"] == sizes[e["identifier"]] and isinstance(e["size"], int)
+        assert isinstance(e["created"], float) and abs(e["created"] - time.time()) < OLD + 3600
+    by_id = {e["identifier"]: e for e in data["entries"]}
+    assert by_id[H[0]]["shape"] == [64, 8] and by_id[H[0]]["dtype"] == "F16"
+    assert by_id[H[0]]["model"] == "m" and by_id[H[0]]["lora"] is None
+    assert by_id["ad1:" + H[3]]["lora"] == "ad1"
+    assert by_id[H[8]]["legacy"] is True and by_id[H[8]]["model"] is None
+    assert by_id[H[8]]["shape"] == [16, 4] and by_id[H[8]]["dtype"] == "F32"
+
+
+def test_quiet_prints_identifiers_only(store):
+    r = invoke("list", "-s", store.root, "-q")
+    assert r.exit_code == 0
+    assert set(ids(r)) == ALL_IDS and len(ids(r)) == 9
+
+
+def test_filter_lora_matches_prefix_and_metadata(store):
+    r = invoke("list", "-s", store.root, "-q", "--lora", "ad1")
+    assert set(ids(r)) == {"ad1:" + H[3], "ad1:" + H[4], H[6]}
+
+
+def test_filter_model(store):
+    assert ids(invoke("list", "-s", store.root, "-q", "--model", "other")) == [H[5]]
+    assert len(ids(invoke("list", "-s", store.root, "-q", "-m", "m"))) == 7
+
+
+def test_filter_older_than(store):
+    assert ids(invoke("list", "-s", store.root, "-q", "--older-than", "7d")) == [H[7]]
+    assert ids(invoke("list", "-s", store.root, "-q", "--older-than", "11d")) == []
+
+
+def test_filters_combine(store):
+    r = invoke("list", "-s", store.root, "-q", "--lora", "ad1", "--model", "other")
+    assert r.exit_code == 0 and ids(r) == []
+
+
+def test_sort_and_limit(store):
+    sizes = file_sizes(store)
+    desc = ids(invoke("list", "-s", store.root, "-q", "--sort", "size"))
+    assert [sizes[i] for i in desc] == sorted(sizes.values(), reverse=True)
+    asc = ids(invoke("list", "-s", store.root, "-q", "--sort", "size:asc"))
+    assert [sizes[i] for i in asc] == sorted(sizes.values())
+    newest = ids(invoke("list", "-s", store.root, "-q", "--sort", "created"))
+    assert newest[-1] == H[7]  # the 10-day-old entry comes last
+    top = ids(invoke("list", "-s", store.root, "-q", "--sort", "size", "--limit", "2"))
+    assert top == desc[:2]
+    by_name = ids(invoke("list", "-s", store.root, "-q", "--sort", "identifier"))
+    assert by_name == sorted(ALL_IDS)
+
+
+def test_usage_errors(store):
+    for bad in (["--sort", "colour"], ["--sort", "size:up"], ["--older-than", "7 days"],
+                ["--limit", "-1"]):
+        r = invoke("list", "-s", store.root, *bad)
+        assert r.exit_code == errors.EXIT_USAGE, (bad, r.output)
+
+
+def test_empty_store(tmp_path):
+    from encache.connectors.store.disk import DiskStore
+    DiskStore(tmp_path / "e")
+    r = invoke("list", "-s", tmp_path / "e")
+    assert r.exit_code == 0 and r.stdout == "" and "No entries" in r.stderr
+    r = invoke("list", "-s", tmp_path / "e", "--json")
+    assert json.loads(r.stdout)["entries"] == []
+
+
+def test_unreadable_entry_is_listed_with_its_problem(store):
+    p = store.entry_path(H[0])
+    p.write_bytes(p.read_bytes()[:-7])
+    r = invoke("list", "-s", store.root, "--json")
+    e = {x["identifier"]: x for x in json.loads(r.stdout)["entries"]}[H[0]]
+    assert e["error"] == "truncated"
+    r = invoke("list", "-s", store.root)
+    assert "truncated" in r.stdout
+
+
+def test_file_url(store):
+    r = invoke("list", "-s", f"file://{store.root}", "-q")
+    assert set(ids(r)) == ALL_IDS
+
+
+def test_missing_store(tmp_path):
+    r = invoke("list", "-s", tmp_path / "x")
+    assert r.exit_code == errors.EXIT_STORE
+    one_line_error(r)
