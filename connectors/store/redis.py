@@ -30,9 +30,11 @@ full scan (``prune()``: an atomic Lua check-and-delete per batch).
 
 Failures: every Redis error becomes a :class:`.base.StoreError` with a one-line message
 (connection refused, authentication failed, timed out, out of memory) naming the URL with
-its password redacted. Connection errors and timeouts are retried ``retries`` times with
-a short exponential backoff; ``socket_timeout``/``connect_timeout`` bound each attempt,
-so a dead server is reported in well under a second or two, never a hang.
+its password redacted. Dropped or refused connections are retried ``retries`` times with
+a short exponential backoff (~0.1 s in all); timeouts and auth failures are not retried.
+``socket_timeout`` (per socket read, so large entries on slow links are fine) and
+``connect_timeout`` bound each call: a dead server is reported in ~0.1 s, a hung one in
+``socket_timeout`` (2 s by default), never a hang.
 """
 
 from __future__ import annotations
@@ -95,7 +97,12 @@ return 0
 
 
 class _Retry(Retry):
-    """Retry connection errors and timeouts, but never a refused password."""
+    """Retry dropped/refused connections (a restart, a stale pooled socket), but neither a
+    refused password nor a timeout (a hung or overloaded server: waiting again only
+    multiplies the delay every caller sees)."""
+
+    def __init__(self, backoff, retries):
+        super().__init__(backoff, retries, supported_errors=(RedisConnectionError,))
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
         def retryable(e):
@@ -142,7 +149,7 @@ class RedisStore(Store):
     OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
                "ttl", "lock_ttl", "access_resolution")
 
-    def __init__(self, url: str, *, prefix: str | None = None, socket_timeout: float = 5.0,
+    def __init__(self, url: str, *, prefix: str | None = None, socket_timeout: float = 2.0,
                  connect_timeout: float = 2.0, retries: int = 2,
                  max_connections: int | None = 64, ttl: float | None = None,
                  lock_ttl: float = 30.0, access_resolution: float = ACCESS_RESOLUTION_S):
