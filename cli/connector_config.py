@@ -1,6 +1,60 @@
-"""`encache connector-config` (being written)."""
+"""``encache connector-config``: the exact ``--ec-transfer-config`` JSON for ``vllm serve``.
+
+Users should never hand-write this: a typo in a key silently disables the cache.
+The JSON goes to stdout (so ``--ec-transfer-config "$(encache connector-config …)"``
+works); a ready-to-paste command line goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Annotated
+
 import typer
+
+from .errors import EXIT_USAGE, EncacheError
+from .options import StoreOpt
+
+ROLES = ("ec_consumer", "ec_producer", "ec_both")
+CONNECTOR_MODULE = "encache.connectors.vllm.connector"
+
+
+def build_config(store: str, role: str, extra: dict | None = None) -> dict:
+    if role not in ROLES:
+        raise EncacheError(f"--role must be one of {', '.join(ROLES)}", EXIT_USAGE)
+    from ..connectors.store.url import is_redis_url
+    if not is_redis_url(store) and not store.startswith("file://"):
+        import os
+        store = os.path.abspath(os.path.expanduser(store))
+    return {
+        "ec_connector": "EncacheConnector",
+        "ec_role": role,
+        "ec_connector_module_path": CONNECTOR_MODULE,
+        "ec_connector_extra_config": {"store": store, **(extra or {})},
+    }
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("connector-config")
+    def connector_config(
+        store: StoreOpt,
+        role: Annotated[str, typer.Option(help="ec_consumer | ec_producer | ec_both")] = "ec_consumer",
+        max_bytes: Annotated[int | None, typer.Option(help="Disk capacity (bytes) the connector enforces.")] = None,
+        load_timeout_s: Annotated[float | None, typer.Option(help="Max seconds a request waits for a load before re-encoding.")] = None,
+        model: Annotated[str | None, typer.Option("--model", "-m", help="Print a full vllm serve command for this model (stderr).")] = None,
+    ) -> None:
+        """Print the --ec-transfer-config JSON that points vLLM at this store."""
+        extra = {}
+        if max_bytes:
+            extra["max_bytes"] = max_bytes
+        if load_timeout_s is not None:
+            extra["load_timeout_s"] = load_timeout_s
+        cfg = build_config(store, role, extra)
+        text = json.dumps(cfg, separators=(",", ":"))
+        sys.stdout.write(text + "\n")
+        if sys.stderr.isatty():
+            cmd = ["python", "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", model or "MODEL", "--ec-transfer-config", text]
+            sys.stderr.write("# serve with:\n" + shlex.join(cmd) + "\n")

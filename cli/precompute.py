@@ -1,6 +1,317 @@
-"""`encache precompute` (being written)."""
+"""``encache precompute CORPUS``: fill a store with a real vLLM ec_producer engine.
+
+Walks the corpus, computes each file's served identifier (vLLM's own hasher, bytes as a
+``vllm serve`` consumer hashes them), skips what the store already holds *without starting
+the engine*, then encodes only the missing images in batches. Cron-safe: one run per store
+at a time (exclusive lock), a manifest so unchanged files are not read again, ``--quiet``
+for cron mail, ``--prune-missing`` to drop entries whose source images left the corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Annotated
+
 import typer
+
+from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
+from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt
+
+
+@dataclass
+class Summary:
+    store: str
+    model: str
+    lora: str | None
+    files: int = 0
+    hashed: int = 0  # read and hashed this run (new or changed files)
+    from_manifest: int = 0  # identifier taken from the manifest, file not read
+    present: int = 0  # already in the store: skipped
+    encoded: int = 0
+    failed: int = 0
+    pruned: int = 0
+    bytes_written: int = 0
+    engine_started: bool = False
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    failures: list = field(default_factory=list)  # [{path, error}]
+
+    @property
+    def images_per_second(self) -> float:
+        return self.encoded / self.encode_seconds if self.encode_seconds > 0 else 0.0
+
+
+UNREADABLE = "!unreadable:"  # manifest marker: not an identifier (identifiers never contain "!")
+
+
+def _clean_error(e: BaseException) -> str:
+    import re
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+    return f"not a readable image ({text})"[:300]
+
+
+def _parse_engine_args(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise EncacheError(f"--engine-arg expects KEY=VALUE, got {pair!r}", EXIT_USAGE)
+        k, v = pair.split("=", 1)
+        try:
+            out[k.strip().replace("-", "_")] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip().replace("-", "_")] = v
+    return out
+
+
+def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None = None,
+                   lora_path: str | None = None, batch: int = 16, wait: float = 0.0,
+                   prune_missing: bool = False, shard: str | None = None,
+                   use_manifest: bool = True, dry_run: bool = False,
+                   max_model_len: int | None = None, dtype: str | None = None,
+                   engine_args: dict | None = None, max_bytes: int | None = None,
+                   hash_algo: str = "blake3", progress=None) -> Summary:
+    """The precompute job (no printing: ``progress`` is an optional callback object)."""
+    from ..connectors.corpus import Manifest, parse_shard, shard_of, walk
+    from ..connectors.store import open_store
+
+    if not os.path.exists(corpus):
+        raise EncacheError(f"corpus not found: {corpus}", EXIT_USAGE)
+    if batch < 1:
+        raise EncacheError("--batch must be at least 1", EXIT_USAGE)
+    if lora_path and not lora:
+        raise EncacheError("--lora-path needs --lora NAME", EXIT_USAGE)
+    shard_spec = None
+    if shard:
+        try:
+            shard_spec = parse_shard(shard)
+        except ValueError as e:
+            raise EncacheError(str(e), EXIT_USAGE) from None
+    store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
+    summary = Summary(store=store.url, model=model, lora=lora)
+    t_start = time.perf_counter()
+    with store.lock("precompute", wait=wait):
+        files = walk(corpus)
+        if shard_spec:
+            files = [f for f in files if shard_of(f.rel, *shard_spec)]
+        summary.files = len(files)
+        key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
+               "hash_algo": hash_algo, "shard": shard or ""}
+        manifest = Manifest.load(Manifest.location(store, key), key)
+        if not use_manifest:
+            manifest.files = {}
+        present = set(store.identifiers())
+        todo: dict[str, object] = {}  # identifier -> CorpusFile (first file wins)
+        if progress:
+            progress.start("hashing", len(files))
+        for f in files:
+            ident = manifest.lookup(f)
+            if ident is None:
+                from ..connectors.vllm.hashing import identify_file
+                try:
+                    ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo).identifier
+                except (ValueError, OSError) as e:
+                    ident = UNREADABLE + _clean_error(e)
+                manifest.record(f, ident)
+                summary.hashed += 1
+            else:
+                summary.from_manifest += 1
+            if ident.startswith(UNREADABLE):  # remembered, so an unchanged bad file is not re-read
+                summary.failed += 1
+                summary.failures.append({"path": f.rel, "error": ident[len(UNREADABLE):]})
+                if progress:
+                    progress.advance(1, failed=f.rel)
+                continue
+            if ident in present:
+                summary.present += 1
+            else:
+                todo.setdefault(ident, f)
+            if progress:
+                progress.advance(1)
+        if todo and not dry_run:
+            _encode_missing(todo, model, store, summary, lora=lora, lora_path=lora_path,
+                            batch=batch, max_model_len=max_model_len, dtype=dtype,
+                            engine_args=engine_args, max_bytes=max_bytes, progress=progress)
+        if prune_missing and not dry_run:
+            current = {f.rel for f in files}
+            gone = [rel for rel in list(manifest.files) if rel not in current]
+            still_used = {manifest.files[r][2] for r in manifest.files if r in current}
+            for rel in gone:
+                ident = manifest.files[rel][2]
+                if ident.startswith(UNREADABLE):
+                    manifest.drop(rel)
+                    continue
+                if ident not in still_used and store.delete(ident):
+                    summary.pruned += 1
+                manifest.drop(rel)
+        if not dry_run:
+            manifest.save()
+    summary.seconds = time.perf_counter() - t_start
+    return summary
+
+
+def _encode_missing(todo: dict, model: str, store, summary: Summary, *, lora, lora_path, batch,
+                    max_model_len, dtype, engine_args, max_bytes, progress) -> None:
+    from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
+
+    opts = EngineOptions(model=model, store=store.url, max_model_len=max_model_len, dtype=dtype,
+                         lora_name=lora, lora_path=lora_path, extra=engine_args,
+                         store_options={"max_bytes": max_bytes} if max_bytes else None)
+    if progress:
+        progress.start("starting engine", None)
+    try:
+        engine = ProducerEngine(opts)
+    except Exception as e:
+        raise EncacheError(f"vLLM engine failed to start for {model!r}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                           EXIT_ENGINE, hint="set ENCACHE_DEBUG=1 for vLLM's traceback") from e
+    summary.engine_started = True
+    items = list(todo.items())
+    t0 = time.perf_counter()
+    ok: list[str] = []
+    try:
+        if progress:
+            progress.start("encoding", len(items))
+        for i in range(0, len(items), batch):
+            chunk = items[i:i + batch]
+            payload = []
+            for ident, f in chunk:
+                try:
+                    with open(f.path, "rb") as fh:
+                        payload.append((ident, data_url(fh.read(), f.path)))
+                except OSError as e:
+                    summary.failed += 1
+                    summary.failures.append({"path": f.rel, "error": f"cannot read: {e.strerror}"})
+            for res in engine.encode(payload) if payload else []:
+                if res.ok:
+                    ok.append(res.identifier)
+                else:
+                    summary.failed += 1
+                    summary.failures.append({"path": todo[res.identifier].rel, "error": res.error})
+            if progress:
+                progress.advance(len(chunk))
+        engine.wait_for_saves()
+        save_errors = engine.save_errors()
+    finally:
+        engine.close()
+    summary.encode_seconds = time.perf_counter() - t0
+    for ident in ok:
+        info = store.stat(ident)
+        if info is None:
+            summary.failed += 1
+            err = save_errors.get(ident) or "the engine stored no entry under the expected identifier"
+            summary.failures.append({"path": todo[ident].rel, "error": err})
+        else:
+            summary.encoded += 1
+            summary.bytes_written += info.size
+
+
+class _RichProgress:
+    """Progress on stderr (Rich); silent when ``--quiet``."""
+
+    def __init__(self, console):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        self.progress = Progress(TextColumn("{task.description:>15}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                                 transient=False)
+        self.task = None
+        self.console = console
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def start(self, phase: str, total: int | None):
+        self.task = self.progress.add_task(phase, total=total)
+
+    def advance(self, n: int, failed: str | None = None):
+        self.progress.advance(self.task, n)
+        if failed:
+            self.console.print(f"[yellow]skipped[/] {failed}: not a readable image")
+
+
+def _render(summary: Summary, as_json: bool) -> None:
+    if as_json:
+        data = asdict(summary)
+        data["images_per_second"] = summary.images_per_second
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"precompute → {summary.store}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    rows = [("files", summary.files), ("hashed (new/changed)", summary.hashed),
+            ("unchanged (manifest)", summary.from_manifest),
+            ("already in store", summary.present), ("encoded", summary.encoded),
+            ("failed", summary.failed), ("pruned", summary.pruned),
+            ("bytes written", f"{summary.bytes_written:,}"),
+            ("images/s", f"{summary.images_per_second:.1f}"),
+            ("seconds", f"{summary.seconds:.2f}")]
+    for k, v in rows:
+        t.add_row(k, str(v))
+    console = Console()
+    console.print(t)
+    for fail in summary.failures[:20]:
+        console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
+    if len(summary.failures) > 20:
+        console.print(f"… and {len(summary.failures) - 20} more (see --json)")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command("precompute")
+    def precompute(
+        corpus: Annotated[str, typer.Argument(help="Image file or directory (searched recursively).")],
+        model: ModelOpt,
+        store: StoreOpt,
+        lora: LoraOpt = None,
+        lora_path: Annotated[str | None, typer.Option(help="LoRA adapter to load in the producer (tower-connector LoRA).")] = None,
+        batch: Annotated[int, typer.Option(help="Images per engine call.")] = 16,
+        wait: Annotated[float, typer.Option(help="Seconds to wait for another run's lock before giving up.")] = 0.0,
+        prune_missing: Annotated[bool, typer.Option("--prune-missing", help="Delete entries whose source images left the corpus.")] = False,
+        shard: Annotated[str | None, typer.Option(help="Process only shard i of N (i/N), for multi-host runs.")] = None,
+        no_manifest: Annotated[bool, typer.Option("--no-manifest", help="Re-read and re-hash every file.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Hash and count, but do not encode or prune.")] = False,
+        max_model_len: Annotated[int | None, typer.Option(help="Engine max_model_len.")] = None,
+        dtype: Annotated[str | None, typer.Option(help="Engine dtype (auto, float16, bfloat16, float32).")] = None,
+        engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
+        max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
+        quiet: QuietOpt = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Encode an image corpus with a real vLLM engine into the store."""
+        from rich.console import Console
+
+        if not os.environ.get("ENCACHE_DEBUG"):
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
+
+        engine_args = _parse_engine_args(engine_arg or [])
+        console = Console(stderr=True, quiet=quiet)
+        progress = None if quiet else _RichProgress(console)
+        ctx = progress if progress else _Null()
+        with ctx:
+            summary = run_precompute(
+                corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
+                prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
+                dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
+                engine_args=engine_args, max_bytes=max_bytes, progress=progress)
+        if not quiet or summary.failed or as_json:
+            _render(summary, as_json)
+        raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None

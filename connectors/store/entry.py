@@ -197,8 +197,9 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
     return meta, start + begin
 
 
-def decode(blob, *, identifier: str | None = None, verify: bool = True) -> tuple[EntryMeta, memoryview]:
-    """Validate a whole entry and return ``(meta, tensor_bytes_view)`` (no copy).
+def validate_blob(blob, *, identifier: str | None = None,
+                  verify: bool = True) -> tuple[EntryMeta, int]:
+    """Validate a whole entry; return ``(meta, offset of the tensor bytes)``.
 
     Raises :class:`CorruptEntry` for truncation, a bad header, a shape that does not
     match the byte count, an identifier that is not the one asked for, or (``verify``)
@@ -206,9 +207,15 @@ def decode(blob, *, identifier: str | None = None, verify: bool = True) -> tuple
     """
     view = memoryview(blob).cast("B")
     meta, offset = parse_header(view, total_size=view.nbytes)
-    data = view[offset:offset + meta.data_bytes]
     if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
         raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
-    if verify and meta.checksum is not None and checksum(data) != meta.checksum:
-        raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
-    return meta, data
+    if verify and meta.checksum is not None:
+        if checksum(view[offset:offset + meta.data_bytes]) != meta.checksum:
+            raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
+    return meta, offset
+
+
+def decode(blob, *, identifier: str | None = None, verify: bool = True) -> tuple[EntryMeta, memoryview]:
+    """Validate a whole entry and return ``(meta, tensor_bytes_view)`` (no copy)."""
+    meta, offset = validate_blob(blob, identifier=identifier, verify=verify)
+    return meta, memoryview(blob).cast("B")[offset:offset + meta.data_bytes]

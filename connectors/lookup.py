@@ -1,0 +1,284 @@
+"""Serving-side lookups: a fresh index, background prefetch, and a staging area.
+
+vLLM asks a connector two things on the scheduler's hot path: "is this item in the
+store?" (``has_cache_item``, per item per step) and, before scheduling a request, "are its
+items ready?" (``ensure_cache_available``). Answering either with I/O would stall every
+engine step, and answering "yes" for an entry that then fails to load crashes the engine
+(vLLM raises "Encoder cache miss" in the worker). So the engine-facing answer is always a
+memory lookup, and "yes" is only ever said for bytes already read and verified:
+
+* **Index** — the set of identifiers in the store, scanned at start and refreshed every
+  ``index_refresh_s`` in a background thread (for a local disk store an unknown
+  identifier is also checked with one ``stat``, negative-cached, so new entries are seen
+  at once). A stale index entry costs one background read that finds nothing: a miss.
+* **Prefetch** — when a request with a known item is about to be scheduled, the entry is
+  read and fully validated (header, size, checksum) by a thread pool while the engine keeps
+  stepping; the request waits (is deferred) at most ``load_timeout_s``, then the item is
+  treated as a miss and re-encoded.
+* **Staging** — validated payloads wait in a byte-bounded LRU until the scheduler hands them
+  to the worker, and stay there as a small hot tier for popular images.
+
+Pure Python (no vLLM, no torch): the vLLM adapter is a thin layer over this.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+
+from .store.base import Store
+from .store.entry import CorruptEntry, EntryMeta, validate_blob
+
+log = logging.getLogger("encache.lookup")
+
+
+class State(Enum):
+    READY = "ready"  # verified bytes are staged: say yes
+    PENDING = "pending"  # a read is in flight: defer the request
+    MISS = "miss"  # not in the store, unreadable, or too slow: encode
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A verified entry in memory: ``blob[offset:offset+meta.data_bytes]`` is the tensor."""
+
+    identifier: str
+    meta: EntryMeta
+    blob: bytearray | bytes
+    offset: int
+    load_seconds: float
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob)
+
+
+class RateLimitedLog:
+    """One warning per key per interval, with a count of what was suppressed."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 30.0):
+        self.logger, self.interval = logger, interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def warning(self, key: str, msg: str, *args) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(key, -1e18) < self.interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            n = self._suppressed.pop(key, 0)
+            self._last[key] = now
+        suffix = f" ({n} similar suppressed)" if n else ""
+        self.logger.warning(msg + suffix, *args)
+        return True
+
+
+class EntryLookup:
+    def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
+                 load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
+                 verify: bool = True, counters_flush_s: float = 5.0):
+        self.store = store
+        self.verify = verify
+        self.load_timeout_s = load_timeout_s
+        self.index_refresh_s = index_refresh_s
+        self.staging_bytes = staging_bytes
+        self.counters_flush_s = counters_flush_s
+        self.warn = RateLimitedLog(log)
+        self._lock = threading.Lock()
+        self._index: set[str] = set()
+        self._index_ready = threading.Event()
+        self._absent: dict[str, float] = {}  # identifier -> expiry (local stores)
+        self._bad: dict[str, float] = {}  # identifier -> expiry (corrupt / rejected)
+        self._staged: OrderedDict[str, Staged] = OrderedDict()
+        self._staged_bytes = 0
+        self._inflight: dict[str, tuple[Future, float]] = {}
+        self._counters: dict[str, float] = {}
+        self._last_flush = time.monotonic()
+        self._closed = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="encache-load")
+        self._indexer = threading.Thread(target=self._index_loop, name="encache-index", daemon=True)
+        self._indexer.start()
+
+    # -- index ---------------------------------------------------------------------
+    def _index_loop(self) -> None:
+        """Background: refresh the index and persist counters, each on its own period."""
+        next_index = 0.0
+        tick = max(0.05, min(self.index_refresh_s, self.counters_flush_s))
+        while not self._closed.is_set():
+            now = time.monotonic()
+            if now >= next_index:
+                try:
+                    ids = set(self.store.identifiers())
+                    with self._lock:
+                        self._index = ids
+                except Exception as e:  # store down: keep the old index, retry later
+                    self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
+                                      self.store.url, e)
+                self._index_ready.set()
+                next_index = now + self.index_refresh_s
+            self.maybe_flush()
+            self._closed.wait(tick)
+
+    def wait_index(self, timeout: float | None = None) -> bool:
+        return self._index_ready.wait(timeout)
+
+    def known(self, identifier: str) -> bool:
+        """Is the identifier (probably) in the store? Memory speed; may be stale."""
+        now = time.monotonic()
+        with self._lock:
+            if self._bad.get(identifier, 0) > now:
+                return False
+            if identifier in self._index:
+                return True
+            if not self.store.local:
+                return False
+            if self._absent.get(identifier, 0) > now:
+                return False
+        found = self.store.contains(identifier)  # one stat on a local disk
+        with self._lock:
+            if found:
+                self._index.add(identifier)
+            else:
+                self._absent[identifier] = now + self.index_refresh_s
+                if len(self._absent) > 100_000:
+                    self._absent.clear()
+        return found
+
+    def note_saved(self, identifier: str) -> None:
+        with self._lock:
+            self._index.add(identifier)
+            self._absent.pop(identifier, None)
+            self._bad.pop(identifier, None)
+
+    # -- prefetch ------------------------------------------------------------------
+    def request(self, identifier: str) -> State:
+        """Where an item stands; starts a background read for a known, unstaged item."""
+        now = time.monotonic()
+        with self._lock:
+            if identifier in self._staged:
+                self._staged.move_to_end(identifier)
+                return State.READY
+            inflight = self._inflight.get(identifier)
+        if inflight is not None:
+            return State.PENDING if now - inflight[1] < self.load_timeout_s else State.MISS
+        if not self.known(identifier):
+            return State.MISS
+        with self._lock:
+            if identifier in self._inflight or identifier in self._staged:
+                return State.PENDING if identifier in self._inflight else State.READY
+            fut = self._pool.submit(self._load, identifier)
+            self._inflight[identifier] = (fut, now)
+        return State.PENDING
+
+    def is_ready(self, identifier: str) -> bool:
+        with self._lock:
+            return identifier in self._staged
+
+    def get_staged(self, identifier: str) -> Staged | None:
+        with self._lock:
+            return self._staged.get(identifier)
+
+    def reject(self, identifier: str, reason: str) -> None:
+        """Drop a staged entry the engine cannot use (e.g. wrong token count)."""
+        with self._lock:
+            st = self._staged.pop(identifier, None)
+            if st is not None:
+                self._staged_bytes -= st.nbytes
+            self._bad[identifier] = time.monotonic() + 60.0
+        self.count("load_errors")
+        self.warn.warning("reject:" + reason, "encache: entry %s unusable (%s); re-encoding",
+                          identifier, reason)
+
+    def load_now(self, identifier: str) -> Staged | None:
+        """Synchronous read + verify (tools, tests, and the worker-side fallback)."""
+        return self._load(identifier, register=False)
+
+    def _load(self, identifier: str, register: bool = True) -> Staged | None:
+        t0 = time.perf_counter()
+        staged = None
+        try:
+            blob = self.store.get(identifier)
+            if blob is None:
+                with self._lock:
+                    self._index.discard(identifier)
+                    self._absent[identifier] = time.monotonic() + self.index_refresh_s
+            else:
+                meta, offset = validate_blob(blob, identifier=identifier, verify=self.verify)
+                staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
+        except CorruptEntry as e:
+            with self._lock:
+                self._bad[identifier] = time.monotonic() + 60.0
+            self.count("load_errors")
+            self.warn.warning("corrupt", "encache: entry %s in %s is corrupt (%s); re-encoding",
+                              identifier, self.store.url, e)
+        except Exception as e:  # store unreachable, I/O error: a miss, never an outage
+            self.count("load_errors")
+            self.warn.warning("load", "encache: cannot load %s from %s: %s; re-encoding",
+                              identifier, self.store.url, e)
+        if register:
+            with self._lock:
+                self._inflight.pop(identifier, None)
+                if staged is not None:
+                    self._stage(staged)
+        return staged
+
+    def _stage(self, staged: Staged) -> None:  # caller holds the lock
+        old = self._staged.pop(staged.identifier, None)
+        if old is not None:
+            self._staged_bytes -= old.nbytes
+        self._staged[staged.identifier] = staged
+        self._staged_bytes += staged.nbytes
+        while self._staged_bytes > self.staging_bytes and len(self._staged) > 1:
+            _, evicted = self._staged.popitem(last=False)
+            self._staged_bytes -= evicted.nbytes
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                futs = [f for f, _ in self._inflight.values()]
+            if not futs:
+                return
+            for f in futs:
+                f.exception(timeout=max(0.0, deadline - time.monotonic()))
+
+    # -- counters ------------------------------------------------------------------
+    def count(self, name: str, value: float = 1) -> None:
+        with self._lock:
+            self._counters[name] = self._counters.get(name, 0) + value
+
+    def maybe_flush(self, force: bool = False) -> None:
+        """Persist counter deltas to the store (called by the background thread)."""
+        now = time.monotonic()
+        if not force and now - self._last_flush < self.counters_flush_s:
+            return
+        with self._lock:
+            deltas, self._counters = self._counters, {}
+            self._last_flush = now
+        if not deltas:
+            return
+        self._flush(deltas)
+
+    def _flush(self, deltas: dict[str, float]) -> None:
+        try:
+            self.store.add_counters(deltas)
+        except Exception as e:
+            with self._lock:  # keep them for the next flush
+                for k, v in deltas.items():
+                    self._counters[k] = self._counters.get(k, 0) + v
+            self.warn.warning("counters", "encache: cannot record counters in %s: %s",
+                              self.store.url, e)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.maybe_flush(force=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,69 @@
+"""``ec_connector_extra_config`` for the encache connector: parsing and defaults.
+
+Every key is optional except the store. ``path`` and ``shared_storage_path`` are
+accepted as aliases of ``store`` so encache is a drop-in replacement for vLLM's
+``ECExampleConnector`` configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    store: str
+    # store
+    max_bytes: int | None = None  # disk capacity; evicts LRU past it
+    eviction: str = "lru"
+    fsync: bool = True
+    prefix: str | None = None  # Redis key namespace
+    # consumer (scheduler side)
+    load_threads: int = 4
+    staging_bytes: int = 512 << 20
+    load_timeout_s: float = 5.0
+    index_refresh_s: float = 5.0
+    verify: bool = True  # checksum every load
+    counters_flush_s: float = 5.0
+    # producer (worker side)
+    write_threads: int = 2
+    max_pending_write_bytes: int = 1 << 30
+    skip_existing: bool = True
+
+    ALIASES = ("store", "path", "shared_storage_path", "url")
+
+    @classmethod
+    def from_extra(cls, extra: dict) -> ConnectorConfig:
+        extra = dict(extra)
+        store = None
+        for key in cls.ALIASES:
+            if extra.get(key):
+                store = str(extra.pop(key))
+                break
+        if not store:
+            raise ValueError("encache connector: ec_connector_extra_config needs a 'store' "
+                             "(a directory or redis:// URL)")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - names - set(cls.ALIASES))
+        if unknown:
+            raise ValueError(f"encache connector: unknown ec_connector_extra_config keys {unknown}")
+        return cls(store=store, **{k: v for k, v in extra.items() if k in names})
+
+    def store_options(self) -> dict:
+        opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync}
+        if self.prefix is not None:
+            opts["prefix"] = self.prefix
+        return {k: v for k, v in opts.items() if v is not None}
+
+    def lookup_options(self) -> dict:
+        return {"load_threads": self.load_threads, "staging_bytes": self.staging_bytes,
+                "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
+                "verify": self.verify, "counters_flush_s": self.counters_flush_s}
+
+    def writer_options(self) -> dict:
+        return {"threads": self.write_threads, "max_pending_bytes": self.max_pending_write_bytes,
+                "skip_existing": self.skip_existing}
+
+    def to_extra(self) -> dict:
+        defaults = ConnectorConfig(store=self.store)
+        return {k: v for k, v in asdict(self).items() if k == "store" or v != getattr(defaults, k)}

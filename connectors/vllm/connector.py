@@ -1,0 +1,248 @@
+"""EncacheConnector: vLLM's ECConnector API over an encache store (disk or Redis).
+
+Load it out of tree::
+
+    --ec-transfer-config '{"ec_connector": "EncacheConnector", "ec_role": "ec_consumer",
+        "ec_connector_module_path": "encache.connectors.vllm.connector",
+        "ec_connector_extra_config": {"store": "/var/cache/encache"}}'
+
+(or, with the plugin registered, just ``"ec_connector": "EncacheConnector"``).
+``encache connector-config`` prints this for a given store.
+
+Roles: the *scheduler-side* instance answers lookups from memory and prefetches verified
+entries in the background (:mod:`encache.connectors.lookup`); it ships the bytes to the
+worker inside the step's connector metadata, so a worker load never does I/O and can
+never fail. The *worker-side* instance turns those bytes into tensors (no copy on CPU)
+and, for producers, hands encoder outputs to a background writer
+(:mod:`encache.connectors.writer`). A corrupt, truncated, wrong-shape or vanished entry
+is therefore a miss: the engine re-encodes and one warning is logged per interval.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.distributed.ec_transfer.ec_connector.base import (
+    ECConnectorBase,
+    ECConnectorMetadata,
+    ECConnectorRole,
+)
+
+from ..lookup import EntryLookup, State
+from ..store import open_store
+from ..writer import EntryWriter
+from .config import ConnectorConfig
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("encache.connector")
+
+TORCH_DTYPES = {
+    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "BOOL": torch.bool,
+}
+DTYPE_CODES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+@dataclass
+class LoadItem:
+    identifier: str
+    blob: Any  # bytes / bytearray holding the whole entry
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass
+class EncacheConnectorMetadata(ECConnectorMetadata):
+    loads: list[LoadItem] = field(default_factory=list)
+
+
+class EncacheConnector(ECConnectorBase):
+    def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole):
+        super().__init__(vllm_config=vllm_config, role=role)
+        tc = vllm_config.ec_transfer_config
+        self.config = ConnectorConfig.from_extra(tc.ec_connector_extra_config or {})
+        self.store = open_store(self.config.store, **self.config.store_options())
+        model_config = vllm_config.model_config
+        self.model_id = model_config.model
+        self.model_dtype = model_config.dtype
+        mm_config = getattr(model_config, "multimodal_config", None)
+        self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
+        self.lookup: EntryLookup | None = None
+        self.writer: EntryWriter | None = None
+        self._pinned: dict[str, Any] = {}
+        self._need_loads: dict[str, Any] = {}
+        self._worker_stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
+        if role == ECConnectorRole.SCHEDULER and self.is_consumer:
+            self.lookup = EntryLookup(self.store, **self.config.lookup_options())
+        if role == ECConnectorRole.WORKER and self.is_producer:
+            self.writer = EntryWriter(self.store, **self.config.writer_options())
+        if role == ECConnectorRole.SCHEDULER and self.is_producer:
+            from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+            self._resolver = PlaceholderMetadataResolver(model_config)
+        self._device = None
+        atexit.register(self.shutdown)
+        log.info("encache connector (%s, %s) on %s", role.name.lower(), tc.ec_role, self.store.url)
+
+    # ============================== scheduler side ==============================
+    def has_cache_item(self, identifier: str) -> bool:
+        """Memory-speed: yes only for an entry already read and verified (staged)."""
+        if self.lookup is None:
+            return False
+        staged = self.lookup.get_staged(identifier)
+        if staged is None:
+            return False
+        self._pinned[identifier] = staged  # survives staging eviction until this step ships
+        return True
+
+    def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
+        """Start background reads for this request's stored items; defer it while they run."""
+        if self.lookup is None:
+            return True
+        ready = True
+        for i, feature in enumerate(request.mm_features):
+            pos = feature.mm_position
+            if pos.offset + pos.length <= num_computed_tokens:
+                continue  # already consumed into the KV cache
+            state = self.lookup.request(feature.identifier)
+            if state is State.PENDING:
+                ready = False
+            elif state is State.READY:
+                staged = self.lookup.get_staged(feature.identifier)
+                want = request.get_num_encoder_embeds(i)
+                if staged is not None and len(staged.meta.shape) == 2 and staged.meta.shape[0] != want:
+                    self.lookup.reject(feature.identifier,
+                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected")
+        return ready
+
+    def update_state_after_alloc(self, request: Request, index: int) -> None:
+        if self.lookup is None:
+            return
+        identifier = request.mm_features[index].identifier
+        staged = self._pinned.get(identifier) or self.lookup.get_staged(identifier)
+        if staged is None:
+            self.lookup.count("misses")
+            return
+        self._need_loads[identifier] = staged
+        self.lookup.count("hits")
+        self.lookup.count("bytes_loaded", staged.meta.data_bytes)
+        self.lookup.count("load_seconds", staged.load_seconds)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
+        meta = EncacheConnectorMetadata()
+        for identifier, st in self._need_loads.items():
+            meta.loads.append(LoadItem(identifier, st.blob, st.offset, st.meta.dtype, st.meta.shape))
+        self._need_loads.clear()
+        self._pinned.clear()
+        return meta
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        if not self.is_producer or self.role != ECConnectorRole.SCHEDULER:
+            return False, None
+        from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata
+        items = collect_ec_item_metadata(request.mm_features, self._resolver)
+        return False, (items or None)
+
+    # ============================== worker side =================================
+    def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs) -> None:
+        metadata = self._get_connector_metadata()
+        if not isinstance(metadata, EncacheConnectorMetadata) or not metadata.loads:
+            return
+        t0 = time.perf_counter()
+        for item in metadata.loads:
+            if item.identifier in encoder_cache:
+                continue
+            encoder_cache[item.identifier] = self._to_tensor(item)
+            self._worker_stats["loaded"] += 1
+        self._worker_stats["load_calls"] += 1
+        self._worker_stats["load_block_seconds"] += time.perf_counter() - t0
+
+    def _to_tensor(self, item: LoadItem) -> torch.Tensor:
+        dtype = TORCH_DTYPES[item.dtype]
+        numel = 1
+        for s in item.shape:
+            numel *= s
+        with warnings.catch_warnings():  # bytes are read-only; the cache never writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
+        t = t.view(item.shape)
+        if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
+            t = t.to(self.model_dtype)
+        device = self._target_device()
+        if device.type != "cpu":
+            t = t.to(device, non_blocking=False)
+        return t
+
+    def _target_device(self) -> torch.device:
+        if self._device is None:
+            from vllm.platforms import current_platform
+            name = current_platform.device_type
+            if current_platform.is_cuda_alike():
+                name = f"{name}:{current_platform.current_device()}"
+            self._device = torch.device(name)
+        return self._device
+
+    def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs) -> None:
+        if self.writer is None:
+            return
+        tensor = encoder_cache[mm_hash].detach()
+        code = DTYPE_CODES.get(tensor.dtype)
+        if code is None:
+            self.writer.warn.warning("dtype", "encache: cannot store dtype %s", tensor.dtype)
+            return
+
+        def data():  # runs in the writer thread: device->host copy and byte view
+            host = tensor.to("cpu").contiguous()
+            return host.reshape(-1).view(torch.uint8).numpy(), code, tuple(host.shape)
+
+        from vllm import __version__ as vllm_version
+        self.writer.submit(mm_hash, data, tensor.numel() * tensor.element_size(),
+                           model=self.model_id, vllm_version=vllm_version,
+                           hash_algo=self.hash_algo)
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Block until queued saves are written (precompute calls this before exiting)."""
+        if self.writer is None:
+            return True
+        done = self.writer.flush(timeout)
+        self._flush_writer_counters()
+        return done
+
+    def _flush_writer_counters(self) -> None:
+        if self.writer is None:
+            return
+        deltas = self.writer.take_counters()
+        if deltas:
+            try:
+                self.store.add_counters(deltas)
+            except Exception as e:
+                self.writer.warn.warning("counters", "encache: cannot record counters: %s", e)
+
+    # ============================== lifecycle ===================================
+    def shutdown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self._flush_writer_counters()
+            self.writer = None
+        if self.lookup is not None:
+            self.lookup.close()
+            self.lookup = None
+        self._pinned.clear()
+        self._need_loads.clear()
+
+
+# Aliases so a module-path config can name the backend it means.
+EncacheDisk = EncacheConnector
+EncacheRedis = EncacheConnector

@@ -1,0 +1,23 @@
+"""vLLM general plugin: registers encache's connector names with ``ECConnectorFactory``.
+
+Installed as the ``vllm.general_plugins`` entry point ``encache``; vLLM calls
+:func:`register` in every process it starts (API server, engine core, workers), so a
+config can say ``"ec_connector": "EncacheConnector"`` without a module path.
+``EncacheDisk`` and ``EncacheRedis`` are aliases of the same class: the store URL in
+``ec_connector_extra_config`` picks the backend.
+"""
+
+from __future__ import annotations
+
+CONNECTOR_NAMES = ("EncacheConnector", "EncacheDisk", "EncacheRedis")
+MODULE = "encache.connectors.vllm.connector"
+
+
+def register() -> None:
+    from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+
+    for name in CONNECTOR_NAMES:
+        try:
+            ECConnectorFactory.register_connector(name, MODULE, "EncacheConnector")
+        except ValueError:  # already registered: vLLM may load plugins more than once
+            pass

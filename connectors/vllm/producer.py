@@ -1,0 +1,128 @@
+"""Drive a real vLLM engine in ``ec_producer`` role to fill a store (``encache precompute``).
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: starts in seconds, and
+lets us wait for the connector's background writes). Each image is sent exactly as a
+served request would carry it — a base64 data URL in a chat message, through the model's
+own chat template — with its precomputed identifier as the item's ``uuid``, so the entry
+lands under the key a ``vllm serve`` consumer computes for the same file. Generation is
+one token: only the encoder pass matters.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import mimetypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger("encache.producer")
+
+CONNECTOR_MODULE = "encache.connectors.vllm.connector"
+
+
+@dataclass
+class EngineOptions:
+    model: str
+    store: str
+    max_model_len: int | None = None
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    lora_name: str | None = None
+    lora_path: str | None = None
+    extra: dict | None = None  # any other vllm.LLM keyword arguments
+    store_options: dict | None = None
+
+
+@dataclass
+class ItemResult:
+    identifier: str
+    ok: bool
+    error: str | None = None
+
+
+def data_url(data: bytes, path: str | None = None) -> str:
+    mime = (mimetypes.guess_type(path)[0] if path else None) or "image/png"
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+class ProducerEngine:
+    def __init__(self, opts: EngineOptions):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.opts = opts
+        extra_config = {"store": opts.store, **(opts.store_options or {})}
+        kwargs = dict(
+            model=opts.model,
+            limit_mm_per_prompt={"image": 1},
+            ec_transfer_config={
+                "ec_connector": "EncacheConnector",
+                "ec_role": "ec_producer",
+                "ec_connector_module_path": CONNECTOR_MODULE,
+                "ec_connector_extra_config": extra_config,
+            },
+        )
+        for key in ("max_model_len", "dtype", "max_num_seqs"):
+            if getattr(opts, key) is not None:
+                kwargs[key] = getattr(opts, key)
+        self.lora_request = None
+        if opts.lora_path:
+            from vllm.lora.request import LoRARequest
+            kwargs.update(enable_lora=True, enable_tower_connector_lora=True)
+            self.lora_request = LoRARequest(opts.lora_name, 1, opts.lora_path)
+        kwargs.update(opts.extra or {})
+        self.llm = LLM(**kwargs)
+        from vllm import SamplingParams
+        self.sampling = SamplingParams(max_tokens=1, temperature=0.0)
+
+    @staticmethod
+    def _conversation(url: str, identifier: str) -> list[dict]:
+        return [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}, "uuid": identifier},
+            {"type": "text", "text": "Describe the image."},
+        ]}]
+
+    def encode(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
+        """Encode ``(identifier, data_url)`` pairs; one bad item does not sink the batch."""
+        convs = [self._conversation(url, ident) for ident, url in items]
+        try:
+            self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request)
+            return [ItemResult(ident, True) for ident, _ in items]
+        except Exception as batch_error:  # retry one by one to isolate the bad item(s)
+            if len(items) == 1:
+                return [ItemResult(items[0][0], False, _one_line(batch_error))]
+        results = []
+        for item in items:
+            results.extend(self.encode([item]))
+        return results
+
+    def wait_for_saves(self, timeout: float | None = 300.0) -> bool:
+        from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+        if not has_ec_transfer():
+            return True
+        return get_ec_transfer().wait_for_saves(timeout)
+
+    def save_errors(self) -> dict[str, str]:
+        from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+        if not has_ec_transfer():
+            return {}
+        writer = get_ec_transfer().writer
+        return dict(writer.errors) if writer is not None else {}
+
+    def close(self) -> None:
+        self.wait_for_saves()
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # best effort; the process is about to exit anyway
+                pass
+        from vllm.distributed.ec_transfer import ensure_ec_transfer_shutdown
+        ensure_ec_transfer_shutdown()
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
