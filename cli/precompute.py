@@ -68,6 +68,25 @@ def _parse_engine_args(pairs: list[str]) -> dict:
     return out
 
 
+def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
+                  shard: str | None) -> tuple[int, int] | None:
+    """Usage checks, before any work starts; returns the parsed shard."""
+    from ..connectors.corpus import parse_shard
+
+    if not os.path.exists(corpus):
+        raise EncacheError(f"corpus not found: {corpus}", EXIT_USAGE)
+    if batch < 1:
+        raise EncacheError("--batch must be at least 1", EXIT_USAGE)
+    if lora_path and not lora:
+        raise EncacheError("--lora-path needs --lora NAME", EXIT_USAGE)
+    if not shard:
+        return None
+    try:
+        return parse_shard(shard)
+    except ValueError as e:
+        raise EncacheError(str(e), EXIT_USAGE) from None
+
+
 def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None = None,
                    lora_path: str | None = None, batch: int = 16, wait: float = 0.0,
                    prune_missing: bool = False, shard: str | None = None,
@@ -76,21 +95,10 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    engine_args: dict | None = None, max_bytes: int | None = None,
                    hash_algo: str = "blake3", progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
-    from ..connectors.corpus import Manifest, parse_shard, shard_of, walk
+    from ..connectors.corpus import Manifest, shard_of, walk
     from ..connectors.store import open_store
 
-    if not os.path.exists(corpus):
-        raise EncacheError(f"corpus not found: {corpus}", EXIT_USAGE)
-    if batch < 1:
-        raise EncacheError("--batch must be at least 1", EXIT_USAGE)
-    if lora_path and not lora:
-        raise EncacheError("--lora-path needs --lora NAME", EXIT_USAGE)
-    shard_spec = None
-    if shard:
-        try:
-            shard_spec = parse_shard(shard)
-        except ValueError as e:
-            raise EncacheError(str(e), EXIT_USAGE) from None
+    shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora)
     t_start = time.perf_counter()
@@ -295,6 +303,7 @@ def register(app: typer.Typer) -> None:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
 
         engine_args = _parse_engine_args(engine_arg or [])
+        validate_args(corpus, batch, lora, lora_path, shard)
         console = Console(stderr=True, quiet=quiet)
         progress = None if quiet else _RichProgress(console)
         ctx = progress if progress else _Null()

@@ -1,0 +1,184 @@
+"""`encache precompute` as cron runs it: exit codes, lock, manifest, prune, quiet, JSON.
+
+These runs never need the engine: the store is pre-filled with entries under the
+identifiers vLLM computes for the corpus files, so precompute finds everything present.
+(The engine path itself is covered by test_engine_e2e and test_served.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from encache.cli.app import app
+from encache.connectors.store import encode, open_store
+
+MODEL = "org/some-model"  # any id string: nothing is loaded when every entry is present
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    from engine_support import ROOT  # noqa: F401  (puts scripts/ on sys.path)
+    from make_demo_corpus import make_corpus
+    make_corpus(str(tmp_path / "corpus"), pages=5, seed=3)
+    return tmp_path / "corpus"
+
+
+def fill(store_url, corpus, model=MODEL):
+    """Put a (fake but valid) entry under each file's served identifier."""
+    from encache.connectors.corpus import walk
+    from encache.connectors.vllm.hashing import identify_file
+    store = open_store(str(store_url))
+    ids = {}
+    for f in walk(corpus):
+        ident = identify_file(f.path, model).identifier
+        arr = np.zeros((4, 8), np.float16)
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model))
+        ids[f.rel] = ident
+    return ids
+
+
+def run(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_everything_present_no_engine_json_summary(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json", "-q")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["files"] == 5 and data["present"] == 5 and data["encoded"] == 0
+    assert data["engine_started"] is False and data["failed"] == 0
+    for key in ("hashed", "from_manifest", "bytes_written", "seconds", "images_per_second", "failures"):
+        assert key in data
+
+
+def test_manifest_skips_unchanged_files_without_reading_them(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    first = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json").stdout)
+    assert first["hashed"] == 5 and first["from_manifest"] == 0
+    # Overwrite every file with garbage of the same size and restore its mtime: a run
+    # that read or decoded any file would now report it as unreadable.
+    for p in corpus.rglob("*.*"):
+        st = p.stat()
+        p.write_bytes(b"\0" * st.st_size)
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    second = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json").stdout)
+    assert second["hashed"] == 0 and second["from_manifest"] == 5 and second["failed"] == 0
+    # --no-manifest re-reads: now every file is garbage
+    third = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json", "--no-manifest")
+    assert third.exit_code == 3 and json.loads(third.stdout)["failed"] == 5
+
+
+def test_changed_file_is_hashed_again(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json")
+    victim = sorted(corpus.rglob("*.jpg"))[0]
+    victim.write_bytes(b"not an image any more")
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json")
+    data = json.loads(r.stdout)
+    assert r.exit_code == 3 and data["hashed"] == 1 and data["from_manifest"] == 4
+    assert data["failures"][0]["path"].endswith(victim.name)
+    assert "not a readable image" in data["failures"][0]["error"]
+
+
+def test_broken_file_is_partial_exit_3_and_reported(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    (corpus / "broken.png").write_bytes(b"garbage")
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"))
+    assert r.exit_code == 3
+    assert "broken.png" in r.stdout and "Traceback" not in r.output
+
+
+def test_prune_missing_deletes_entries_of_removed_files(tmp_path, corpus):
+    ids = fill(tmp_path / "s", corpus)
+    run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"))
+    gone = sorted(ids)[0]
+    (corpus / gone).unlink()
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--prune-missing", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["pruned"] == 1
+    store = open_store(str(tmp_path / "s"))
+    assert not store.contains(ids[gone])
+    assert all(store.contains(i) for rel, i in ids.items() if rel != gone)
+
+
+def test_quiet_prints_nothing_on_success(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--quiet")
+    assert r.exit_code == 0 and r.stdout == ""
+
+
+HOLDER = r"""
+import sys, time
+from encache.connectors.store import open_store
+with open_store(sys.argv[1]).lock("precompute"):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_lock_between_two_processes(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "s"), "2"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        busy = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"))
+        assert busy.exit_code == 5
+        assert "locked" in busy.output and "Traceback" not in busy.output
+        t0 = time.monotonic()
+        waited = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--wait", "30")
+        assert waited.exit_code == 0 and time.monotonic() - t0 < 25
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_killed_holder_releases_the_lock(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "s"), "60"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    holder.kill()  # SIGKILL: no cleanup code runs
+    holder.wait()
+    assert run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s")).exit_code == 0
+
+
+@pytest.mark.parametrize("args, code", [
+    (["/nonexistent/corpus"], 2),
+    (["{corpus}", "--batch", "0"], 2),
+    (["{corpus}", "--shard", "3/2"], 2),
+    (["{corpus}", "--engine-arg", "novalue"], 2),
+])
+def test_usage_errors(tmp_path, corpus, args, code):
+    args = [a.replace("{corpus}", str(corpus)) for a in args]
+    r = run("precompute", *args, "-m", MODEL, "-s", str(tmp_path / "s"))
+    assert r.exit_code == code
+    assert r.output.strip().splitlines()[-1].startswith("Error:") or "Usage" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_shards_partition_the_corpus(tmp_path, corpus):
+    fill(tmp_path / "s", corpus)
+    a = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--shard", "0/2", "--json").stdout)
+    b = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--shard", "1/2", "--json").stdout)
+    assert a["files"] + b["files"] == 5  # each file in exactly one shard
+    from encache.connectors.corpus import shard_of
+    keys = [f"doc{i:03d}/page{j}.png" for i in range(200) for j in range(4)]
+    sizes = [sum(shard_of(k, i, 4) for k in keys) for i in range(4)]
+    assert sum(sizes) == len(keys) and min(sizes) > 150  # balanced, deterministic
+
+
+def test_connector_config_json(tmp_path):
+    r = run("connector-config", "-s", str(tmp_path / "st"), "--role", "ec_both", "--max-bytes", "1000")
+    cfg = json.loads(r.stdout)
+    assert cfg["ec_role"] == "ec_both" and cfg["ec_connector"] == "EncacheConnector"
+    assert cfg["ec_connector_extra_config"] == {"store": str(tmp_path / "st"), "max_bytes": 1000}
+    assert run("connector-config", "-s", "x", "--role", "nope").exit_code == 2

@@ -1,0 +1,123 @@
+"""Identifier parity through the real OpenAI server: `vllm serve` (api_server) as consumer.
+
+Precompute a corpus with one file per format (RGB JPEG, RGBA PNG, palette GIF, greyscale
+PNG, WEBP, BMP), start `python -m vllm.entrypoints.openai.api_server` with the encache
+consumer config exactly as README says (worker processes, as in production), send each
+file as a base64 data URL, and check the store's counters record a hit — not a miss — for
+every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from encache.connectors.store import open_store
+from engine_support import PRECOMPUTE_KW, data_url
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model, tmp_path_factory):
+    from encache.cli.connector_config import build_config
+    from encache.cli.precompute import run_precompute
+    from make_demo_corpus import make_corpus
+
+    root = tmp_path_factory.mktemp("served")
+    files = make_corpus(str(root / "corpus"), pages=6, seed=7)
+    store = str(root / "store")
+    summary = run_precompute(str(root / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    assert summary.encoded == 6
+    port = free_port()
+    # by plugin name, no module path: the vllm.general_plugins entry point must register it
+    # in every server process (API server, engine core, workers)
+    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
+    config["ec_connector"] = "EncacheDisk"
+    del config["ec_connector_module_path"]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
+           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
+           "--ec-transfer-config", json.dumps(config)]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while True:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail("server did not start:\n" + (root / "server.log").read_text()[-3000:])
+            time.sleep(1)
+    yield {"base": base, "files": files, "store": store, "model": tiny_model}
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    log.close()
+
+
+def chat(base: str, model: str, path: str) -> dict:
+    body = {"model": model, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(path)}},
+        {"type": "text", "text": "What is on this page?"}]}]}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        c = open_store(store).read_counters()
+        if c.get(key, 0) > above or time.time() > deadline:
+            return c
+        time.sleep(0.1)
+
+
+def test_every_format_hits_through_vllm_serve(served):
+    results = {}
+    for path in served["files"]:
+        before = open_store(served["store"]).read_counters()
+        reply = chat(served["base"], served["model"], path)
+        assert reply["choices"][0]["message"]["content"] is not None
+        after = counters_after(served["store"], "hits", before.get("hits", 0))
+        results[Path(path).suffix + ":" + str(len(results))] = (
+            after.get("hits", 0) - before.get("hits", 0),
+            after.get("misses", 0) - before.get("misses", 0))
+    assert all(v == (1, 0) for v in results.values()), results
+
+
+def test_unknown_image_is_a_miss_not_an_error(served, tmp_path):
+    from make_demo_corpus import make_corpus
+    [fresh] = make_corpus(str(tmp_path), pages=1, seed=99)
+    before = open_store(served["store"]).read_counters()
+    reply = chat(served["base"], served["model"], fresh)
+    assert reply["choices"][0]["message"]["content"] is not None
+    after = counters_after(served["store"], "misses", before.get("misses", 0))
+    assert after.get("misses", 0) == before.get("misses", 0) + 1
+    assert after.get("hits", 0) == before.get("hits", 0)
