@@ -1,0 +1,263 @@
+"""Benchmark the management CLI over a synthetic store (default 100,000 entries).
+
+Measures, as a user runs them (a fresh process each time, so interpreter start-up and
+imports are included), against naive baselines side by side:
+
+  encache stats --json (-j1, and -jN processes)   header-only scan + consumer counters
+  encache list --json                             header-only scan, one JSON record per entry
+  encache size                                    file sizes only (no header read)
+  encache verify --json                           every entry read whole + blake3 checksum
+  baseline: du -sb                                file sizes only, in C
+  baseline: full read + decode (Python)           read every entry whole to learn its model
+  baseline: safetensors.safe_open per entry       the official library reading each header
+
+Writes ``benchmarks/cli.json`` (every run, with the machine's load average around it, since
+a shared machine's timings are noisy: compare the *min* columns) and ``benchmarks/cli.png``.
+
+    scripts/bench/cli [--entries 100000] [--repeats 3] [--store DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+ENCACHE = str(VENV_BIN / "encache") if (VENV_BIN / "encache").exists() else "encache"
+
+MODELS = ("google/gemma-3-4b-it", "Qwen/Qwen2.5-VL-3B-Instruct")
+LORAS = ("invoices", "receipts", "forms")
+SHAPE = (16, 64)  # F16: 2 KiB of tensor per entry (headers are what the scans read)
+
+
+# -- the synthetic store -------------------------------------------------------------------
+
+def build_store(root: Path, n: int) -> dict:
+    """``n`` entries: 90 % base-model, 10 % LoRA, two models, 1 % legacy, 30 days of ages."""
+    import numpy as np
+
+    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.entry import encode_parts
+
+    marker = root / ".encache" / "bench.json"
+    spec = {"entries": n, "shape": list(SHAPE), "dtype": "F16", "version": 1}
+    if marker.exists() and json.loads(marker.read_text()) == spec:
+        return spec
+    if root.exists():
+        shutil.rmtree(root)
+    store = DiskStore(root, fsync=False)
+    data = np.zeros(SHAPE, np.float16).view(np.uint8)
+    legacy = _legacy_blob(data)
+    now = time.time()
+    t0 = time.perf_counter()
+    for i in range(n):
+        ident = f"{i:064x}"
+        if i % 100 == 99:
+            store.put(ident, legacy)
+            continue
+        lora = LORAS[i % 3] if i % 10 == 0 else None
+        if lora:
+            ident = f"{lora}:{ident}"
+        header, view = encode_parts(ident, data, "F16", SHAPE, model=MODELS[i % 2], lora=lora,
+                                    vllm_version="0.32.0", hash_algo="blake3",
+                                    created=now - (i % 30) * 86400 - i * 1e-3)
+        store.put(ident, [header, view])
+        if i and i % 10000 == 0:
+            print(f"  built {i:,} entries ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    store.add_counters({"hits": 81234, "misses": 4321, "load_seconds": 81234 * 0.0021,
+                        "bytes_loaded": 81234 * 2048})
+    marker.write_text(json.dumps(spec))
+    return spec
+
+
+def _legacy_blob(data) -> bytes:
+    """An ECExampleConnector entry: plain safetensors, no encache metadata."""
+    import struct
+
+    header = {"ec_cache": {"dtype": "F16", "shape": list(SHAPE), "data_offsets": [0, data.nbytes]}}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + bytes(data)
+
+
+# -- baselines (run as `python -c`) ----------------------------------------------------------
+
+FULL_READ = r"""
+import os, sys, json
+from collections import Counter
+from encache.connectors.store.entry import decode
+root = sys.argv[1]
+models, total, n = Counter(), 0, 0
+for d in os.scandir(root):
+    if d.name.startswith('.') or not d.is_dir():
+        continue
+    try:
+        with open(os.path.join(d.path, 'encoder_cache.safetensors'), 'rb') as f:
+            blob = f.read()
+    except FileNotFoundError:
+        continue
+    meta, _ = decode(blob, verify=False)
+    models[meta.model] += 1
+    total += len(blob)
+    n += 1
+print(json.dumps({"entries": n, "bytes": total, "models": len(models)}))
+"""
+
+SAFE_OPEN = r"""
+import os, sys, json
+from collections import Counter
+from safetensors import safe_open
+root = sys.argv[1]
+models, total, n = Counter(), 0, 0
+for d in os.scandir(root):
+    if d.name.startswith('.') or not d.is_dir():
+        continue
+    p = os.path.join(d.path, 'encoder_cache.safetensors')
+    try:
+        with safe_open(p, framework='numpy') as f:
+            md = f.metadata() or {}
+            f.get_slice('ec_cache').get_shape()
+    except FileNotFoundError:
+        continue
+    models[md.get('model')] += 1
+    total += os.path.getsize(p)
+    n += 1
+print(json.dumps({"entries": n, "bytes": total, "models": len(models)}))
+"""
+
+
+def cases(store: Path, workers: int) -> list[dict]:
+    s = str(store)
+    py = sys.executable
+    return [
+        {"name": "encache stats --json -j1", "kind": "encache", "what": "stats",
+         "argv": [ENCACHE, "stats", "-s", s, "--json", "-j1"]},
+        {"name": f"encache stats --json -j{workers}", "kind": "encache", "what": "stats",
+         "argv": [ENCACHE, "stats", "-s", s, "--json", f"-j{workers}"]},
+        {"name": "encache list --json", "kind": "encache", "what": "list",
+         "argv": [ENCACHE, "list", "-s", s, "--json"]},
+        {"name": "encache size", "kind": "encache", "what": "size",
+         "argv": [ENCACHE, "size", "-s", s]},
+        {"name": "encache verify --json", "kind": "encache", "what": "verify",
+         "argv": [ENCACHE, "verify", "-s", s, "--json"], "repeats": 1, "ok_codes": (0,)},
+        {"name": "baseline: du -sb", "kind": "baseline", "what": "size",
+         "argv": ["du", "-sb", s]},
+        {"name": "baseline: full read + decode", "kind": "baseline", "what": "stats",
+         "argv": [py, "-c", FULL_READ, s]},
+        {"name": "baseline: safetensors.safe_open", "kind": "baseline", "what": "stats",
+         "argv": [py, "-c", SAFE_OPEN, s]},
+    ]
+
+
+def run_case(case: dict, repeats: int) -> dict:
+    runs = []
+    for _ in range(case.get("repeats", repeats)):
+        load0 = os.getloadavg()[0]
+        t = time.perf_counter()
+        p = subprocess.run(case["argv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**os.environ, "ENCACHE_DEBUG": ""})
+        dt = time.perf_counter() - t
+        if p.returncode not in case.get("ok_codes", (0,)):
+            raise SystemExit(f"{case['name']} failed ({p.returncode}): {p.stderr.decode()[-500:]}")
+        runs.append({"seconds": round(dt, 4), "loadavg_before": load0,
+                     "loadavg_after": os.getloadavg()[0], "stdout_bytes": len(p.stdout)})
+        print(f"  {case['name']:<36} {dt:7.2f} s  (load {load0:.1f})", file=sys.stderr)
+    secs = [r["seconds"] for r in runs]
+    out = {k: v for k, v in case.items() if k not in ("argv", "ok_codes")}
+    out.update(argv=[a if len(a) < 200 else "<script>" for a in case["argv"]], runs=runs,
+               min_s=min(secs), median_s=statistics.median(secs))
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["results"]
+    names = [r["name"] for r in rows]
+    mins = [r["min_s"] for r in rows]
+    meds = [r["median_s"] for r in rows]
+    colors = ["#2b7bba" if r["kind"] == "encache" else "#b0b0b0" for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
+    y = range(len(rows))[::-1]
+    ax.barh(list(y), mins, color=colors)
+    ax.scatter(meds, list(y), color="black", marker="|", s=200, label="median", zorder=3)
+    for yi, m in zip(y, mins):
+        ax.text(m, yi, f" {m:.2f} s", va="center", fontsize=8)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlabel("wall seconds (bar: best of runs, tick: median; fresh process each run)")
+    n = result["store"]["entries"]
+    ax.set_title(f"encache CLI over a {n:,}-entry disk store (warm page cache, "
+                 f"{result['machine']['cpus']} CPUs)\nblue: encache, grey: naive baselines",
+                 fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, max(meds + mins) * 1.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--store", type=Path, default=None,
+                    help="where to build the synthetic store (default: $TMPDIR/encache-bench-cli-N)")
+    ap.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1))
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cli")
+    args = ap.parse_args(argv)
+    store = args.store or Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{args.entries}"
+    print(f"building / reusing {store} ({args.entries:,} entries)", file=sys.stderr)
+    spec = build_store(store, args.entries)
+    du = subprocess.run(["du", "-sb", str(store)], capture_output=True, text=True).stdout.split()[0]
+    # one untimed pass: every run below starts from the same warm page cache
+    subprocess.run(["du", "-sb", str(store)], capture_output=True)
+    subprocess.run([ENCACHE, "stats", "-s", str(store), "--json", "-j1"], capture_output=True)
+    results = [run_case(c, args.repeats) for c in cases(store, args.workers)]
+    by = {r["name"]: r for r in results}
+    stats1 = by["encache stats --json -j1"]["min_s"]
+    statsn = by[f"encache stats --json -j{args.workers}"]["min_s"]
+    result = {
+        "benchmark": "encache CLI over a synthetic disk store",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
+        "store": {**spec, "path": str(store), "du_bytes": int(du),
+                  "page_cache": "warm (one untimed pass first)"},
+        "results": results,
+        "summary": {
+            "entries": args.entries,
+            "stats_best_s": min(stats1, statsn),
+            "stats_j1_s": stats1,
+            f"stats_j{args.workers}_s": statsn,
+            "list_json_s": by["encache list --json"]["min_s"],
+            "list_json_bytes": by["encache list --json"]["runs"][0]["stdout_bytes"],
+            "size_s": by["encache size"]["min_s"],
+            "verify_s": by["encache verify --json"]["min_s"],
+            "du_s": by["baseline: du -sb"]["min_s"],
+            "full_read_s": by["baseline: full read + decode"]["min_s"],
+            "safe_open_s": by["baseline: safetensors.safe_open"]["min_s"],
+            "stats_entries_per_s": round(args.entries / min(stats1, statsn)),
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print(json.dumps(result["summary"], indent=2))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
