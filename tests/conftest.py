@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["redis_fixture"]  # redis_server / redis_factory: real redis-server per test session
+
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from .base import Store, StoreError
 
@@ -16,15 +16,18 @@ def is_redis_url(url: str) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe to print and log)."""
+    """The URL with any password replaced by ``***`` (safe to print and log).
+
+    Edits the string in place rather than re-assembling it (``urlunsplit`` would turn
+    ``unix:///path`` into ``unix:/path``).
+    """
     parts = urlsplit(url)
-    if parts.password is None:
-        if "password=" in parts.query:
-            return urlunsplit(parts._replace(query=re.sub(r"password=[^&]*", "password=***", parts.query)))
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if parts.password is not None:
+        prefix = parts.scheme + "://"
+        userinfo, _, hostpart = parts.netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        url = prefix + f"{user}:***@{hostpart}" + url[len(prefix) + len(parts.netloc):]
+    return re.sub(r"(password=)[^&#]*", r"\1***", url)
 
 
 def open_store(url: str, *, create: bool = True, **options) -> Store:
