@@ -100,6 +100,8 @@ class EntryLookup:
         self._staged_bytes = 0
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._counters: dict[str, float] = {}
+        self._interval: dict[str, float] = {}  # since the last take_interval() (engine metrics)
+        self._latencies: list[float] = []
         self._last_flush = time.monotonic()
         self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="encache-load")
@@ -253,6 +255,23 @@ class EntryLookup:
     def count(self, name: str, value: float = 1) -> None:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + value
+            self._interval[name] = self._interval.get(name, 0) + value
+
+    def observe_load(self, seconds: float) -> None:
+        with self._lock:
+            if len(self._latencies) < 10_000:
+                self._latencies.append(seconds)
+
+    def take_interval(self) -> dict:
+        """Counter deltas and load latencies since the last call (for vLLM's metrics)."""
+        with self._lock:
+            data, self._interval = self._interval, {}
+            lat, self._latencies = self._latencies, []
+            if lat:
+                data["load_latencies"] = lat
+            if data:
+                data["staged_bytes"] = self._staged_bytes
+        return data
 
     def maybe_flush(self, force: bool = False) -> None:
         """Persist counter deltas to the store (called by the background thread)."""

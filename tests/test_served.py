@@ -121,3 +121,23 @@ def test_unknown_image_is_a_miss_not_an_error(served, tmp_path):
     after = counters_after(served["store"], "misses", before.get("misses", 0))
     assert after.get("misses", 0) == before.get("misses", 0) + 1
     assert after.get("hits", 0) == before.get("hits", 0)
+
+
+def test_prometheus_metrics_exported(served):
+    """The connector's stats reach vLLM's /metrics through get_ec_connector_stats."""
+    chat(served["base"], served["model"], served["files"][0])  # at least one hit
+    deadline = time.time() + 30
+    while True:
+        text = urllib.request.urlopen(served["base"] + "/metrics", timeout=10).read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:encache_") and not line.startswith("#"):
+                name = line.split("{")[0].split(" ")[0]
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if values.get("vllm:encache_hits_total", 0) >= 1 or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert values.get("vllm:encache_hits_total", 0) >= 1, values
+    assert values.get("vllm:encache_loaded_bytes_total", 0) > 0
+    assert values.get("vllm:encache_load_latency_seconds_count", 0) >= 1
+    assert "vllm:encache_misses_total" in values

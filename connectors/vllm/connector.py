@@ -39,6 +39,7 @@ from ..lookup import EntryLookup, State
 from ..store import open_store
 from ..writer import EntryWriter
 from .config import ConnectorConfig
+from .metrics import EncachePromMetrics, EncacheStats
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -139,6 +140,7 @@ class EncacheConnector(ECConnectorBase):
         self.lookup.count("hits")
         self.lookup.count("bytes_loaded", staged.meta.data_bytes)
         self.lookup.count("load_seconds", staged.load_seconds)
+        self.lookup.observe_load(staged.load_seconds)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         meta = EncacheConnectorMetadata()
@@ -147,6 +149,21 @@ class EncacheConnector(ECConnectorBase):
         self._need_loads.clear()
         self._pinned.clear()
         return meta
+
+    # ============================== metrics =====================================
+    def get_ec_connector_stats(self):
+        if self.lookup is None:
+            return None
+        data = self.lookup.take_interval()
+        return EncacheStats(data=data) if data else None
+
+    @classmethod
+    def build_ec_connector_stats(cls, data: dict[str, Any] | None = None):
+        return EncacheStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return EncachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         if not self.is_producer or self.role != ECConnectorRole.SCHEDULER:

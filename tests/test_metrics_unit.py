@@ -1,0 +1,27 @@
+"""EncacheStats: aggregation and reduction as vLLM's stats logger uses them."""
+
+import pytest
+
+pytest.importorskip("vllm")
+
+
+def test_stats_aggregate_and_reduce():
+    from encache.connectors.vllm.metrics import EncacheStats
+    a = EncacheStats(data={"hits": 3, "misses": 1, "bytes_loaded": 2 * 2**20,
+                           "load_latencies": [0.001, 0.003], "staged_bytes": 10})
+    b = EncacheStats(data={"hits": 1, "load_errors": 2, "load_latencies": [0.002], "staged_bytes": 7})
+    m = a.aggregate(b)
+    assert m.data["hits"] == 4 and m.data["load_errors"] == 2 and m.data["staged_bytes"] == 7
+    r = m.reduce()
+    assert r == {"hits": 4, "misses": 1, "hit_ratio": 0.8, "load_errors": 2,
+                 "loaded_MiB": 2.0, "mean_load_ms": 2.0}
+    assert not m.is_empty() and EncacheStats().is_empty()
+    m.reset()
+    assert m.is_empty()
+
+
+def test_connector_builds_its_stats_class():
+    from encache.connectors.vllm.connector import EncacheConnector
+    from encache.connectors.vllm.metrics import EncacheStats
+    s = EncacheConnector.build_ec_connector_stats({"hits": 2})
+    assert isinstance(s, EncacheStats) and s.reduce()["hits"] == 2
