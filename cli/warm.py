@@ -1,0 +1,500 @@
+"""``encache warm``: get entries where serving engines read them fast.
+
+Two jobs, one command:
+
+* **Promote** (``--from DISK --store redis://…``): copy entries from a disk store into
+  another store (typically the shared Redis) — all of them, one LoRA's (``--lora``), or
+  those of given images (``IMAGE…``, hashed with ``--model`` exactly as ``vllm serve``
+  hashes them) or identifiers (``--identifier``). Entries the destination already has
+  are skipped (``--overwrite`` to rewrite them); every entry is verified on the way
+  (header, size, checksum) and a corrupt one is reported, never copied.
+  ``--compute-missing`` encodes the given images that neither store has with a real
+  vLLM producer engine (``encache precompute`` for just those files) into the
+  destination.
+* **Page cache** (``--store DISK`` without ``--from``): read the chosen entry files of a
+  disk store once so they sit in the OS page cache — after a reboot or a fresh volume
+  mount — without marking them as recently used.
+
+Progress goes to stderr (on a terminal); the summary to stdout (a table, or ``--json``
+with raw bytes and seconds). Exit code 3 when some items failed (unreadable images,
+corrupt or missing entries), 7 when a store is unreachable.
+
+vLLM is imported only to hash IMAGE arguments or to compute missing entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from encache.cli import errors
+from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt
+
+#: failures shown in the table (all of them are in --json)
+SHOW_FAILURES = 20
+
+
+@dataclass
+class WarmSummary:
+    """What a warm run did (raw ints and seconds; ``to_dict`` for ``--json``)."""
+
+    mode: str  # "copy" (promote --from a disk store) or "page-cache"
+    store: str  # destination (copy) or the warmed disk store; password redacted
+    source: str | None = None
+    lora: str | None = None
+    requested: int | None = None  # explicit identifiers asked for (None: all entries)
+    copied: int = 0
+    skipped: int = 0  # already in the destination
+    computed: int = 0  # encoded by the producer engine (--compute-missing)
+    entries: int = 0  # page cache: entry files read
+    bytes: int = 0  # bytes written to the destination (copy) / read (page cache)
+    seconds: float = 0.0  # the copy / read phase
+    total_seconds: float = 0.0  # including hashing and computing
+    hashed: int = 0  # IMAGE files hashed
+    failures: list[dict] = field(default_factory=list)  # {identifier, path, reason}
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def fail(self, identifier: str | None, reason: str, path: str | None = None) -> None:
+        self.failures.append({"identifier": identifier, "path": path, "reason": reason})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["failed"] = self.failed
+        d["bytes_per_second"] = self.bytes_per_second
+        return d
+
+
+# -- selection -----------------------------------------------------------------------
+
+def expand_images(paths: list[str]) -> list[str]:
+    """Files as given; directories searched recursively for images (like precompute)."""
+    from encache.connectors.corpus import walk
+
+    out: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            out.extend(f.path for f in walk(p))
+        else:
+            out.append(os.path.abspath(p))
+    return out
+
+
+def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSummary, *,
+                quiet: bool = False) -> dict[str, str]:
+    """``identifier -> path`` (first file wins); unreadable files become failures."""
+    from encache.cli.render import progress
+
+    try:
+        from encache.connectors.vllm.hashing import identify_file
+    except ImportError as e:
+        raise errors.EncacheError(
+            f"hashing IMAGE arguments needs vLLM's hasher, which does not import: {e}",
+            errors.EXIT_ENGINE, hint="install encache with the [cpu] or [gpu] extra") from None
+    idents: dict[str, str] = {}
+    with progress("Hashing images", len(files), quiet=quiet, unit="images") as tick:
+        for n, path in enumerate(files, 1):
+            try:
+                ident = identify_file(path, model, lora=lora).identifier
+            except (ValueError, OSError) as e:
+                summary.fail(None, _unreadable(e), path)
+            else:
+                idents.setdefault(ident, path)
+            tick(n)
+    return idents
+
+
+def _unreadable(e: BaseException) -> str:
+    import re
+
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+    return f"not a readable image ({text})"[:300]
+
+
+# -- computing missing entries (producer engine) -------------------------------------
+
+class _EngineProgress:
+    """The ``progress`` object ``run_precompute`` drives (start/advance), drawn with Rich
+    on stderr when it is a terminal."""
+
+    def __init__(self, quiet: bool):
+        from encache.cli.render import err_console, is_tty
+        import sys
+
+        self.bar = None
+        self.task = None
+        if quiet or not is_tty(sys.stderr):
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        self.bar = Progress(TextColumn("{task.description:>16}"), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console(),
+                            transient=True)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, phase: str, total: int | None) -> None:
+        if self.bar is not None:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(phase, total=total)
+
+    def advance(self, n: int, failed: str | None = None) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.advance(self.task, n)
+
+
+def compute_missing(missing: dict[str, str], model: str, store_url: str, summary: WarmSummary,
+                    *, lora: str | None, lora_path: str | None, max_model_len: int | None,
+                    dtype: str | None, engine_args: dict | None, quiet: bool) -> set[str]:
+    """Encode ``missing`` (identifier -> image path) into ``store_url`` with
+    ``encache precompute``'s job, run over a temporary directory of links to just those
+    files. Returns the identifiers handled (computed or failed)."""
+    from encache.cli.precompute import run_precompute
+    from encache.cli.render import note
+    from encache.connectors.corpus import IMAGE_SUFFIXES
+
+    if not os.environ.get("ENCACHE_DEBUG"):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
+    if not quiet:
+        note(f"Encoding {len(missing)} missing image(s) with {model!r} (vLLM producer engine)")
+    by_link: dict[str, tuple[str, str]] = {}  # link name -> (identifier, original path)
+    with tempfile.TemporaryDirectory(prefix="encache-warm-") as tmp:
+        for k, (ident, path) in enumerate(missing.items()):
+            suffix = os.path.splitext(path)[1].lower()
+            name = f"{k:06d}{suffix if suffix in IMAGE_SUFFIXES else '.png'}"
+            os.symlink(os.path.abspath(path), os.path.join(tmp, name))
+            by_link[name] = (ident, path)
+        with _EngineProgress(quiet) as prog:
+            result = run_precompute(tmp, model, store_url, lora=lora, lora_path=lora_path,
+                                    use_manifest=False, max_model_len=max_model_len,
+                                    dtype=dtype, engine_args=engine_args, progress=prog)
+        _drop_manifest(store_url, tmp, model, lora)
+    for f in result.failures:
+        ident, path = by_link.get(f["path"], (None, f["path"]))
+        summary.fail(ident, f["error"], path)
+    summary.computed += result.encoded
+    return set(missing)
+
+
+def _drop_manifest(store_url: str, corpus: str, model: str, lora: str | None) -> None:
+    """precompute records a manifest for its (temporary) corpus; it is of no further use.
+    Best effort: the key mirrors :func:`encache.cli.precompute.run_precompute`'s."""
+    with contextlib.suppress(Exception):
+        from encache.connectors.corpus import Manifest
+        from encache.connectors.store import open_store
+
+        key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
+               "hash_algo": "blake3", "shard": ""}
+        st = open_store(store_url, create=False)
+        try:
+            os.unlink(Manifest.location(st, key))
+        finally:
+            st.close()
+
+
+# -- the two jobs --------------------------------------------------------------------
+
+def copy_phase(src, dst, idents: list[str] | None, summary: WarmSummary, *, lora: str | None,
+               overwrite: bool, paths: dict[str, str], quiet: bool) -> None:
+    """Promote entries ``src`` -> ``dst`` (``idents=None``: all, optionally one LoRA)."""
+    from encache.cli.render import progress
+    from encache.connectors.store.transfer import TransferAborted, copy_entries
+
+    if idents is None:
+        total = sum(1 for i in src.identifiers() if lora is None or _lora_of(i) == lora)
+    else:
+        total = len(idents)
+    done = 0
+    t0 = time.perf_counter()
+    with progress("Copying", total, quiet=quiet) as tick:
+        def on_item(ident: str, outcome: str, nbytes: int) -> None:
+            nonlocal done
+            done += 1
+            tick(done)
+
+        try:
+            report = copy_entries(src, dst, idents, lora=lora if idents is None else None,
+                                  skip_existing=not overwrite, progress=on_item)
+        except TransferAborted as e:
+            _add_report(summary, e.report, paths)
+            summary.seconds = time.perf_counter() - t0
+            e.summary = summary  # the partial work, for the caller to show
+            raise
+    summary.seconds = time.perf_counter() - t0
+    _add_report(summary, report, paths)
+
+
+def _lora_of(identifier: str) -> str | None:
+    from encache.connectors.store.keys import split_lora
+
+    return split_lora(identifier)[0]
+
+
+def _add_report(summary: WarmSummary, report, paths: dict[str, str]) -> None:
+    summary.copied += report.copied
+    summary.skipped += report.skipped
+    summary.bytes += report.bytes
+    for ident, reason in report.errors:
+        summary.fail(ident, reason, paths.get(ident))
+
+
+def page_cache_phase(store, idents: list[str] | None, summary: WarmSummary, *,
+                     lora: str | None, paths: dict[str, str], quiet: bool) -> None:
+    """Read a disk store's entry files into the OS page cache."""
+    from encache.cli.render import progress
+    from encache.connectors.store.transfer import warm_page_cache
+
+    if idents is None:
+        total = sum(1 for i in store.identifiers() if lora is None or _lora_of(i) == lora)
+    else:
+        total = len(idents)
+    read: set[str] = set()
+    with progress("Reading into the page cache", total, quiet=quiet) as tick:
+        def on_item(ident: str, nbytes: int) -> None:
+            read.add(ident)
+            tick(len(read))
+
+        report = warm_page_cache(store, idents, lora=lora if idents is None else None,
+                                 progress=on_item)
+    summary.entries += report.entries
+    summary.bytes += report.bytes
+    summary.seconds = report.seconds
+    for ident in idents or ():
+        if ident not in read:
+            summary.fail(ident, "missing", paths.get(ident))
+
+
+# -- rendering -----------------------------------------------------------------------
+
+def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> None:
+    from encache.cli.render import (emit, emit_json, human_bytes, human_duration,
+                                    print_renderables, table)
+
+    if as_json:
+        emit_json(summary.to_dict())
+        return
+    rate = f"{human_bytes(summary.bytes_per_second)}/s" if summary.seconds > 0 else "-"
+    if summary.mode == "copy":
+        title = "warm: copy entries"
+        rows = [("from", summary.source), ("to", summary.store)]
+        if summary.lora:
+            rows.append(("LoRA", summary.lora))
+        if summary.requested is not None:
+            rows.append(("requested", f"{summary.requested:,}"))
+        rows += [("copied", f"{summary.copied:,}"),
+                 ("already there (skipped)", f"{summary.skipped:,}")]
+        if summary.computed:
+            rows.append(("computed (engine)", f"{summary.computed:,}"))
+        rows += [("failed", f"{summary.failed:,}"), ("bytes written", human_bytes(summary.bytes))]
+    else:
+        title = "warm: page cache"
+        rows = [("store", summary.store)]
+        if summary.lora:
+            rows.append(("LoRA", summary.lora))
+        if summary.requested is not None:
+            rows.append(("requested", f"{summary.requested:,}"))
+        rows.append(("entries read", f"{summary.entries:,}"))
+        if summary.computed:
+            rows.append(("computed (engine)", f"{summary.computed:,}"))
+        rows += [("failed", f"{summary.failed:,}"), ("bytes read", human_bytes(summary.bytes))]
+    rows += [("time", human_duration(summary.seconds)), ("throughput", rate)]
+    if summary.hashed or summary.computed:
+        rows.append(("total (with hashing/encoding)", human_duration(summary.total_seconds)))
+    t = table(["", ("", {"overflow": "fold"})], rows, title=title)
+    t.show_header = False
+    items = [t]
+    if summary.failures:
+        shown = summary.failures[:SHOW_FAILURES]
+        items.append(table([("Failed", {"overflow": "fold"}), ("File", {"overflow": "fold"}),
+                            "Reason"],
+                           [(f["identifier"] or "-", f["path"] or "-", f["reason"]) for f in shown]))
+    print_renderables(*items)
+    if summary.failed > SHOW_FAILURES:
+        emit(f"… and {summary.failed - SHOW_FAILURES} more (see --json)")
+    if hint:
+        emit(hint)
+
+
+# -- the command ---------------------------------------------------------------------
+
+def _same_disk_store(a, b) -> bool:
+    ra, rb = getattr(a, "root", None), getattr(b, "root", None)
+    if ra is None or rb is None:
+        return False
+    try:
+        return os.path.samefile(ra, rb)
+    except OSError:
+        return ra == rb
+
+
+def run_warm(store_url: str, *, source_url: str | None = None, images: list[str] | None = None,
+             identifiers: list[str] | None = None, lora: str | None = None,
+             model: str | None = None, compute: bool = False, overwrite: bool = False,
+             lora_path: str | None = None, max_model_len: int | None = None,
+             dtype: str | None = None, engine_args: dict | None = None,
+             quiet: bool = False) -> WarmSummary:
+    """The warm job (no summary printed; progress on stderr unless ``quiet``)."""
+    from encache.cli.common import display_url, opened, usage
+    from encache.connectors.store.keys import InvalidIdentifier, validate
+    from encache.connectors.store.url import is_redis_url
+
+    images = list(images or [])
+    identifiers = list(identifiers or [])
+    # usage first: nothing is opened, hashed or started for a bad command line
+    if source_url is not None and is_redis_url(source_url):
+        raise usage(f"--from must be a disk store (a directory or file://PATH), "
+                    f"not {display_url(source_url)}",
+                    hint="warm promotes a disk store into --store")
+    if source_url is None and is_redis_url(store_url):
+        raise usage(f"without --from, warm reads a disk store into the page cache; "
+                    f"{display_url(store_url)} is Redis",
+                    hint="give --from DISK_STORE to promote entries into it")
+    if images and not model:
+        raise usage("IMAGE arguments need --model MODEL to compute their identifiers",
+                    hint="the model id exactly as given to `vllm serve --model`")
+    if compute and not images:
+        raise usage("--compute-missing needs IMAGE arguments (the files to encode)")
+    if lora and identifiers:
+        raise usage("--lora selects entries by itself; with --identifier give full "
+                    "identifiers (NAME:hash) instead")
+    engine_opts = {"--lora-path": lora_path, "--max-model-len": max_model_len,
+                   "--dtype": dtype, "--engine-arg": engine_args or None}
+    stray = [k for k, v in engine_opts.items() if v is not None]
+    if stray and not compute:
+        raise usage(f"{', '.join(stray)} only apply with --compute-missing")
+    if lora_path and not lora:
+        raise usage("--lora-path needs --lora NAME")
+    for ident in identifiers:
+        try:
+            validate(ident)
+        except InvalidIdentifier as e:
+            raise usage(f"bad --identifier {ident!r}: {e}") from None
+
+    t_start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        src = stack.enter_context(opened(source_url)) if source_url is not None else None
+        dst = stack.enter_context(opened(store_url))
+        if src is not None and _same_disk_store(src, dst):
+            raise usage(f"--from and --store are the same store ({src.url})")
+        ping = getattr(dst, "ping", None)
+        if callable(ping):
+            ping()  # a dead or misconfigured Redis fails here, before any hashing
+        summary = WarmSummary(mode="copy" if src is not None else "page-cache",
+                              store=display_url(store_url, dst),
+                              source=display_url(source_url, src) if src is not None else None,
+                              lora=lora)
+        paths: dict[str, str] = {}  # identifier -> image path (for messages)
+        explicit = bool(images or identifiers)
+        if images:
+            files = expand_images(images)
+            if not files:
+                raise usage("no image files in the IMAGE arguments")
+            paths = hash_images(files, model, lora, summary, quiet=quiet)
+            summary.hashed = len(files)
+        wanted: list[str] | None = None
+        if explicit:
+            wanted = list(dict.fromkeys([*paths, *identifiers]))
+            summary.requested = len(wanted)
+        if compute and paths:
+            missing = {i: p for i, p in paths.items()
+                       if not dst.contains(i) and not (src is not None and src.contains(i))}
+            if missing:
+                handled = compute_missing(missing, model, store_url, summary, lora=lora,
+                                          lora_path=lora_path, max_model_len=max_model_len,
+                                          dtype=dtype, engine_args=engine_args, quiet=quiet)
+                if src is not None:  # computed straight into the destination
+                    wanted = [i for i in wanted if i not in handled]
+        if src is not None:
+            if wanted is None or wanted:
+                copy_phase(src, dst, wanted, summary, lora=lora, overwrite=overwrite,
+                           paths=paths, quiet=quiet)
+        elif wanted is None or wanted:
+            page_cache_phase(dst, wanted, summary, lora=lora, paths=paths, quiet=quiet)
+    summary.total_seconds = time.perf_counter() - t_start
+    return summary
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("warm")
+    def warm(
+        store: StoreOpt,
+        images: Annotated[Optional[list[Path]], typer.Argument(
+            metavar="IMAGE", exists=True, readable=True, show_default=False,
+            help="Only the entries of these images (directories are searched "
+                 "recursively); needs --model.")] = None,
+        source: Annotated[Optional[str], typer.Option(
+            "--from", metavar="DISK_STORE",
+            help="Copy entries from this disk store into --store (without it: read "
+                 "--store's entry files into the OS page cache).")] = None,
+        identifier: Annotated[Optional[list[str]], typer.Option(
+            "--identifier", "-i", metavar="ID",
+            help="Only this entry (repeatable).")] = None,
+        lora: LoraOpt = None,
+        model: ModelOpt = None,
+        compute: Annotated[bool, typer.Option(
+            "--compute-missing",
+            help="Encode IMAGEs that no store has with a vLLM producer engine, into "
+                 "--store (needs --model).")] = False,
+        overwrite: Annotated[bool, typer.Option(
+            "--overwrite", help="Rewrite entries --store already has.")] = False,
+        lora_path: Annotated[Optional[str], typer.Option(
+            "--lora-path", metavar="PATH",
+            help="With --compute-missing: LoRA adapter to load in the producer.")] = None,
+        max_model_len: Annotated[Optional[int], typer.Option(
+            "--max-model-len", metavar="N",
+            help="With --compute-missing: engine max_model_len.")] = None,
+        dtype: Annotated[Optional[str], typer.Option(
+            "--dtype", help="With --compute-missing: engine dtype.")] = None,
+        engine_arg: Annotated[Optional[list[str]], typer.Option(
+            "--engine-arg", metavar="KEY=VALUE",
+            help="With --compute-missing: extra vllm.LLM argument (JSON value); "
+                 "repeatable.")] = None,
+        quiet: QuietOpt = False,
+        json_: JsonOpt = False,
+    ) -> None:
+        """Promote entries from a disk store into Redis (--from), or read a disk store
+        into the OS page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
+        from encache.cli.precompute import _parse_engine_args
+        from encache.connectors.store.transfer import TransferAborted
+
+        engine_args = _parse_engine_args(engine_arg or []) if engine_arg else None
+        try:
+            summary = run_warm(
+                store, source_url=source, images=[str(p) for p in images or []],
+                identifiers=identifier, lora=lora, model=model, compute=compute,
+                overwrite=overwrite, lora_path=lora_path, max_model_len=max_model_len,
+                dtype=dtype, engine_args=engine_args, quiet=quiet or json_)
+        except TransferAborted as e:
+            partial = getattr(e, "summary", None)
+            if partial is not None and (json_ or not quiet):
+                render(partial, json_)
+            raise
+        hint = None
+        if any(f["reason"] == "missing" and f["path"] for f in summary.failures) and not compute:
+            hint = ("Some images have no entry in the source: add --compute-missing to "
+                    "encode them.")
+        if json_ or not quiet or summary.failed:
+            render(summary, json_, hint=hint)
+        raise typer.Exit(errors.EXIT_PARTIAL if summary.failed else errors.EXIT_OK)
