@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from encache.cli.options import (DryRunOpt, JsonOpt, LoraOpt, ModelOpt, OlderThanOpt, QuietOpt,
-                                 StoreOpt, YesOpt)
+from encache.cli.options import (DryRunOpt, JsonOpt, LoraOpt, ModelOpt, OlderThanOpt, StoreOpt,
+                                 YesOpt)
 
 #: rows of the plan shown to people (the summary line always counts everything)
 SHOW_ROWS = 25
@@ -69,7 +69,8 @@ def register(app: typer.Typer) -> None:
             "--verbose", "-v", help=f"Show every planned entry (default: the first {SHOW_ROWS}).")
         ] = False,
         json_: JsonOpt = False,
-        quiet: QuietOpt = False,
+        quiet: Annotated[bool, typer.Option(
+            "--quiet", "-q", help="Print nothing but errors (for cron; needs --yes).")] = False,
     ) -> None:
         """Delete entries by --lora, --model, --older-than, or --all (plan, confirm, delete).
 
@@ -92,9 +93,8 @@ def register(app: typer.Typer) -> None:
             with progress("Planning", quiet=quiet or json_) as tick:
                 plan = build_purge_plan(st, flt, display_url=url, everything=all_,
                                         progress=tick)
-            if not json_:
-                if not quiet:
-                    render_plan(plan, 0 if verbose else SHOW_ROWS)
+            if not json_ and not quiet:
+                render_plan(plan, 0 if verbose else SHOW_ROWS)
                 if plan.count:
                     emit(plan_line(plan, dry_run))
                 else:
@@ -118,8 +118,9 @@ def register(app: typer.Typer) -> None:
             emit_json({"plan": plan.to_dict(), "dry_run": False, "result": result.to_dict()})
         else:
             gone = f", {len(result.missing):,} were already gone" if result.missing else ""
-            emit(f"Deleted {len(result.deleted):,} entries, freed "
-                 f"{human_bytes(result.freed_bytes)}{gone}.")
+            if not quiet:
+                emit(f"Deleted {len(result.deleted):,} entries, freed "
+                     f"{human_bytes(result.freed_bytes)}{gone}.")
             for ident, err in result.failed:
                 note(f"Could not delete {ident}: {err}")
         if result.failed:

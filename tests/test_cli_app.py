@@ -167,3 +167,12 @@ def test_management_commands_do_not_import_vllm_or_torch(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "HEAVY []" in p.stderr
 
+
+
+def test_shell_completion():
+    r = invoke("--show-completion", "bash")
+    assert r.exit_code == 0 and "_encache_completion" in r.stdout
+    p = subprocess.run([sys.executable, "-m", "encache.cli"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "_ENCACHE_COMPLETE": "complete_bash",
+                                         "COMP_WORDS": "encache size --by ", "COMP_CWORD": "3"})
+    assert p.stdout.split() == ["model", "lora"]

@@ -217,3 +217,11 @@ def test_purge_is_safe_against_a_concurrent_reader(tmp_path):
     assert bad == 0, err
     assert whole >= len(ids) and missing > 0  # it read them whole, then saw them vanish
     assert set(s.identifiers()) == set()
+
+
+def test_quiet_for_cron(store):
+    r = invoke("purge", "-s", store.root, "--older-than", "7d", "--yes", "-q")
+    assert r.exit_code == 0 and r.stdout == "" and r.stderr == ""
+    assert remaining(store) == ALL_IDS - {H[7]}
+    r = invoke("purge", "-s", store.root, "--older-than", "7d", "--yes", "-q")
+    assert r.exit_code == 0 and r.stdout == ""

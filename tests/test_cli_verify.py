@@ -224,3 +224,12 @@ def test_empty_store(tmp_path):
     DiskStore(tmp_path / "e")
     r, d = verify(tmp_path / "e")
     assert r.exit_code == 0 and d["checked"] == 0
+
+
+def test_quiet_clean_verify_prints_nothing(store):
+    r = invoke("verify", "-s", store.root, "-q")  # a legacy warning, but clean
+    assert r.exit_code == 0 and r.stdout == "" and r.stderr == ""
+    p = store.entry_path(H[0])
+    p.write_bytes(p.read_bytes()[:-1])
+    r = invoke("verify", "-s", store.root, "-q")
+    assert r.exit_code == errors.EXIT_PROBLEMS and H[0] in r.stdout
