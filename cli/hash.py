@@ -48,12 +48,15 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
     """One record per file: its identity (inputs included) and whether the store has it."""
     from encache.cli import errors
 
+    def no_vllm(e: ImportError) -> errors.EncacheError:
+        return errors.EncacheError(
+            f"encache hash needs vLLM's hasher, which does not import ({e})",
+            errors.EXIT_ENGINE, hint="install encache with the [cpu] or [gpu] extra")
+
     try:
         from encache.connectors.vllm.hashing import identify_file
     except ImportError as e:
-        raise errors.EncacheError(
-            f"encache hash needs vLLM's hasher, which does not import: {e}", errors.EXIT_ENGINE,
-            hint="install encache with the [cpu] or [gpu] extra") from None
+        raise no_vllm(e) from None
     out = []
     for path in paths:
         rec: dict = {"path": path}
@@ -61,6 +64,8 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
             ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
                                   media_io_kwargs=media_io_kwargs,
                                   mm_processor_kwargs=mm_processor_kwargs)
+        except ImportError as e:  # vLLM is imported on first use
+            raise no_vllm(e) from None
         except ValueError as e:
             rec["error"] = str(e)
             out.append(rec)

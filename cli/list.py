@@ -90,8 +90,8 @@ def render_json(url: str, entries: list, total: int | None = None) -> None:
 def render_table(url: str, entries: list, filtered: str) -> None:
     import time
 
-    from encache.cli.render import (human_ago, human_bytes, note, or_dash, print_renderables,
-                                    shape_str, table)
+    from encache.cli.render import (human_ago, human_bytes, note, or_dash, print_table,
+                                    shape_str)
 
     if not entries:
         note(f"No entries ({filtered}) in {url}.")
@@ -114,7 +114,7 @@ def render_table(url: str, entries: list, filtered: str) -> None:
         rows.append(row)
     total = sum(e.size for e in entries)
     caption = f"{len(entries):,} entries, {human_bytes(total)}"
-    print_renderables(table(cols, rows, caption=caption))
+    print_table(cols, rows, caption=caption)
 
 
 def register(app: typer.Typer) -> None:

@@ -31,18 +31,16 @@ def can_prompt() -> bool:
 def render_plan(plan, rows: int = SHOW_ROWS) -> None:
     import time
 
-    from encache.cli.render import (emit, human_ago, human_bytes, or_dash, print_renderables,
-                                    table)
+    from encache.cli.render import emit, human_ago, human_bytes, or_dash, print_table
 
     if not plan.items:
         return
     now = time.time()
     shown = plan.items[:rows] if rows else plan.items
-    t = table([("Identifier", {"overflow": "fold"}), "LoRA", "Model", "Size>", "Created",
-               "Accessed"],
-              [(i.identifier, or_dash(i.lora), or_dash(i.model), human_bytes(i.size),
-                human_ago(i.created, now), human_ago(i.accessed, now)) for i in shown])
-    print_renderables(t)
+    print_table([("Identifier", {"overflow": "fold"}), "LoRA", "Model", "Size>", "Created",
+                 "Accessed"],
+                [(i.identifier, or_dash(i.lora), or_dash(i.model), human_bytes(i.size),
+                  human_ago(i.created, now), human_ago(i.accessed, now)) for i in shown])
     if len(plan.items) > len(shown):
         emit(f"… and {len(plan.items) - len(shown):,} more (-v or --json to see them all)")
 

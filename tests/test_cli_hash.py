@@ -96,3 +96,19 @@ def test_media_io_kwargs_are_inputs(images):
                    '{"image": {"rgba_background_color": [0, 0, 0]}}')
     assert bg["media_io_kwargs"] == {"image": {"rgba_background_color": [0, 0, 0]}}
     assert bg["files"][0]["identifier"] != plain["files"][0]["identifier"]
+
+
+def test_without_vllm_exit_code(images, tmp_path):
+    """A machine without a working vLLM: exit 8 and one line, not a traceback."""
+    import os
+    import subprocess
+    import sys
+    fake = tmp_path / "site"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("raise ImportError('simulated: vLLM missing')\n")
+    p = subprocess.run([sys.executable, "-m", "encache.cli", "hash", str(images / "red.png"),
+                        "-m", MODEL], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(fake), "ENCACHE_DEBUG": ""})
+    assert p.returncode == errors.EXIT_ENGINE, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1 and "vLLM" in lines[0] and "Traceback" not in p.stderr

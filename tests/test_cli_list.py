@@ -122,3 +122,22 @@ def test_missing_store(tmp_path):
     r = invoke("list", "-s", tmp_path / "x")
     assert r.exit_code == errors.EXIT_STORE
     one_line_error(r)
+
+
+def test_huge_listing_is_plain_aligned_text(tmp_path):
+    from encache.cli.render import RICH_MAX_ROWS
+    from encache.connectors.store.disk import DiskStore
+    from test_cli_helpers import put
+    s = DiskStore(tmp_path / "big", fsync=False)
+    n = RICH_MAX_ROWS + 50
+    for i in range(n):
+        put(s, f"{i:064x}", 1, i)
+    r = invoke("list", "-s", s.root)
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["Identifier", "LoRA", "Model", "Shape", "Dtype", "Size",
+                                "Created", "Accessed"]
+    rows = [ln for ln in lines[2:] if ln.strip()][:-1]
+    assert len(rows) == n and rows[0].split()[0] == f"{0:064x}"
+    assert len({ln.index(" m ") for ln in rows}) == 1  # columns aligned
+    assert lines[-1].startswith(f"{n:,} entries, ") and lines[-1].endswith("KiB")
