@@ -269,3 +269,15 @@ def test_wrong_password_exit_7(src, redis_factory):  # noqa: F811
     line = one_line_error(r)
     assert "wrong password" in line and "not-it" not in r.stdout + r.stderr
     assert server.client().dbsize() == 0
+
+
+def test_redis_full_mid_copy_exit_7_with_partial_summary(src, redis_factory):  # noqa: F811
+    # maxmemory below what Redis already uses + noeviction: every write is refused (OOM)
+    server = redis_factory(config={"maxmemory": "1", "maxmemory-policy": "noeviction"})
+    r = invoke("warm", "--from", src.root, "-s", server.url, "--json")
+    assert r.exit_code == errors.EXIT_STORE, (r.stdout, r.stderr)
+    line = one_line_error(r)
+    assert "out of memory" in line and "copy stopped" in line
+    d = json.loads(r.stdout)  # what was done before the store failed
+    assert d["copied"] == 0 and d["mode"] == "copy"
+    assert server.client().dbsize() == 0
