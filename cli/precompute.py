@@ -79,6 +79,10 @@ def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | No
         raise EncacheError("--batch must be at least 1", EXIT_USAGE)
     if lora_path and not lora:
         raise EncacheError("--lora-path needs --lora NAME", EXIT_USAGE)
+    if lora and not lora_path:
+        raise EncacheError("--lora NAME needs --lora-path DIR: the producer must run the adapter "
+                           "the consumer serves (tower-connector LoRA changes the encoder output)",
+                           EXIT_USAGE)
     if not shard:
         return None
     try:
@@ -141,7 +145,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             if progress:
                 progress.advance(1)
         if todo and not dry_run:
-            _encode_missing(todo, model, store, summary, lora=lora, lora_path=lora_path,
+            _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
                             engine_args=engine_args, max_bytes=max_bytes, progress=progress)
         if prune_missing and not dry_run:
@@ -162,11 +166,14 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     return summary
 
 
-def _encode_missing(todo: dict, model: str, store, summary: Summary, *, lora, lora_path, batch,
-                    max_model_len, dtype, engine_args, max_bytes, progress) -> None:
+def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
+                    lora_path, batch, max_model_len, dtype, engine_args, max_bytes,
+                    progress) -> None:
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
 
-    opts = EngineOptions(model=model, store=store.url, max_model_len=max_model_len, dtype=dtype,
+    # the engine's connector opens the store itself: give it the real URL (store.url is
+    # redacted for display and would fail AUTH)
+    opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
                          lora_name=lora, lora_path=lora_path, extra=engine_args,
                          store_options={"max_bytes": max_bytes} if max_bytes else None)
     if progress:
@@ -216,6 +223,11 @@ def _encode_missing(todo: dict, model: str, store, summary: Summary, *, lora, lo
         else:
             summary.encoded += 1
             summary.bytes_written += info.size
+
+
+def _is_url(text: str) -> bool:
+    from ..connectors.store.url import is_redis_url
+    return is_redis_url(text)
 
 
 class _RichProgress:

@@ -103,6 +103,8 @@ class EntryLookup:
         self._interval: dict[str, float] = {}  # since the last take_interval() (engine metrics)
         self._latencies: list[float] = []
         self._last_flush = time.monotonic()
+        self._down_until = 0.0  # store unreachable: everything is a miss until then
+        self._backoff = 0.0
         self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=load_threads, thread_name_prefix="encache-load")
         self._indexer = threading.Thread(target=self._index_loop, name="encache-index", daemon=True)
@@ -120,7 +122,9 @@ class EntryLookup:
                     ids = set(self.store.identifiers())
                     with self._lock:
                         self._index = ids
+                    self._store_up()
                 except Exception as e:  # store down: keep the old index, retry later
+                    self._store_down()
                     self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
                                       self.store.url, e)
                 self._index_ready.set()
@@ -131,10 +135,29 @@ class EntryLookup:
     def wait_index(self, timeout: float | None = None) -> bool:
         return self._index_ready.wait(timeout)
 
+    def _store_down(self) -> None:
+        """Circuit breaker: after a store error every lookup is a miss (no waiting, no
+        retries per request) for a backoff that grows from 1 s to 30 s; the background
+        index refresh probes the store, and the first success closes the breaker."""
+        with self._lock:
+            self._backoff = min(30.0, max(1.0, self._backoff * 2))
+            self._down_until = time.monotonic() + self._backoff
+
+    def _store_up(self) -> None:
+        with self._lock:
+            self._backoff = 0.0
+            self._down_until = 0.0
+
+    @property
+    def store_down(self) -> bool:
+        return time.monotonic() < self._down_until
+
     def known(self, identifier: str) -> bool:
         """Is the identifier (probably) in the store? Memory speed; may be stale."""
         now = time.monotonic()
         with self._lock:
+            if now < self._down_until:
+                return False
             if self._bad.get(identifier, 0) > now:
                 return False
             if identifier in self._index:
@@ -143,7 +166,12 @@ class EntryLookup:
                 return False
             if self._absent.get(identifier, 0) > now:
                 return False
-        found = self.store.contains(identifier)  # one stat on a local disk
+        try:
+            found = self.store.contains(identifier)  # one stat on a local disk
+        except Exception as e:
+            self._store_down()
+            self.warn.warning("load", "encache: cannot reach %s: %s; re-encoding", self.store.url, e)
+            return False
         with self._lock:
             if found:
                 self._index.add(identifier)
@@ -221,6 +249,7 @@ class EntryLookup:
             self.warn.warning("corrupt", "encache: entry %s in %s is corrupt (%s); re-encoding",
                               identifier, self.store.url, e)
         except Exception as e:  # store unreachable, I/O error: a miss, never an outage
+            self._store_down()
             self.count("load_errors")
             self.warn.warning("load", "encache: cannot load %s from %s: %s; re-encoding",
                               identifier, self.store.url, e)

@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
 
 
 def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
-          vision_layers: int = 2, seed: int = 0) -> str:
+          vision_layers: int = 2, seed: int = 0, feature_strategy: str = "default") -> str:
     import torch
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -82,7 +82,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         tie_word_embeddings=False)
     cfg = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=image_token_id,
-        vision_feature_select_strategy="default", vision_feature_layer=-2,
+        vision_feature_select_strategy=feature_strategy, vision_feature_layer=-2,
         projector_hidden_act="gelu")
     cfg.torch_dtype = torch.float32
     model = LlavaForConditionalGeneration(cfg).to(torch.float32).eval()
@@ -104,13 +104,43 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
             size={"shortest_edge": image_size},
             crop_size={"height": image_size, "width": image_size},
             do_center_crop=True, do_resize=True),
-        tokenizer=hf_tok, patch_size=patch, vision_feature_select_strategy="default",
+        tokenizer=hf_tok, patch_size=patch, vision_feature_select_strategy=feature_strategy,
         num_additional_image_tokens=1, image_token="<image>", chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(out)
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"image_size": image_size, "patch": patch, "vision_hidden": vision_hidden,
                    "vision_layers": vision_layers, "seed": seed,
-                   "image_tokens": (image_size // patch) ** 2}, f)
+                   "feature_strategy": feature_strategy,
+                   "image_tokens": (image_size // patch) ** 2 + (feature_strategy == "full")}, f)
+    return out
+
+
+def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: float = 0.5) -> str:
+    """A PEFT-format LoRA adapter on the multimodal projector (tower-connector LoRA).
+
+    With vLLM's ``enable_tower_connector_lora`` the adapter changes the encoder outputs,
+    so vLLM keys them ``{lora_name}:{hash}`` — what ``precompute --lora`` must reproduce.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    vis = cfg["vision_config"]["hidden_size"]
+    txt = cfg["text_config"]["hidden_size"]
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, (d_in, d_out) in {"linear_1": (vis, txt), "linear_2": (txt, txt)}.items():
+        prefix = f"base_model.model.multi_modal_projector.{name}"
+        weights[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * scale
+        weights[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * scale
+    os.makedirs(out, exist_ok=True)
+    save_file(weights, os.path.join(out, "adapter_model.safetensors"))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+                   "lora_dropout": 0.0, "bias": "none", "target_modules": ["linear_1", "linear_2"],
+                   "base_model_name_or_path": os.path.abspath(model_dir),
+                   "fan_in_fan_out": False, "inference_mode": True}, f, indent=1)
     return out
 
 
@@ -122,8 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vision-hidden", type=int, default=32)
     p.add_argument("--vision-layers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--feature-strategy", choices=("default", "full"), default="default",
+                   help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
+    p.add_argument("--lora", metavar="DIR", help="also write a projector LoRA adapter to DIR")
     a = p.parse_args(argv)
-    build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed)
+    build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed,
+          a.feature_strategy)
+    if a.lora:
+        build_lora(a.out, a.lora)
     print(a.out)
     return 0
 

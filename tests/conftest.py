@@ -32,3 +32,19 @@ def tiny_model() -> str:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)],
                        check=True, capture_output=True)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_model() -> tuple[str, str]:
+    """(model, adapter): a tiny LLaVA keeping the CLS token plus a projector LoRA adapter.
+
+    vLLM 0.32's CPU tower-connector LoRA mapping counts one tower token per embedding, so
+    the test model keeps CLS ("full" feature strategy) to make the counts agree.
+    """
+    model = ROOT / ".models" / "tiny-llava-full"
+    adapter = ROOT / ".models" / "tiny-lora-full"
+    if not (adapter / "adapter_config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(model),
+                        "--feature-strategy", "full", "--lora", str(adapter)],
+                       check=True, capture_output=True)
+    return str(model), str(adapter)

@@ -84,7 +84,10 @@ class EncoderCounter:
                 out = original(model_self, **kwargs)
                 counter = type(model_self)._encache_counter
                 counter.calls += 1
-                counter.items += len(out) if isinstance(out, (list, tuple)) else 1
+                if isinstance(out, (list, tuple)):
+                    counter.items += len(out)
+                else:  # one batched tensor (items, tokens, width) when images share a size
+                    counter.items += out.shape[0] if out.dim() == 3 else 1
                 return out
             cls.embed_multimodal = counted
         cls._encache_counter = self

@@ -198,8 +198,6 @@ def test_verify_reads_do_not_count_as_a_use(clean):
     assert abs(os.stat(p).st_atime - old) < 1
 
 
-@pytest.mark.xfail(reason="DiskStore.scan()/stat() open entries without O_NOATIME, so a relatime "
-                          "mount refreshes atime once a day on any header read", strict=False)
 def test_verify_does_not_count_as_a_use(clean):
     old = time.time() - 5 * 86400
     p = clean.entry_path(H[0])

@@ -312,11 +312,6 @@ def _chat_within(llm, paths, seconds: float, on_timeout) -> list[str]:
     return box["texts"]
 
 
-@pytest.mark.xfail(strict=True, raises=RequestsStuck, reason=(
-    "connectors/lookup.py: a load that fails with a store error (Redis down) leaves the "
-    "identifier in the index with no negative record, so ensure_cache_available re-submits "
-    "the load on every scheduler step and defers the request forever instead of "
-    "re-encoding"))
 def test_redis_killed_consumer_keeps_answering(crash_filled, crash_redis, engines, corpus,
                                                reference, counter):
     llm = engines.get("crash", crash_redis.url, index_refresh_s=0.2, load_timeout_s=2)
@@ -392,9 +387,6 @@ def test_consumer_with_wrong_password_re_encodes(auth_redis, engines, corpus, re
     good.close()
 
 
-@pytest.mark.xfail(strict=True, raises=RedactedPasswordBug, reason=(
-    "cli/precompute.py: _encode_missing passes store.url (password redacted to ***) to the "
-    "producer engine, whose connector then fails AUTH on every save"))
 def test_precompute_into_password_redis(auth_redis, engines, corpus, tiny_model, idents):
     from encache.cli.precompute import run_precompute
     engines.release()

@@ -193,7 +193,7 @@ class DiskStore(Store):
 
     def _stat_path(self, name: str, path: str) -> EntryInfo | None:
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_untracked(path)  # listing is not a use: keep LRU access times
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
@@ -350,6 +350,16 @@ class DiskStore(Store):
             yield
         finally:
             os.close(fd)  # closing releases the flock (also on crash)
+
+
+def open_untracked(path) -> int:
+    """Open for reading without touching the access time (O_NOATIME where permitted:
+    the file's owner or root), so scans, verify and warm never count as a use."""
+    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
+    try:
+        return os.open(path, flags)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
 
 
 def _fsync_dir(path: Path) -> None:

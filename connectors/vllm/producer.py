@@ -72,6 +72,7 @@ class ProducerEngine:
             from vllm.lora.request import LoRARequest
             kwargs.update(enable_lora=True, enable_tower_connector_lora=True)
             self.lora_request = LoRARequest(opts.lora_name, 1, opts.lora_path)
+            _skip_encoder_width_probe()
         kwargs.update(opts.extra or {})
         self.llm = LLM(**kwargs)
         from vllm import SamplingParams
@@ -86,7 +87,11 @@ class ProducerEngine:
 
     def encode(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
         """Encode ``(identifier, data_url)`` pairs; one bad item does not sink the batch."""
-        convs = [self._conversation(url, ident) for ident, url in items]
+        # vLLM prefixes the item's uuid with "{lora_name}:" itself under tower-connector
+        # LoRA, so the engine is given the bare hash.
+        prefix = f"{self.opts.lora_name}:" if self.lora_request is not None else ""
+        convs = [self._conversation(url, ident[len(prefix):] if prefix and ident.startswith(prefix)
+                                    else ident) for ident, url in items]
         try:
             self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request)
             return [ItemResult(ident, True) for ident, _ in items]
@@ -121,6 +126,17 @@ class ProducerEngine:
                 pass
         from vllm.distributed.ec_transfer import ensure_ec_transfer_shutdown
         ensure_ec_transfer_shutdown()
+
+
+def _skip_encoder_width_probe() -> None:
+    """Work around a vLLM 0.32 bug: with tower-connector LoRA enabled, an ``ec_producer``
+    engine crashes at start-up in ``measure_encoder_output_widths`` (its dummy encode runs
+    the LoRA-wrapped tower with no adapter mapping set). The widths only size transfers
+    for push-style connectors; encache never reads them, so the in-process producer skips
+    the probe. Only precompute's own engine is affected (it runs in this process)."""
+    from vllm.v1.engine import core
+
+    core.measure_encoder_output_widths = lambda vllm_config, collective_rpc: None
 
 
 def _one_line(e: BaseException) -> str:
