@@ -1,0 +1,353 @@
+"""Trace generator, policies and simulator of ``encache.policy`` (no engine).
+
+Small traces only; every test checks a property that a wrong implementation breaks
+(optimality of Belady on unit sizes, an independent LRU model, exact agreement with vLLM's
+real manager, L2 accounting identities, adaptation of dlfu's half-life ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+import pytest
+
+from encache.policy import policies as P
+from encache.policy.simulate import (L2Tier, PolicyCache, access_sequence, simulate,
+                                     space_time_bound)
+from encache.policy.workload import (Item, RagWorkload, Request, read_trace, trace_summary,
+                                     write_trace)
+
+ROOT = Path(__file__).resolve().parent.parent
+ONLINE = ["fifo", "lru", "s3fifo", "wtinylfu", "dlfu"]
+
+
+def unit_trace(alpha=0.8, docs=500, queries=1500, k=3, seed=0, **kw):
+    w = RagWorkload(num_docs=docs, num_queries=queries, docs_per_query=k, alpha=alpha,
+                    seed=seed, **kw)
+    return w, w.generate()
+
+
+def rag_trace(alpha=0.8, seed=0, **kw):
+    w = RagWorkload(num_docs=300, num_queries=900, docs_per_query=3, max_pages=3,
+                    token_choices=(16, 48, 96), alpha=alpha, seed=seed, mean_duration=0.3,
+                    arrival_rate=20, **kw)
+    return w, w.generate()
+
+
+# -- workload --------------------------------------------------------------------------
+
+def test_generator_is_seeded_and_shaped():
+    w, a = rag_trace(seed=1)
+    _, b = rag_trace(seed=1)
+    _, c = rag_trace(seed=2)
+    assert [(r.t, r.request_id, r.items, r.duration) for r in a] == \
+           [(r.t, r.request_id, r.items, r.duration) for r in b]
+    assert [r.items for r in a] != [r.items for r in c]
+    for r in a:
+        docs = [i.identifier.split("/")[0] for i in r.items]
+        assert len(set(docs)) == 3                      # k distinct documents
+        assert all(i.num_tokens in (16, 48, 96) for i in r.items)
+        per_doc = Counter(docs)
+        assert all(1 <= n <= 3 for n in per_doc.values())
+        assert r.duration > 0
+    assert all(x.t < y.t for x, y in zip(a, a[1:]))
+    assert abs(sum(w.popularity[f"doc{d}/p0"] for d in range(300)) - 1.0) < 1e-9
+
+
+def test_zipf_skew_follows_alpha():
+    shares = {}
+    for alpha in (0.6, 1.2):
+        w, tr = unit_trace(alpha=alpha, docs=2000, queries=3000, k=1)
+        counts = Counter(r.items[0].identifier for r in tr)
+        top = sorted(w.popularity, key=w.popularity.get, reverse=True)[:20]
+        shares[alpha] = sum(counts[k] for k in top) / len(tr)
+        expected = sum(w.popularity[k] for k in top)
+        assert abs(shares[alpha] - expected) < 0.03
+    assert shares[1.2] > 2 * shares[0.6]
+
+
+def test_drift_moves_popularity():
+    def overlap(tr):
+        half = len(tr) // 2
+        first = Counter(i.identifier for r in tr[:half] for i in r.items)
+        second = Counter(i.identifier for r in tr[half:] for i in r.items)
+        a = {k for k, _ in first.most_common(50)}
+        b = {k for k, _ in second.most_common(50)}
+        return len(a & b) / 50
+    _, still = unit_trace(alpha=1.0, docs=1000, queries=4000, k=2, seed=3)
+    _, moving = unit_trace(alpha=1.0, docs=1000, queries=4000, k=2, seed=3,
+                           drift_interval=200, drift_swaps=20, hot_ranks=100)
+    assert overlap(still) > 0.6 and overlap(moving) < 0.4
+
+
+def test_jsonl_roundtrip_and_validation(tmp_path):
+    _, tr = rag_trace()
+    p = tmp_path / "t.jsonl"
+    write_trace(tr[:50], p)
+    back = read_trace(p)
+    assert [(r.request_id, r.items, r.duration) for r in back] == \
+           [(r.request_id, r.items, r.duration) for r in tr[:50]]
+    line = json.loads(p.read_text().splitlines()[0])
+    assert set(line) == {"t", "request_id", "items", "duration"}
+    assert set(line["items"][0]) == {"identifier", "num_tokens"}
+    # out-of-order times are sorted; missing fields defaulted
+    q = tmp_path / "u.jsonl"
+    q.write_text('{"t": 2, "request_id": "b", "items": [{"identifier": "x", "num_tokens": 4}]}\n'
+                 '{"t": 1, "items": [{"identifier": "y", "num_tokens": 4}]}\n')
+    got = read_trace(q)
+    assert [r.request_id for r in got] == ["line1", "b"] and got[0].duration is None
+    q.write_text('{"t": 1, "request_id": "a", "items": [{"identifier": "x", "num_tokens": 0}]}\n')
+    with pytest.raises(ValueError):
+        read_trace(q)
+
+
+# -- policies against independent models / bounds --------------------------------------
+
+def test_lru_matches_an_independent_model():
+    _, tr = unit_trace(alpha=0.9, docs=200, queries=600, k=2, seed=5)
+    cap = 25
+    r = simulate(tr, cap, "lru", concurrency=1)
+    # Sequential replay (each request released before the next): a plain LRU list in
+    # which the current request's items cannot be evicted.
+    order: OrderedDict[str, None] = OrderedDict()
+    hits = 0
+    for q in tr:
+        current = set()
+        for k in dict.fromkeys(i.identifier for i in q.items):
+            if k in order:
+                hits += 1
+                order.move_to_end(k)
+            else:
+                if len(order) >= cap:
+                    victim = next(x for x in order if x not in current)
+                    del order[victim]
+                order[k] = None
+            current.add(k)
+    assert r["hits"] == hits > 100
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_belady_is_optimal_for_unit_sizes(seed, concurrency):
+    w, tr = unit_trace(alpha=0.8, docs=300, queries=800, k=3, seed=seed)
+    acc = access_sequence(tr)
+    cap = 40
+    best = simulate(tr, cap, "belady", accesses=acc, concurrency=concurrency)["hits"]
+    for pol in ONLINE:
+        assert simulate(tr, cap, pol, concurrency=concurrency)["hits"] <= best, pol
+    assert simulate(tr, cap, "static", policy_params={"weights": w.popularity},
+                    concurrency=concurrency)["hits"] <= best
+    bound = space_time_bound(tr, cap)["hit_ratio"]
+    assert best / len(acc) <= bound + 1e-12
+
+
+def test_space_time_bound_caps_every_policy_with_variable_sizes():
+    w, tr = rag_trace(alpha=1.0)
+    summ = trace_summary(tr)
+    cap = summ["unique_tokens"] // 10
+    b = space_time_bound(tr, cap)
+    for pol in ONLINE + ["belady"]:
+        r = simulate(tr, cap, pol, hold_seconds="trace")
+        assert r["token_hit_ratio"] <= b["token_hit_ratio"] + 1e-12, pol
+        assert r["hit_ratio"] <= b["hit_ratio"] + 1e-12, pol
+    assert 0 < b["token_hit_ratio"] < 1
+
+
+def test_static_oracle_keeps_the_true_top_items():
+    w, tr = unit_trace(alpha=1.0, docs=1000, queries=4000, k=1, seed=4)
+    cap = 50
+    r = simulate(tr, cap, "static", policy_params={"weights": w.popularity}, concurrency=1)
+    top = sum(sorted(w.popularity.values(), reverse=True)[:cap])
+    # every access of a top item hits except its first one
+    assert top - 0.03 < r["hit_ratio"] <= top + 0.03
+    lru = simulate(tr, cap, "lru", concurrency=1)["hit_ratio"]
+    assert r["hit_ratio"] > lru + 0.05
+
+
+def test_offline_policies_reject_a_different_trace():
+    _, tr = unit_trace(docs=50, queries=40)
+    _, other = unit_trace(docs=50, queries=40, seed=9)
+    with pytest.raises(RuntimeError):
+        simulate(tr, 10, "belady", accesses=access_sequence(other))
+
+
+def test_pinned_entries_are_never_evicted_and_stalls_are_counted():
+    _, tr = rag_trace(alpha=0.7)
+    summ = trace_summary(tr)
+    cap = 2 * summ["max_request_tokens"]       # tight: concurrency must stall
+    for pol in ONLINE:
+        # PolicyCache raises AssertionError if a policy returns a referenced entry
+        r = simulate(tr, cap, pol, hold_seconds="trace")
+        assert r["stalls"] > 0 and r["misses"] + r["hits"] == r["item_refs"]
+    with pytest.raises(ValueError):
+        simulate(tr, summ["max_request_tokens"] // 2, "lru")
+
+
+def test_cost_exponent_zero_prefers_small_items():
+    # two items re-read equally often; only one fits next to the other requests
+    tr = []
+    n = 0
+    for rnd in range(60):
+        for key, size in (("big", 40), ("small", 10)):
+            n += 1
+            tr.append(Request(float(n), f"r{n}", [Item(key, size)]))
+        n += 1
+        tr.append(Request(float(n), f"r{n}", [Item(f"once{rnd}", 50)]))
+    tok = simulate(tr, 100, "dlfu", policy_params={"halflife": 1e6}, concurrency=1)
+    obj = simulate(tr, 100, "dlfu", policy_params={"halflife": 1e6, "cost_exponent": 0.0},
+                   concurrency=1)
+    assert tok["hits"] > 0 and obj["hits"] >= tok["hits"]
+
+
+# -- the real vLLM manager through the adapter -----------------------------------------
+
+@pytest.fixture(scope="module")
+def vllm_adapter():
+    pytest.importorskip("vllm.v1.core.encoder_cache_manager")
+    from encache.policy import vllm_adapter
+    return vllm_adapter
+
+
+def test_pure_python_twin_equals_vllms_real_manager(vllm_adapter):
+    _, tr = rag_trace(alpha=0.9, seed=6)
+    cap = trace_summary(tr)["unique_tokens"] // 8
+    for mode in (dict(concurrency=6), dict(hold_seconds="trace")):
+        twin = simulate(tr, cap, "fifo", l2=[L2Tier("d", None, "evict")], **mode)
+        core = vllm_adapter.VllmManagerCache(cap, vllm_adapter.VLLM_MANAGER)
+        real = simulate(tr, cap, "vllm", core=core, l2=[L2Tier("d", None, "evict")], **mode)
+        assert type(core.manager).__module__ == "vllm.v1.core.encoder_cache_manager"
+        for k in ("hits", "hit_tokens", "misses", "evictions", "stalls", "l2"):
+            assert twin[k] == real[k], k
+        assert real["evictions"] > 100
+
+
+@pytest.mark.parametrize("policy", ["dlfu", "s3fifo", "wtinylfu"])
+def test_engine_manager_makes_the_simulators_decisions(vllm_adapter, policy):
+    """PolicyEncoderCacheManager (what vLLM runs) == simulator core (what the bench runs)."""
+    _, tr = rag_trace(alpha=0.9, seed=8)
+    cap = trace_summary(tr)["unique_tokens"] // 8
+    sim = simulate(tr, cap, policy, hold_seconds="trace")
+    core = vllm_adapter.VllmManagerCache(cap, vllm_adapter.ENCACHE_MANAGER,
+                                         {"policy": policy})
+    eng = simulate(tr, cap, policy, core=core, hold_seconds="trace")
+    for k in ("hits", "hit_tokens", "misses", "evictions", "stalls"):
+        assert sim[k] == eng[k], k
+    assert core.manager.stats["hits"] == eng["hits"]
+    assert core.manager.stats["evictions"] == eng["evictions"] > 0
+
+
+# -- L2 ---------------------------------------------------------------------------------
+
+def test_l2_accounting():
+    _, tr = rag_trace(alpha=1.0)
+    summ = trace_summary(tr)
+    cap = summ["unique_tokens"] // 10
+    tiers = [L2Tier("disk", None, "compute", bytes_per_token=10),
+             L2Tier("small", cap, "compute", bytes_per_token=10),
+             L2Tier("wb", None, "evict", bytes_per_token=10)]
+    r = simulate(tr, cap, "dlfu", l2=tiers, hold_seconds="trace")
+    disk, small, wb = (r["l2"][i] for i in range(3))
+    # unbounded write-through disk: every item is computed exactly once
+    assert disk["encoder_tokens"] == summ["unique_tokens"]
+    assert disk["encoder_items"] == summ["unique_items"]
+    assert disk["l2_loads"] == r["misses"] - summ["unique_items"]
+    assert disk["encoder_tokens"] + disk["l2_load_tokens"] == r["encoder_tokens"]
+    assert disk["bytes_moved"] == 10 * (disk["l2_load_tokens"] + summ["unique_tokens"])
+    # a bounded tier computes more, never less; write-on-evict writes only evicted items
+    assert small["encoder_tokens"] > disk["encoder_tokens"]
+    assert small["l2_loads"] < disk["l2_loads"]
+    assert wb["encoder_tokens"] >= disk["encoder_tokens"] and wb["l2_writes"] <= r["evictions"]
+    # warm-up exclusion resets L2 counters too
+    w = simulate(tr, cap, "dlfu", l2=[L2Tier("disk")], hold_seconds="trace", warmup=300)
+    assert w["requests"] == len(tr) - 300 and w["l2"][0]["encoder_tokens"] < disk["encoder_tokens"]
+
+
+# -- dlfu --------------------------------------------------------------------------------
+
+def test_dlfu_beats_recency_on_stationary_zipf():
+    w, tr = unit_trace(alpha=0.8, docs=2000, queries=3000, k=4, seed=11)
+    cap = 100
+    res = {p: simulate(tr, cap, p)["hit_ratio"] for p in ("fifo", "lru", "dlfu")}
+    static = simulate(tr, cap, "static", policy_params={"weights": w.popularity})["hit_ratio"]
+    assert res["dlfu"] > res["fifo"] + 0.05 and res["dlfu"] > res["lru"] + 0.05
+    assert res["dlfu"] >= 0.9 * static
+
+
+def test_dlfu_half_life_adapts_to_drift():
+    """The shadow caches pull the active half-life down under fast drift and keep it
+    long on a stationary trace (start: 32 cache-fills)."""
+    levels = {}
+    for name, kw in (("stationary", {}),
+                     ("drift", dict(drift_interval=100, drift_swaps=60, hot_ranks=200))):
+        _, tr = unit_trace(alpha=0.8, docs=2000, queries=6000, k=4, seed=12, **kw)
+        pol = P.make_policy("dlfu", 200)
+        simulate(tr, 200, pol)
+        levels[name] = pol.halflife
+        assert pol.describe()["active_halflife"] == pol.halflife
+    assert levels["stationary"] >= 32 and levels["drift"] < 32
+
+
+def test_dlfu_score_order_survives_rebase():
+    pol = P.DecayedLFU(10, halflife="auto", min_level=2, max_level=8)
+    core = PolicyCache(10, pol)
+    h = core.begin(Request(0.0, "r", []))
+    # enough traffic to force several rebases of the shortest level
+    for i in range(20000):
+        key = f"k{i % 7}" if i % 3 else f"once{i}"
+        if not core.lookup(h, key, 1):
+            assert core.can_allocate(h, key, 1)
+            core.allocate(h, key, 1)
+        core.finish(h)
+    assert pol.now < 1e3 and all(x == x and x != float("inf") for sc in pol._hist.values()
+                                 for x in sc)
+    assert all(f"k{i}" in core.sizes for i in range(7))  # frequent keys are resident
+
+
+def test_make_policy_rejects_unknown_names():
+    with pytest.raises(ValueError):
+        P.make_policy("nope", 10)
+    with pytest.raises(ValueError):
+        P.make_policy("lru", 0)
+
+
+def test_import_does_not_pull_in_vllm():
+    code = ("import sys, encache.policy, encache.policy.policies, encache.policy.simulate, "
+            "encache.policy.workload, encache.policy.vllm_adapter, encache.policy.bench; "
+            "print('vllm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- the benchmark entry point -------------------------------------------------------------
+
+def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
+    script = ROOT / "scripts" / "bench" / "policy"
+    assert os.access(script, os.X_OK)
+    from encache.policy import bench
+    out, png = tmp_path / "p.json", tmp_path / "p.png"
+    assert bench.main(["--quick", "--scenarios", "zipf,rag-drift", "--alphas", "0.8",
+                       "--capacities", "0.05,0.2", "--jobs", "1",
+                       "--out", str(out), "--plot", str(png)]) == 0
+    data = json.loads(out.read_text())
+    assert png.stat().st_size > 10_000
+    pols = {r["policy"] for r in data["results"]}
+    assert pols == set(bench.POLICY_ORDER)
+    assert len(data["results"]) == 2 * 2 * len(bench.POLICY_ORDER)
+    for r in data["results"]:
+        assert 0 <= r["token_hit_ratio"] <= 1 and set(r["l2"]) == {"disk", "redis-10x"}
+    vllm_rows = [r for r in data["results"] if r["policy"] == "vllm"]
+    assert all(r["policy_state"]["class"].startswith("vllm.") for r in vllm_rows)
+    goals = data["summary"]["goals"]
+    assert set(goals) == {"dlfu>=vllm", "dlfu>=s3fifo", "dlfu>=wtinylfu",
+                          "dlfu>=0.95*static (stationary)"}
+    for g in goals.values():   # a goal passes exactly when it lists no failing cell
+        assert g["pass"] == (not g["failures"])
+    for row in data["summary"]["table"]:
+        if "dlfu" in row and "belady" in row:
+            assert row["dlfu/belady"] == pytest.approx(row["dlfu"] / row["belady"], abs=2e-4)
