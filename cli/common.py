@@ -21,6 +21,24 @@ def opened(url: str, *, create: bool = False) -> Iterator:
         store.close()
 
 
+@contextlib.contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector around a big scan.
+
+    A 100,000-entry scan allocates a few hundred thousand small objects and no cycles;
+    the collector would re-traverse them again and again (about 10 % of the CPU time).
+    """
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def display_url(url: str, store=None) -> str:
     """The store URL safe to print (password redacted; disk paths made absolute)."""
     from encache.connectors.store import redact

@@ -131,11 +131,11 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
-        from encache.cli.common import display_url, make_filter, opened
+        from encache.cli.common import display_url, make_filter, no_gc, opened
         from encache.cli.render import progress
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
-        with opened(store) as st:
+        with opened(store) as st, no_gc():
             url = display_url(store, st)
             with progress("Scanning", quiet=quiet or json_) as tick:
                 entries = build_list(st, flt, parse_sort(sort) if sort else None, limit, tick)

@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         LoRA; --older-than matches entries not written or read for that long. Filters
         combine (AND)."""
         from encache.cli import errors
-        from encache.cli.common import display_url, make_filter, opened, usage
+        from encache.cli.common import display_url, make_filter, no_gc, opened, usage
         from encache.cli.render import emit, emit_json, human_bytes, note, progress
         from encache.connectors.store.plan import build_purge_plan, execute
 
@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
                         hint="give --lora NAME, --model M, --older-than AGE, or --all")
         with opened(store) as st:
             url = display_url(store, st)
-            with progress("Planning", quiet=quiet or json_) as tick:
+            with progress("Planning", quiet=quiet or json_) as tick, no_gc():
                 plan = build_purge_plan(st, flt, display_url=url, everything=all_,
                                         progress=tick)
             if not json_ and not quiet:

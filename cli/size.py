@@ -63,10 +63,10 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Total size of the store (raw bytes when piped); --by model|lora to break down."""
-        from encache.cli.common import display_url, opened
+        from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, is_tty, progress
 
-        with opened(store) as st:
+        with opened(store) as st, no_gc():
             url = display_url(store, st)
             with progress("Scanning", quiet=json_) as tick:
                 data = build_size(st, url, by.value if by else None, tick)

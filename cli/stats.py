@@ -147,11 +147,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Entry count, bytes (used / max), by model and LoRA, legacy entries, and the
         hits / misses / load times recorded by serving engines."""
-        from encache.cli.common import display_url, opened
+        from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, note, progress
         from encache.connectors.store.scanning import default_workers
 
-        with opened(store) as st:
+        with opened(store) as st, no_gc():
             url = display_url(store, st)
             n = default_workers() if workers is None else workers
             with progress("Scanning", quiet=quiet or json_) as tick:
