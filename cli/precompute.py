@@ -34,6 +34,7 @@ class Summary:
     encoded: int = 0
     failed: int = 0
     pruned: int = 0
+    evicted: int = 0  # encoded and written, then evicted by the store's capacity this run
     bytes_written: int = 0
     engine_started: bool = False
     seconds: float = 0.0
@@ -211,12 +212,16 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
                 progress.advance(len(chunk))
         engine.wait_for_saves()
         save_errors = engine.save_errors()
+        saved = engine.saved_identifiers()
     finally:
         engine.close()
     summary.encode_seconds = time.perf_counter() - t0
     for ident in ok:
         info = store.stat(ident)
-        if info is None:
+        if info is None and ident in saved:  # written, then evicted to honour max_bytes
+            summary.encoded += 1
+            summary.evicted += 1
+        elif info is None:
             summary.failed += 1
             err = save_errors.get(ident) or "the engine stored no entry under the expected identifier"
             summary.failures.append({"path": todo[ident].rel, "error": err})
@@ -274,6 +279,7 @@ def _render(summary: Summary, as_json: bool) -> None:
             ("unchanged (manifest)", summary.from_manifest),
             ("already in store", summary.present), ("encoded", summary.encoded),
             ("failed", summary.failed), ("pruned", summary.pruned),
+            ("evicted (capacity)", summary.evicted),
             ("bytes written", f"{summary.bytes_written:,}"),
             ("images/s", f"{summary.images_per_second:.1f}"),
             ("seconds", f"{summary.seconds:.2f}")]

@@ -144,3 +144,20 @@ def test_bad_entry_is_a_miss_and_engine_keeps_serving(consumer, corpus, referenc
     assert after.get("misses", 0) == before.get("misses", 0) + 1
     if kind != "vanished":
         assert after.get("load_errors", 0) >= before.get("load_errors", 0) + 1
+
+
+def test_precompute_respects_disk_capacity(tiny_model, corpus, tmp_path, consumer):
+    """A producer writing past max_bytes evicts least-recently-used entries (real engine)."""
+    from encache.cli.precompute import run_precompute
+    llm, _, _ = consumer
+    shutdown(llm)  # one engine at a time: the module's consumer is done by now
+    store_path = str(tmp_path / "small")
+    one = 16 * 64 * 4 + 512  # an entry: 16 embeddings x 64 floats + header
+    summary = run_precompute(str(corpus["root"]), tiny_model, store_path, batch=4,
+                             max_bytes=4 * one, **PRECOMPUTE_KW)
+    n = len(corpus["pages"]) + len(FAULTS)
+    assert summary.failed == 0 and summary.encoded == n and summary.evicted > 0
+    store = open_store(store_path)
+    assert store.used_bytes() <= 4 * one and store.info().max_bytes == 4 * one
+    assert store.read_counters()["evictions"] >= summary.evicted
+    assert len(list(store.identifiers())) == n - summary.evicted

@@ -117,8 +117,7 @@ class DiskStore(Store):
         parts = [memoryview(p).cast("B") for p in parts]
         total = sum(p.nbytes for p in parts)
         directory = self.root / to_name(identifier)
-        if self.max_bytes:
-            self._make_room(total)
+        reserved = self._make_room(total) if self.max_bytes else False
         for attempt in range(3):  # a concurrent delete may rmdir the directory under us
             try:
                 directory.mkdir(exist_ok=True)
@@ -139,11 +138,12 @@ class DiskStore(Store):
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if reserved:
+                with self._lock:
+                    self._used -= total
             raise
         if self.fsync:
             _fsync_dir(directory)
-        if self._used is not None:
-            self._used += total
         return total
 
     def delete(self, identifier: str) -> bool:
@@ -241,13 +241,19 @@ class DiskStore(Store):
                 total += os.stat(os.path.join(d.path, ENTRY_FILE)).st_size
         return total
 
-    def _make_room(self, incoming: int) -> None:
+    def _make_room(self, incoming: int) -> bool:
+        """Reserve ``incoming`` bytes under the capacity, evicting first if needed.
+
+        The usage figure is this process's running total, re-read from disk every 30 s
+        (so writers in other processes can overshoot by what they wrote since)."""
         limit = self.max_bytes
+        evicted = 0
         with self._lock:
             if self._used is None or time.monotonic() - self._used_at > 30:
                 self._used, self._used_at = self.used_bytes(), time.monotonic()
             if self._used + incoming <= limit:
-                return
+                self._used += incoming
+                return True
             target = max(0, int(limit * self.low_watermark) - incoming)
             candidates = []
             for d in self._entry_dirs():
@@ -257,11 +263,9 @@ class DiskStore(Store):
                     candidates.append((key, st.st_size, d.name))
             candidates.sort()
             used = sum(c[1] for c in candidates)
-            evicted = 0
             for _, size, name in candidates:
                 if used <= target:
                     break
-                ident = from_name(name)
                 path = self.root / name / ENTRY_FILE
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -269,10 +273,10 @@ class DiskStore(Store):
                     evicted += 1
                 with contextlib.suppress(OSError):
                     os.rmdir(self.root / name)
-                del ident
-            self._used, self._used_at = used, time.monotonic()
+            self._used, self._used_at = used + incoming, time.monotonic()
         if evicted:
             self.add_counters({"evictions": evicted})
+        return True
 
     # -- bookkeeping ---------------------------------------------------------------
     def _meta(self, name: str) -> Path:

@@ -116,6 +116,13 @@ class ProducerEngine:
         writer = get_ec_transfer().writer
         return dict(writer.errors) if writer is not None else {}
 
+    def saved_identifiers(self) -> set[str]:
+        from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
+        if not has_ec_transfer():
+            return set()
+        writer = get_ec_transfer().writer
+        return set(writer.saved) if writer is not None else set()
+
     def close(self) -> None:
         self.wait_for_saves()
         llm, self.llm = self.llm, None
