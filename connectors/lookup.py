@@ -114,14 +114,18 @@ class EntryLookup:
     def _index_loop(self) -> None:
         """Background: refresh the index and persist counters, each on its own period."""
         next_index = 0.0
+        last_version = None
         tick = max(0.05, min(self.index_refresh_s, self.counters_flush_s))
         while not self._closed.is_set():
             now = time.monotonic()
             if now >= next_index:
                 try:
-                    ids = set(self.store.identifiers())
-                    with self._lock:
-                        self._index = ids
+                    version = self.store.index_version()
+                    if version is None or version != last_version:
+                        ids = set(self.store.identifiers())
+                        with self._lock:
+                            self._index = ids
+                        last_version = version
                     self._store_up()
                 except Exception as e:  # store down: keep the old index, retry later
                     self._store_down()

@@ -72,7 +72,7 @@ def test_key_layout_and_same_bytes_as_disk(store, redis_server, tmp_path):
     assert r.type(p + b"meta") == b"hash" and r.hexists(p + b"meta", ident)
     assert r.zscore(p + b"atime", ident) is not None
     assert sorted(r.scan_iter(match=p + b"*")) == sorted(
-        [p + b"e:" + ident.encode(), p + b"meta", p + b"atime"])
+        [p + b"e:" + ident.encode(), p + b"gen", p + b"meta", p + b"atime"])
 
 
 def test_prefixes_isolate_tenants(redis_server):
@@ -459,3 +459,18 @@ def test_reads_work_on_a_read_only_replica(redis_factory):
     assert [e.identifier for e in ro.scan()] == ["r"]
     with pytest.raises(StoreError, match="read-only replica"):
         ro.put("w", b)
+
+
+def test_index_version_changes_only_on_writes(redis_server):
+    from encache.connectors.store.redis import RedisStore
+    s = RedisStore(redis_server.url, prefix="t-gen-ver:")
+    v0 = s.index_version()
+    assert s.index_version() == v0  # reads do not change it
+    s.put("g1", blob("g1"))
+    v1 = s.index_version()
+    assert v1 != v0
+    s.get("g1")
+    assert s.index_version() == v1
+    s.delete("g1")
+    assert s.index_version() != v1
+    s.close()

@@ -112,6 +112,11 @@ class Store(ABC):
     def stat(self, identifier: str) -> EntryInfo | None:
         """One entry's header metadata, or None if absent."""
 
+    def index_version(self) -> object | None:
+        """A cheap token that changes when entries are added or removed, or None when the
+        backend has none (readers then rescan ``identifiers()`` every refresh)."""
+        return None
+
     def get_many(self, identifiers: list[str]) -> list[bytes | bytearray | None]:
         return [self.get(i) for i in identifiers]
 

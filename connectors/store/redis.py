@@ -185,6 +185,7 @@ class RedisStore(Store):
         self._meta_key = p + b"meta"
         self._atime_key = p + b"atime"
         self._counters_key = p + b"counters"
+        self._gen_key = p + b"gen"  # bumped by every put/delete: lets readers skip rescans
         self._lock_prefix = p + b"lock:"
         retry = _Retry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
@@ -353,6 +354,7 @@ class RedisStore(Store):
         ident = _enc(identifier)
         pipe.hset(self._meta_key, ident, _META.pack(total, now) + head)
         pipe.zadd(self._atime_key, {ident: now})
+        pipe.incr(self._gen_key)
         pipe.execute()
         self._touched[identifier] = now
         return total
@@ -364,6 +366,7 @@ class RedisStore(Store):
         pipe.unlink(key)
         pipe.hdel(self._meta_key, ident)
         pipe.zrem(self._atime_key, ident)
+        pipe.incr(self._gen_key)
         existed = pipe.execute()[0]
         self._touched.pop(identifier, None)
         return bool(existed)
@@ -390,6 +393,7 @@ class RedisStore(Store):
                 pipe.unlink(*keys)
             pipe.hdel(self._meta_key, *idents)
             pipe.zrem(self._atime_key, *idents)
+            pipe.incr(self._gen_key)
             res = pipe.execute()
             if per_item:
                 existed.extend(bool(x) for x in res[:len(keys)])
@@ -406,6 +410,14 @@ class RedisStore(Store):
         if batch:
             flush()
         return existed if per_item else removed
+
+    @_wrapped
+    def index_version(self) -> bytes | None:
+        """A token that changes whenever encache adds or removes an entry (one GET).
+
+        Entries Redis itself evicts or expires do not change it: an index built from it may
+        then hold a few stale identifiers, which cost one failed read each (a miss)."""
+        return self._r.get(self._gen_key) or b"0"
 
     @_wrapped
     def contains(self, identifier: str) -> bool:
