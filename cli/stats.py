@@ -141,7 +141,8 @@ def register(app: typer.Typer) -> None:
             "--reset-counters", help="After printing, zero the consumer counters.")] = False,
         workers: Annotated[Optional[int], typer.Option(
             "--workers", "-j", min=1, metavar="N",
-            help="Processes for the header scan (default: one per CPU, for big stores).")] = None,
+            help="Processes for the header scan (default: 1, or one per idle CPU when 4+ "
+                 "are idle and the store is big).")] = None,
         quiet: Annotated[bool, typer.Option(
             "--quiet", "-q", help="No progress or notes on stderr.")] = False,
     ) -> None:

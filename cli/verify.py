@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from encache.cli.options import JsonOpt, ModelOpt, QuietOpt, StoreOpt
+from encache.cli.options import JsonOpt, ModelOpt, StoreOpt
 
 DEFAULT_GRACE = 3600.0  # temp files younger than this may belong to a running writer
 CHUNK = 64
@@ -294,7 +294,9 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[Optional[int], typer.Option(
             "--threads", "-j", min=1, metavar="N", help="Reader threads.")] = None,
         json_: JsonOpt = False,
-        quiet: QuietOpt = False,
+        quiet: Annotated[bool, typer.Option(
+            "--quiet", "-q", help="No progress; print nothing when the store is clean (cron).")
+        ] = False,
     ) -> None:
         """Read every entry; check header, checksum, shape/dtype, identifier and model.
 

@@ -207,21 +207,27 @@ def summarize_entries(entries: Iterable[EntryInfo]) -> Summary:
 # -- parallel summaries ---------------------------------------------------------------
 
 def default_workers() -> int:
-    """Worker processes for a parallel scan: the CPUs not already busy (at most 8).
+    """Worker processes for :func:`summarize`: 1 unless at least :data:`MIN_PARALLEL_CPUS`
+    CPUs are idle (then one per idle CPU, at most 8).
 
-    A header scan is CPU-bound Python; on a shared, loaded machine extra processes only
-    compete with each other (measured: ``benchmarks/cli.json``), so idle cores decide.
+    A parallel summary lists identifiers, then each worker looks entries up one by one
+    (``store.stat``), which costs ~1.7x the CPU of the single sequential ``store.scan()``
+    (measured on disk: 7.8 s vs 4.5 s for 100,000 entries, plus 0.9 s to list them). So it
+    only wins with 4+ free cores; on a loaded or small machine it loses
+    (``benchmarks/cli.json``).
     """
     try:
         n = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         n = os.cpu_count() or 1
     try:
-        idle = n - os.getloadavg()[0]
+        idle = int(n - os.getloadavg()[0] + 0.5)
     except OSError:  # pragma: no cover
         idle = n
-    return max(1, min(8, n, int(idle + 0.5)))
+    return min(8, idle) if idle >= MIN_PARALLEL_CPUS else 1
 
+
+MIN_PARALLEL_CPUS = 4
 
 #: below this many entries a process pool costs more than it saves
 PARALLEL_MIN_ENTRIES = 20_000
