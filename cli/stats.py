@@ -73,6 +73,34 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
     }
 
 
+_BYTES_KEYS = ("used_memory", "maxmemory")
+
+
+def backend_rows(info: dict) -> list[tuple[str, str]]:
+    """Backend specifics (filesystem free space; Redis memory, policy, warnings…)."""
+    from encache.cli.render import human_bytes
+
+    rows = []
+    for key, value in info.items():
+        if value is None or value == "" or value == []:
+            continue
+        label = key.replace("_", " ").capitalize()
+        if key == "filesystem_free_bytes":
+            rows.append(("Filesystem free", human_bytes(value)))
+        elif key.endswith("_bytes") or key in _BYTES_KEYS:
+            try:
+                rows.append((label, human_bytes(int(value))))
+            except (TypeError, ValueError):
+                rows.append((label, str(value)))
+        elif isinstance(value, (list, tuple)):
+            rows += [(label if i == 0 else "", str(v)) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            rows.append((label, ", ".join(f"{k}={v}" for k, v in value.items())))
+        else:
+            rows.append((label, f"{value:,}" if isinstance(value, int) else str(value)))
+    return rows
+
+
 def render_table(s: dict) -> None:
     from encache.cli.render import (human_ago, human_bytes, human_duration, human_pct,
                                     human_time, or_dash, print_renderables, table)
@@ -87,9 +115,7 @@ def render_table(s: dict) -> None:
         ("Entries", f"{s['entries']:,}"),
         ("Used", used),
     ]
-    free = s["backend_info"].get("filesystem_free_bytes")
-    if free is not None:
-        rows.append(("Filesystem free", human_bytes(free)))
+    rows += backend_rows(s["backend_info"])
     rows += [
         ("Legacy entries", f"{s['legacy_entries']:,} ({human_bytes(s['legacy_bytes'])}),"
                            " no metadata or checksum" if s["legacy_entries"] else "0"),

@@ -88,3 +88,10 @@ def test_unreachable_redis_is_store_error():
     r = invoke("stats", "-s", f"redis://127.0.0.1:{free_port()}/0")
     assert r.exit_code == errors.EXIT_STORE
     one_line_error(r)
+
+
+def test_stats_table_shows_backend_details(rstore):
+    url, s = rstore
+    r = invoke("stats", "-s", url)
+    assert r.exit_code == 0, r.output
+    assert "redis" in r.stdout and "Used memory" in r.stdout and "Prefix" in r.stdout
