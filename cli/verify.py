@@ -118,13 +118,10 @@ def read_untracked(store, identifier: str):
     entry_path = getattr(store, "entry_path", None)
     if entry_path is None or getattr(store, "backend", None) != "disk":
         return store.get(identifier)
-    path = entry_path(identifier)
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
+    from encache.connectors.store.disk import open_untracked
+
     try:
-        try:
-            fd = os.open(path, flags)
-        except PermissionError:  # O_NOATIME needs file ownership
-            fd = os.open(path, os.O_RDONLY)
+        fd = open_untracked(entry_path(identifier))
     except (FileNotFoundError, NotADirectoryError):
         return None
     with os.fdopen(fd, "rb", buffering=0) as f:
