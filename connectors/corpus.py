@@ -42,6 +42,7 @@ def walk(root: str | os.PathLike) -> list[CorpusFile]:
         st = os.stat(root)
         return [CorpusFile(root, os.path.basename(root), st.st_size, st.st_mtime_ns)]
     out: list[CorpusFile] = []
+    cut = len(root.rstrip(os.sep)) + 1  # relative path by slicing: os.path.relpath is slow
     stack = [root]
     while stack:
         d = stack.pop()
@@ -60,8 +61,7 @@ def walk(root: str | os.PathLike) -> list[CorpusFile]:
                         st = e.stat()
                     except OSError:
                         continue
-                    out.append(CorpusFile(e.path, os.path.relpath(e.path, root),
-                                          st.st_size, st.st_mtime_ns))
+                    out.append(CorpusFile(e.path, e.path[cut:], st.st_size, st.st_mtime_ns))
     out.sort(key=lambda f: f.rel)
     return out
 
