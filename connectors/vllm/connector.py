@@ -94,8 +94,21 @@ class EncacheConnector(ECConnectorBase):
             from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
             self._resolver = PlaceholderMetadataResolver(model_config)
         self._device = None
+        if role == ECConnectorRole.SCHEDULER:
+            self._check_capacity()
         atexit.register(self.shutdown)
         log.info("encache connector (%s, %s) on %s", role.name.lower(), tc.ec_role, self.store.url)
+
+    def _check_capacity(self) -> None:
+        """Warn at start-up when the store can fill up badly (Redis maxmemory/policy)."""
+        check = getattr(self.store, "capacity_warnings", None)
+        if check is None:
+            return
+        try:
+            for warning in check():
+                log.warning("encache: %s: %s", self.store.url, warning)
+        except Exception as e:  # unreachable now: lookups will be misses until it is back
+            log.warning("encache: cannot check %s at start-up: %s", self.store.url, e)
 
     # ============================== scheduler side ==============================
     def has_cache_item(self, identifier: str) -> bool:
