@@ -553,11 +553,9 @@ class _Shadow:
         self.cap /= 2
         self.rebuild(hist)
 
-    def access(self, key, size, hist) -> bool:
-        """Return True on a hit; on a miss insert and evict down to capacity."""
+    def miss(self, key, size, hist) -> bool:
+        """Insert ``key`` (not resident) and evict down to capacity; returns False."""
         res = self.res
-        if key in res:
-            return True
         j = self.j
         res[key] = size
         self.used += size
@@ -575,6 +573,10 @@ class _Shadow:
                 continue
             self.used -= res.pop(k)
         return False
+
+    def access(self, key, size, hist) -> bool:
+        """Return True on a hit; on a miss insert and evict down to capacity."""
+        return key in self.res or self.miss(key, size, hist)
 
 
 class DecayedLFU(Policy):
@@ -600,18 +602,22 @@ class DecayedLFU(Policy):
 
     Adaptive half-life (``halflife="auto"``, the default).  Stationary skewed traffic
     wants a long memory (LFU converges to the static oracle), drifting popularity a short
-    one.  Each key carries a score for every half-life on a ladder (``level_factor`` steps
-    from ``min_level`` to ``max_level`` fills, default 2, 8, 32, 128, 512); the cache evicts by the *active*
-    level.  One metadata-only shadow cache per level replays the same accesses, evicting by
-    that level; whenever a level's shadow has produced clearly more hits than the active
-    level's shadow -- paired difference, exponentially forgotten over ``~vote_memory``
-    disagreements, above ``2*sqrt(disagreements) + 8`` -- the cache switches to it.
+    one.  Each key carries a score for every half-life on a ladder (``level_factor``
+    steps from ``min_level`` to ``max_level`` fills, default 2, 4, ..., 512); the cache
+    evicts by the *active* level (initially ``start_level``).  One metadata-only shadow
+    cache per level replays the same accesses, evicting by that level; whenever a level's
+    shadow has produced clearly more hits than the active level's shadow -- paired
+    difference, exponentially forgotten over ``~vote_memory`` disagreements, above
+    ``switch_sigmas * sqrt(disagreements) + switch_margin`` -- the cache switches to it.
     Shadows are kept small by spatial sampling, as in SHARDS (Waldspurger et al.,
     FAST'15): they see only keys whose stable hash is in a 1/R sample and have 1/R of the
     capacity, R doubling whenever a shadow would hold more than ``shadow_entries``
-    entries.  A fixed numeric ``halflife`` disables all of this.  (An earlier variant voted
-    on single eviction decisions -- which of two candidate victims is re-used first -- and
-    was biased toward short memory; shadows measure the objective itself.)
+    entries.  A fixed numeric ``halflife`` disables all of this.  (An earlier variant
+    voted on single eviction decisions -- which of two candidate victims is re-used
+    first -- and was biased toward short memory; shadows measure the objective itself.)
+
+    ``max_count`` optionally caps the decayed count (as S3-FIFO caps its counter at 3);
+    it helps a little under fast drift and hurts stationary traffic, so it is off.
     """
 
     name = "dlfu"
@@ -620,8 +626,10 @@ class DecayedLFU(Policy):
     def __init__(self, capacity: int, halflife: float | str = "auto",
                  ghost_factor: float = 8.0, cost_exponent: float = 1.0,
                  min_level: float = 2.0, max_level: float = 512.0,
-                 level_factor: float = 4.0, start_level: float = 32.0,
-                 vote_memory: int = 2000, shadow_entries: int = 256):
+                 level_factor: float = 2.0, start_level: float = 32.0,
+                 vote_memory: int = 2000, shadow_entries: int = 512,
+                 switch_margin: float = 4.0, switch_sigmas: float = 1.5,
+                 max_count: float | None = None):
         super().__init__(capacity)
         if halflife == "auto":
             if level_factor not in (2.0, 4.0, 16.0):
@@ -645,6 +653,9 @@ class DecayedLFU(Policy):
         self.cost_exponent = float(cost_exponent)
         self.vote_decay = 1.0 - 1.0 / max(1, vote_memory)
         self.shadow_entries = int(shadow_entries)
+        self.switch_margin = float(switch_margin)
+        self.switch_sigmas = float(switch_sigmas)
+        self.max_count = None if max_count is None else float(max_count)
         self._smask = 0                  # sample keys with hash & _smask == 0 (R = mask+1)
         self._sample: dict[Key, int] = {}  # key -> stable hash (keys seen by shadows)
         self._nl = len(self.levels)
@@ -714,13 +725,21 @@ class DecayedLFU(Policy):
         if self.now * (1 << self._squarings) > self._REBASE:
             self._rebase()
         inc = 2.0 ** self.now
-        sc[0] += inc
-        if self._nl > 1:
-            sq = self._sq
-            for j in range(1, self._nl):
-                for _ in range(sq):
-                    inc *= inc
+        cap = self.max_count
+        if cap is None and self._sq == 1:
+            # common case, unrolled: level j's increment is level j-1's squared
+            for j in range(self._nl):
                 sc[j] += inc
+                inc *= inc
+        else:
+            sq = self._sq
+            for j in range(self._nl):
+                if j:
+                    for _ in range(sq):
+                        inc *= inc
+                sc[j] += inc
+                if cap is not None and sc[j] > cap * inc:
+                    sc[j] = cap * inc
         if self.adaptive:
             self._observe(key, size)
 
@@ -750,7 +769,7 @@ class DecayedLFU(Policy):
         elif hb & self._smask:
             return
         hist = self._hist
-        hits = [sh.access(key, size, hist) for sh in self._shadows]
+        hits = [key in sh.res or sh.miss(key, size, hist) for sh in self._shadows]
         a = self.active
         ha = hits[a]
         net, n, decay = self._net, self._n, self.vote_decay
@@ -760,7 +779,7 @@ class DecayedLFU(Policy):
             if hj != ha:
                 net[j] = net[j] * decay + (1.0 if hj else -1.0)
                 n[j] = n[j] * decay + 1.0
-                margin = net[j] - 2.0 * math.sqrt(n[j]) - 8.0
+                margin = net[j] - self.switch_sigmas * math.sqrt(n[j]) - self.switch_margin
                 if margin > best_margin:
                     best, best_margin = j, margin
         if best >= 0:

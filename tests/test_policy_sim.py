@@ -351,3 +351,21 @@ def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
     for row in data["summary"]["table"]:
         if "dlfu" in row and "belady" in row:
             assert row["dlfu/belady"] == pytest.approx(row["dlfu"] / row["belady"], abs=2e-4)
+
+
+def test_dlfu_max_count_caps_decayed_counts():
+    capped = P.DecayedLFU(100, halflife=1e9, max_count=3)
+    free = P.DecayedLFU(100, halflife=1e9)
+    for pol in (capped, free):
+        pol.insert("hot", 1)
+        for _ in range(20):
+            pol.hit("hot")
+        pol.insert("warm", 1)
+        for _ in range(4):
+            pol.hit("warm")
+        pol.release("hot")
+        pol.release("warm")
+    # 21 vs 5 accesses: uncapped ranks by count; capped both sit at the cap (3) and the
+    # more recent one ("warm") wins the tie, so "hot" goes first.
+    assert free.evict() == "warm"
+    assert capped.evict() == "hot"
