@@ -60,14 +60,15 @@ class StoreContract:
 
     def test_identifiers_and_scan(self, store):
         ids = {f"{i:064x}" for i in range(5)} | {"lora1:" + "f" * 64}
+        blobs = {i: blob(i) for i in ids}
         for i in ids:
-            store.put(i, blob(i))
+            store.put(i, blobs[i])
         assert set(store.identifiers()) == ids
         infos = {e.identifier: e for e in store.scan()}
         assert set(infos) == ids
         e = infos["lora1:" + "f" * 64]
         assert e.lora == "lora1" and e.error is None
-        assert e.size == len(blob("lora1:" + "f" * 64))
+        assert e.size == len(blobs["lora1:" + "f" * 64])
         assert all(x.meta is not None and x.meta.shape == (64, 8) for x in infos.values())
         assert all(x.created is not None for x in infos.values())
 

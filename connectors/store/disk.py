@@ -88,7 +88,8 @@ class DiskStore(Store):
         return self.root / to_name(identifier) / ENTRY_FILE
 
     # -- entries ---------------------------------------------------------------------
-    def get(self, identifier: str) -> bytearray | None:
+    def get(self, identifier: str):
+        """The entry's bytes in a fresh writable buffer (a uint8 numpy array), or None."""
         path = self.entry_path(identifier)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -96,7 +97,7 @@ class DiskStore(Store):
             return None
         try:
             st = os.fstat(fd)
-            buf = bytearray(st.st_size)
+            buf = _uninitialized(st.st_size)
             view, got = memoryview(buf), 0
             while got < st.st_size:
                 n = os.readv(fd, [view[got:]])
@@ -354,6 +355,16 @@ class DiskStore(Store):
             yield
         finally:
             os.close(fd)  # closing releases the flock (also on crash)
+
+
+def _uninitialized(n: int):
+    """A writable buffer of ``n`` bytes that is not zero-filled first (``bytearray(n)``
+    memsets, which halves load throughput on large entries)."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy ships with every supported install
+        return bytearray(n)
+    return numpy.empty(n, numpy.uint8)
 
 
 def open_untracked(path) -> int:

@@ -54,15 +54,28 @@ TORCH_DTYPES = {
     "I64": torch.int64, "BOOL": torch.bool,
 }
 DTYPE_CODES = {v: k for k, v in TORCH_DTYPES.items()}
+DTYPE_BYTES = {k: torch.empty(0, dtype=v).element_size() for k, v in TORCH_DTYPES.items()}
 
 
 @dataclass
 class LoadItem:
     identifier: str
-    blob: Any  # bytes / bytearray holding the whole entry
+    blob: Any  # any buffer holding the whole entry (bytes, bytearray, uint8 array)
     offset: int
     dtype: str
     shape: tuple[int, ...]
+
+    def __getstate__(self):
+        # Shipped to worker processes only with a multiprocess executor: send just the
+        # tensor bytes, as plain bytes (buffers like memoryview do not pickle).
+        view = memoryview(self.blob).cast("B")
+        nbytes = DTYPE_BYTES[self.dtype]
+        for s in self.shape:
+            nbytes *= s
+        state = dict(self.__dict__)
+        state["blob"] = view[self.offset:self.offset + nbytes].tobytes()
+        state["offset"] = 0
+        return state
 
 
 @dataclass

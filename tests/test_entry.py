@@ -1,0 +1,61 @@
+"""The entry codec: checksum algorithms and header validation."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from encache.connectors.store.entry import CorruptEntry, decode, encode
+
+
+def _with_checksum(blob: bytes, value: str) -> bytes:
+    n = struct.unpack_from("<Q", blob)[0]
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"]["checksum"] = value
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
+
+
+def test_new_entries_use_xxh3_and_detect_a_flip():
+    arr = np.arange(64, dtype=np.float16)
+    b = encode("x", arr.view(np.uint8), "F16", arr.shape)
+    meta, data = decode(b)
+    assert meta.checksum.startswith("xxh3_128:") and np.array_equal(np.frombuffer(data, np.float16), arr)
+    flipped = bytearray(b)
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptEntry, match="checksum"):
+        decode(bytes(flipped))
+
+
+def test_blake3_entries_still_verify():
+    from blake3 import blake3
+    arr = np.ones(32, np.float32)
+    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape),
+                       "blake3:" + blake3(arr.tobytes()).hexdigest())
+    assert decode(b)[0].checksum.startswith("blake3:")
+    bad = bytearray(b)
+    bad[-2] ^= 4
+    with pytest.raises(CorruptEntry) as e:
+        decode(bytes(bad))
+    assert e.value.reason == "checksum"
+
+
+def test_unknown_checksum_algorithm_is_a_bad_header():
+    arr = np.ones(4, np.float32)
+    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape), "md5:abc")
+    with pytest.raises(CorruptEntry) as e:
+        decode(b)
+    assert e.value.reason == "bad-header"
+    assert decode(b, verify=False)[0].shape == (4,)
+
+
+@pytest.mark.parametrize("blob, reason", [
+    (b"", "truncated"), (b"\x00" * 8, "bad-header"), (struct.pack("<Q", 10) + b"{", "truncated"),
+    (struct.pack("<Q", 8) + b"not json", "bad-header"),
+])
+def test_malformed_blobs(blob, reason):
+    with pytest.raises(CorruptEntry) as e:
+        decode(blob)
+    assert e.value.reason == reason
