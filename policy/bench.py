@@ -91,9 +91,10 @@ def _l2_tiers(capacity: int) -> list[L2Tier]:
     return [L2Tier("disk", None, "compute"), L2Tier("redis-10x", 10 * capacity, "compute")]
 
 
-def _capacity(frac: float, summary: dict) -> int:
-    """``frac`` of the unique tokens, but at least what concurrency needs to make progress."""
-    return max(int(round(frac * summary["unique_tokens"])), 2 * summary["max_request_tokens"])
+def _capacity(frac: float, base: int, summary: dict) -> int:
+    """``frac`` of ``base`` tokens, but at least twice the largest request (so that
+    concurrent requests can make progress)."""
+    return max(int(round(frac * base)), 2 * summary["max_request_tokens"])
 
 
 def run_group(task: dict) -> dict:
@@ -102,16 +103,19 @@ def run_group(task: dict) -> dict:
     if task.get("trace_path"):
         trace = read_trace(task["trace_path"])
         popularity = None
+        summ = trace_summary(trace)
+        base = summ["unique_tokens"]
     else:
         wl = RagWorkload(**task["workload"])
         trace = wl.generate()
         popularity = wl.popularity
-    summ = trace_summary(trace)
+        summ = trace_summary(trace)
+        base = summ["catalog_tokens"] = wl.catalog_tokens
     acc = access_sequence(trace)
     mean_size = summ["token_refs"] / max(1, summ["item_refs"])
     rows, bounds = [], []
     for frac in task["cap_fracs"]:
-        cap = _capacity(frac, summ)
+        cap = _capacity(frac, base, summ)
         b = space_time_bound(trace, cap)
         bounds.append({"scenario": task["scenario"], "alpha": task["alpha"],
                        "capacity_frac": frac, "capacity": cap, **b})
@@ -144,10 +148,6 @@ def run_group(task: dict) -> dict:
             rows.append(r)
     return {"scenario": task["scenario"], "alpha": task["alpha"], "summary": summ,
             "rows": rows, "bounds": bounds, "seconds": time.time() - t0}
-
-
-def _metric(stationary_unit: bool) -> str:
-    return "token_hit_ratio"
 
 
 def summarize(results: list[dict], scenarios: dict[str, dict]) -> dict:
@@ -238,7 +238,7 @@ def plot(data: dict, path: str | Path) -> None:
             if j == 0:
                 ax.set_ylabel("token hit ratio" if sc != "zipf" else "hit ratio")
             if i == len(scen) - 1:
-                ax.set_xlabel("L1 capacity (% of unique tokens)")
+                ax.set_xlabel("L1 capacity (% of catalogue tokens)")
             ax.set_xticks([1, 2, 5, 10, 20])
             ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -246,7 +246,7 @@ def plot(data: dict, path: str | Path) -> None:
                frameon=False)
     fig.suptitle("encache L1 encoder-cache policies vs capacity (issue #6)", fontsize=12)
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -298,14 +298,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--alphas", default=",".join(map(str, ALPHAS)))
     ap.add_argument("--capacities", default=",".join(map(str, CAP_FRACS)),
-                    help="L1 capacities as fractions of the trace's unique tokens")
+                    help="L1 capacities as fractions of the catalogue's tokens (all pages of "
+                         "all documents; for --trace, of the trace's unique tokens)")
     ap.add_argument("--policies", default=",".join(POLICY_ORDER))
     ap.add_argument("--trace", help="replay this JSONL trace instead of generating")
     ap.add_argument("--concurrency", type=int, default=8, help="for --trace")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--quick", action="store_true", help="small traces (smoke test)")
+    ap.add_argument("--replot", action="store_true",
+                    help="only redraw --plot (and reprint the table) from an existing --out")
     args = ap.parse_args(argv)
+
+    if args.replot:
+        data = json.loads(Path(args.out).read_text())
+        plot(data, args.plot)
+        print(format_table(data["summary"]))
+        return 0
 
     t0 = time.time()
     tasks, scen_meta = build_tasks(args)
@@ -335,8 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             "generated_by": "scripts/bench/policy", "args": vars(args),
             "seconds": None, "python": platform.python_version(), "vllm": vllm_version,
             "cpus": os.cpu_count(),
-            "capacity_rule": "capacity_frac * unique tokens of the trace (at least 2x the "
-                             "largest request)",
+            "capacity_rule": "capacity_frac * catalogue tokens (all pages of all documents; "
+                             "for --trace: unique tokens of the trace), at least 2x the "
+                             "largest request",
             "l2_tiers": {"disk": "unbounded LRU, written when the encoder computes",
                          "redis-10x": "LRU of 10x the L1 capacity, written on compute"},
             "bytes_per_token": 8192,

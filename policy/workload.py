@@ -150,6 +150,8 @@ class RagWorkload:
                                None if durations is None else float(durations[q])))
         mass[rank_to_doc] += pmf * (self.num_queries - epoch_start)
         mass /= max(1, self.num_queries)
+        #: tokens of the whole catalogue (every page of every document), seen or not
+        self.catalog_tokens = int((pages * tokens).sum())
         #: item identifier -> true (time-averaged) per-query draw probability of its
         #: document; what the static oracle ranks by.
         self.popularity = {pid: float(mass[d]) for d in range(self.num_docs)

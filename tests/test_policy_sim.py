@@ -351,6 +351,9 @@ def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
     for row in data["summary"]["table"]:
         if "dlfu" in row and "belady" in row:
             assert row["dlfu/belady"] == pytest.approx(row["dlfu"] / row["belady"], abs=2e-4)
+    png.unlink()
+    assert bench.main(["--replot", "--out", str(out), "--plot", str(png)]) == 0
+    assert png.stat().st_size > 10_000
 
 
 def test_dlfu_max_count_caps_decayed_counts():
