@@ -37,7 +37,6 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .policies import Policy, make_policy
@@ -199,12 +198,6 @@ def access_sequence(trace: Sequence[Request]) -> list[str]:
     return out
 
 
-@dataclass
-class _Inflight:
-    handle: Any
-    release_at: float
-
-
 def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dlfu", *,
              core=None, concurrency: int = 8, hold_seconds: float | str | None = None,
              l2: Sequence[L2Tier] = (), policy_params: dict | None = None,
@@ -306,7 +299,8 @@ def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dl
         "policy": label, "capacity": capacity,
         "concurrency": concurrency if hold_seconds is None else None,
         "hold_seconds": hold_seconds,
-        "requests": len(trace) - warmup, "warmup_requests": warmup, "item_refs": refs, "token_refs": tokens,
+        "requests": len(trace) - warmup, "warmup_requests": warmup,
+        "item_refs": refs, "token_refs": tokens,
         "hits": hits, "hit_tokens": hit_tokens, "duplicate_hits": dup_hits,
         "misses": misses, "encoder_tokens": miss_tokens,
         "hit_ratio": hits / refs if refs else 0.0,
