@@ -211,6 +211,16 @@ class EntryLookup:
             self._inflight[identifier] = (fut, now)
         return State.PENDING
 
+    def wait(self, identifiers, timeout: float) -> None:
+        """Block up to ``timeout`` s for the in-flight reads of ``identifiers`` (the
+        waiting releases the GIL, so the load threads run at full speed meanwhile)."""
+        from concurrent.futures import wait as wait_futures
+
+        with self._lock:
+            futs = [self._inflight[i][0] for i in identifiers if i in self._inflight]
+        if futs and timeout > 0:
+            wait_futures(futs, timeout=timeout)
+
     def is_ready(self, identifier: str) -> bool:
         with self._lock:
             return identifier in self._staged

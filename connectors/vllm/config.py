@@ -22,6 +22,7 @@ class ConnectorConfig:
     load_threads: int = 4
     staging_bytes: int = 512 << 20
     load_timeout_s: float = 5.0
+    inline_wait_s: float = 0.01  # per scheduler step: wait this long for loads before deferring
     index_refresh_s: float = 5.0
     verify: bool = True  # checksum every load
     counters_flush_s: float = 5.0

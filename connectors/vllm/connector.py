@@ -24,6 +24,7 @@ import atexit
 import logging
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,16 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("encache.connector")
+
+# Connectors still alive at interpreter exit flush their writes and counters; a weak set
+# (not one atexit entry per instance) so engines built and dropped in one process are freed.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_connectors() -> None:
+    for connector in list(_LIVE):
+        connector.shutdown()
 
 TORCH_DTYPES = {
     "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
@@ -97,6 +108,7 @@ class EncacheConnector(ECConnectorBase):
         self.lookup: EntryLookup | None = None
         self.writer: EntryWriter | None = None
         self._pinned: dict[str, Any] = {}
+        self._inline_budget = self.config.inline_wait_s
         self._need_loads: dict[str, Any] = {}
         self._worker_stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
@@ -109,7 +121,7 @@ class EncacheConnector(ECConnectorBase):
         self._device = None
         if role == ECConnectorRole.SCHEDULER:
             self._check_capacity()
-        atexit.register(self.shutdown)
+        _LIVE.add(self)
         log.info("encache connector (%s, %s) on %s", role.name.lower(), tc.ec_role, self.store.url)
 
     def _check_capacity(self) -> None:
@@ -138,21 +150,33 @@ class EncacheConnector(ECConnectorBase):
         """Start background reads for this request's stored items; defer it while they run."""
         if self.lookup is None:
             return True
-        ready = True
+        pending = self._start_loads(request, num_computed_tokens)
+        if pending and self._inline_budget > 0:
+            # Most loads take well under a millisecond: wait for them here (a bounded
+            # budget per scheduler step) rather than deferring the request by a whole step.
+            t0 = time.perf_counter()
+            self.lookup.wait(pending, self._inline_budget)
+            self._inline_budget -= time.perf_counter() - t0
+            pending = self._start_loads(request, num_computed_tokens)
+        return not pending
+
+    def _start_loads(self, request: Request, num_computed_tokens: int) -> list[str]:
+        """Request every stored item the request still needs; return those in flight."""
+        pending = []
         for i, feature in enumerate(request.mm_features):
             pos = feature.mm_position
             if pos.offset + pos.length <= num_computed_tokens:
                 continue  # already consumed into the KV cache
             state = self.lookup.request(feature.identifier)
             if state is State.PENDING:
-                ready = False
+                pending.append(feature.identifier)
             elif state is State.READY:
                 staged = self.lookup.get_staged(feature.identifier)
                 want = request.get_num_encoder_embeds(i)
                 if staged is not None and len(staged.meta.shape) == 2 and staged.meta.shape[0] != want:
                     self.lookup.reject(feature.identifier,
                                        f"{staged.meta.shape[0]} embeddings stored, {want} expected")
-        return ready
+        return pending
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         if self.lookup is None:
@@ -174,6 +198,7 @@ class EncacheConnector(ECConnectorBase):
             meta.loads.append(LoadItem(identifier, st.blob, st.offset, st.meta.dtype, st.meta.shape))
         self._need_loads.clear()
         self._pinned.clear()
+        self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
         return meta
 
     # ============================== metrics =====================================
