@@ -152,10 +152,6 @@ class EntryLookup:
             self._backoff = 0.0
             self._down_until = 0.0
 
-    @property
-    def store_down(self) -> bool:
-        return time.monotonic() < self._down_until
-
     def known(self, identifier: str) -> bool:
         """Is the identifier (probably) in the store? Memory speed; may be stale."""
         now = time.monotonic()
@@ -184,12 +180,6 @@ class EntryLookup:
                 if len(self._absent) > 100_000:
                     self._absent.clear()
         return found
-
-    def note_saved(self, identifier: str) -> None:
-        with self._lock:
-            self._index.add(identifier)
-            self._absent.pop(identifier, None)
-            self._bad.pop(identifier, None)
 
     # -- prefetch ------------------------------------------------------------------
     def request(self, identifier: str) -> State:

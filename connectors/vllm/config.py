@@ -7,7 +7,7 @@ accepted as aliases of ``store`` so encache is a drop-in replacement for vLLM's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,3 @@ class ConnectorConfig:
     def writer_options(self) -> dict:
         return {"threads": self.write_threads, "max_pending_bytes": self.max_pending_write_bytes,
                 "skip_existing": self.skip_existing}
-
-    def to_extra(self) -> dict:
-        defaults = ConnectorConfig(store=self.store)
-        return {k: v for k, v in asdict(self).items() if k == "store" or v != getattr(defaults, k)}

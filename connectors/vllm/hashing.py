@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-DEFAULT_HASH_ALGO = "blake3"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+DEFAULT_HASH_ALGO = "blake3"  # vLLM's default --mm-hasher-algorithm
 
 
 @dataclass(frozen=True)
@@ -42,11 +41,6 @@ class Identity:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def default_hash_algo() -> str:
-    """The algorithm a default-configured vLLM uses (``--mm-hasher-algorithm``)."""
-    return DEFAULT_HASH_ALGO
 
 
 def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
