@@ -182,7 +182,9 @@ class EncacheConnector(ECConnectorBase):
         if self.lookup is None:
             return
         identifier = request.mm_features[index].identifier
-        staged = self._pinned.get(identifier) or self.lookup.get_staged(identifier)
+        # Only what has_cache_item said yes to this step is an external load; an entry that
+        # became ready after that answer was already scheduled for encoding.
+        staged = self._pinned.get(identifier)
         if staged is None:
             self.lookup.count("misses")
             return
