@@ -579,7 +579,21 @@ class _Shadow:
         return key in self.res or self.miss(key, size, hist)
 
 
-class DecayedLFU(Policy):
+class _ReleaseHeap:
+    """Pinning for score-ranked policies: a released entry is pushed on a min-heap with
+    its current ``_prio`` (ties: oldest release first); ``evict`` pops lazily, skipping
+    entries that are pinned, gone, or re-released since (each class checks staleness)."""
+
+    def pin(self, key):
+        self._pinned.add(key)
+
+    def release(self, key):
+        self._pinned.discard(key)
+        self._seq += 1
+        heapq.heappush(self._heap, (self._prio(key), self._seq, key))
+
+
+class DecayedLFU(_ReleaseHeap, Policy):
     """``dlfu``: cost-aware LFU with exponentially decayed counts, ghost history, and a
     half-life chosen online by shadow caches.
 
@@ -812,13 +826,6 @@ class DecayedLFU(Policy):
     def hit(self, key):
         self._access(key, self._size[key])
 
-    def pin(self, key):
-        self._pinned.add(key)
-
-    def release(self, key):
-        self._pinned.discard(key)
-        self._seq += 1
-        heapq.heappush(self._heap, (self._prio(key), self._seq, key))
 
     # -- eviction ---------------------------------------------------------------------
     def evict(self):
@@ -857,7 +864,7 @@ class DecayedLFU(Policy):
 # --------------------------------------------------------------------------------------
 
 
-class StaticOracle(Policy):
+class StaticOracle(_ReleaseHeap, Policy):
     """Offline static oracle: the best *fixed* ranking, by true popularity.
 
     Evicts the unreferenced entry with the lowest ``weight * cost(size) / size`` (with the
@@ -911,13 +918,6 @@ class StaticOracle(Policy):
     def hit(self, key):
         pass
 
-    def pin(self, key):
-        self._pinned.add(key)
-
-    def release(self, key):
-        self._pinned.discard(key)
-        self._seq += 1
-        heapq.heappush(self._heap, (self._prio(key), self._seq, key))
 
     def evict(self):
         heap, pinned = self._heap, self._pinned
