@@ -15,6 +15,11 @@ memory lookup, and "yes" is only ever said for bytes already read and verified:
   read and fully validated (header, size, checksum) by a thread pool while the engine keeps
   stepping; the request waits (is deferred) at most ``load_timeout_s``, then the item is
   treated as a miss and re-encoded.
+* **Verify once per stored version** — the checksum is computed on the first load of
+  each stored copy (for a disk file: device, inode, size, mtime, ctime); later loads of
+  the same unchanged file reuse the parsed header and skip the hash. Any rewrite or
+  replacement changes the version and is verified again. ``verify="always"`` hashes
+  every load; Redis values carry no version and are always verified.
 * **Staging** — validated payloads wait in a byte-bounded LRU until the scheduler hands them
   to the worker, and stay there as a small hot tier for popular images.
 
@@ -80,12 +85,31 @@ class RateLimitedLog:
         return True
 
 
+VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
+
+
+def parse_verify(value) -> tuple[bool, bool]:
+    """``verify`` setting -> (checksum at all, checksum every load)."""
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v == "always":
+            return True, True
+        if v in ("true", "yes", "1", "once", "on"):
+            return True, False
+        if v in ("false", "no", "0", "off", "never"):
+            return False, False
+        raise ValueError(f"verify must be true, false or 'always', not {value!r}")
+    return bool(value), False
+
+
 class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
-                 verify: bool = True, counters_flush_s: float = 5.0):
+                 verify: bool | str = True, counters_flush_s: float = 5.0):
         self.store = store
-        self.verify = verify
+        self.verify, self.verify_always = parse_verify(verify)
+        # stored version -> (identifier, meta, offset) of a copy already validated
+        self._verified: OrderedDict[object, tuple[str, EntryMeta, int]] = OrderedDict()
         self.load_timeout_s = load_timeout_s
         self.index_refresh_s = index_refresh_s
         self.staging_bytes = staging_bytes
@@ -238,13 +262,14 @@ class EntryLookup:
         t0 = time.perf_counter()
         staged = None
         try:
-            blob = self.store.get(identifier)
-            if blob is None:
+            got = self.store.read_entry(identifier)
+            if got is None:
                 with self._lock:
                     self._index.discard(identifier)
                     self._absent[identifier] = time.monotonic() + self.index_refresh_s
             else:
-                meta, offset = validate_blob(blob, identifier=identifier, verify=self.verify)
+                blob, version = got
+                meta, offset = self._validate(identifier, blob, version)
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
             with self._lock:
@@ -263,6 +288,27 @@ class EntryLookup:
                 if staged is not None:
                     self._stage(staged)
         return staged
+
+    def _validate(self, identifier: str, blob, version) -> tuple[EntryMeta, int]:
+        """Header, size and (per ``verify``) checksum checks, once per stored version."""
+        if version is not None and not self.verify_always:
+            with self._lock:
+                known = self._verified.get(version)
+                if known is not None and known[0] == identifier:
+                    self._verified.move_to_end(version)
+                    return known[1], known[2]
+        meta, offset = validate_blob(blob, identifier=identifier, verify=self.verify)
+        if version is not None and not self.verify_always:
+            with self._lock:
+                self._verified[version] = (identifier, meta, offset)
+                if len(self._verified) > VERIFIED_VERSIONS:
+                    self._verified.popitem(last=False)
+        return meta, offset
+
+    def forget_verified(self) -> None:
+        """Verify every stored version again on its next load (tests, benchmarks)."""
+        with self._lock:
+            self._verified.clear()
 
     def _stage(self, staged: Staged) -> None:  # caller holds the lock
         old = self._staged.pop(staged.identifier, None)

@@ -40,6 +40,21 @@ class StoreContract:
         assert meta.shape == (64, 8) and meta.dtype == "F16" and meta.model == "m"
         assert store.contains("a" * 64)
 
+    def test_read_entry_serves_the_same_bytes(self, store):
+        """The serving path (``read_entry``) returns what ``get`` does, small and large."""
+        assert store.read_entry("absent") is None
+        for ident, n in (("small", 64), ("large", 8192)):  # 1 KiB and 128 KiB of tensor
+            b = blob(ident, n=n)
+            store.put(ident, b)
+            buf, version = store.read_entry(ident)
+            assert bytes(memoryview(buf).cast("B")) == b
+            again = store.read_entry(ident)[1]
+            assert version == again  # unchanged entry: same version (or None: no versions)
+            store.put(ident, blob(ident, n=n, seed=9))
+            newer = store.read_entry(ident)[1]
+            assert version is None or newer != version  # a rewrite is a new version
+            assert bytes(memoryview(buf).cast("B")) == b  # a held buffer keeps its bytes
+
     def test_put_parts_equals_put_bytes(self, store):
         arr = np.ones((4, 4), np.float32)
         header, view = encode_parts("p", arr.view(np.uint8), "F32", arr.shape)

@@ -53,7 +53,8 @@ def precomputed(tiny_model, corpus, tmp_path_factory, reference):
 def consumer(tiny_model, precomputed):
     store, _ = precomputed
     counter = EncoderCounter()
-    llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
+    # load_mode mmap: every entry (4 KiB here) is a mapped file, as big entries are by default
+    llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2, load_mode="mmap"))
     yield llm, counter, store
     shutdown(llm)
 

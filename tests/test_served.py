@@ -47,7 +47,8 @@ def served(tiny_model, tmp_path_factory):
     port = free_port()
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
+    # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
+    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,

@@ -85,6 +85,17 @@ class Store(ABC):
     def get(self, identifier: str) -> bytes | bytearray | None:
         """The whole encoded entry, or None if absent."""
 
+    def read_entry(self, identifier: str) -> tuple[object, object] | None:
+        """``(buffer, version)`` for the serving path, or None if absent.
+
+        ``version`` identifies this exact stored copy (for a file: device, inode, size,
+        mtime and ctime) so a reader can skip re-verifying bytes it has already checked;
+        None when the backend cannot tell (then every load is verified). The buffer may be
+        a read-only-backed mapping: callers must not assume it is a private copy.
+        """
+        blob = self.get(identifier)
+        return None if blob is None else (blob, None)
+
     @abstractmethod
     def put(self, identifier: str, parts: bytes | Iterable) -> int:
         """Store an encoded entry atomically (``parts``: one buffer or several to join).

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -37,13 +38,21 @@ from pathlib import Path
 
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
-from .keys import from_name, is_entry_name, to_name
+from .keys import from_name, is_entry_name, name_for, to_name
 
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
 TEMP_PREFIX = ".tmp-"
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
+LOAD_MODES = ("auto", "mmap", "read")
+MMAP_MIN_BYTES = 64 << 10  # below this a read() is as cheap as setting up a mapping
+# Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
+# unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
+# no such promise (another client's delete can turn a page fault into SIGBUS), so
+# ``load_mode: auto`` reads there instead.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs",
+                               "overlay", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs"})
 _HEAD_READ = 4096
 
 
@@ -53,7 +62,7 @@ class DiskStore(Store):
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
-                 low_watermark: float = 0.9):
+                 low_watermark: float = 0.9, load_mode: str = "auto"):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         if create:
             try:
@@ -64,7 +73,17 @@ class DiskStore(Store):
             raise StoreError(f"no store at {self.root} (directory not found)")
         if eviction not in EVICTION_POLICIES:
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}")
+        if load_mode not in LOAD_MODES:
+            raise ValueError(f"load_mode must be one of {LOAD_MODES}")
         self.fsync = fsync
+        self.load_mode = load_mode
+        self.fs_type = filesystem_type(self.root)
+        # serving loads map entry files (no copy) where that is safe; see read_entry.
+        # "mmap" maps every entry, "auto" those of MMAP_MIN_BYTES+ on a local filesystem.
+        self.mapped_loads = load_mode == "mmap" or (load_mode == "auto"
+                                                    and self.fs_type in LOCAL_FILESYSTEMS)
+        self._map_min = 1 if load_mode == "mmap" else MMAP_MIN_BYTES
+        self._root_str = str(self.root)
         self.eviction = eviction
         self.low_watermark = low_watermark
         self._config = self._read_config()
@@ -109,6 +128,46 @@ class DiskStore(Store):
                 with contextlib.suppress(OSError):
                     os.utime(fd, (now, st.st_mtime))
             return buf
+        finally:
+            os.close(fd)
+
+    def read_entry(self, identifier: str):
+        """``(buffer, version)`` for the serving path, or None if the entry is absent.
+
+        With ``mapped_loads`` an entry of at least ``MMAP_MIN_BYTES`` is memory-mapped
+        copy-on-write instead of read: the tensor then *is* the page cache (no copy, like
+        safetensors' own loader), and writes to it stay private. This is safe because
+        encache never changes an entry file in place — writers rename a new file over it
+        and deletes unlink it, and a mapping keeps the old inode readable — so a reader
+        can never see a file shrink under its mapping. (A *foreign* program truncating an
+        entry file in place could; use ``load_mode: read`` if anything does that.)
+        ``version`` = (device, inode, size, mtime_ns, ctime_ns): any replacement or
+        in-place write changes it, so a reader that verified one version need not
+        re-hash it.
+        """
+        path = os.path.join(self._root_str, name_for(identifier), ENTRY_FILE)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            if self.mapped_loads and size >= self._map_min:
+                buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            else:
+                buf = _uninitialized(size)
+                view, got = memoryview(buf), 0
+                while got < size:
+                    n = os.readv(fd, [view[got:]])
+                    if n == 0:  # shrank under us: impossible for renamed-in files; a miss
+                        return None
+                    got += n
+            now = time.time()
+            if now - st.st_atime > ACCESS_RESOLUTION_S:
+                with contextlib.suppress(OSError):
+                    os.utime(fd, (now, st.st_mtime))
+            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
         finally:
             os.close(fd)
 
@@ -365,6 +424,26 @@ def _uninitialized(n: int):
     except ImportError:  # pragma: no cover - numpy ships with every supported install
         return bytearray(n)
     return numpy.empty(n, numpy.uint8)
+
+
+def filesystem_type(path) -> str | None:
+    """The type of the filesystem holding ``path`` (``ext4``, ``nfs4``…) from
+    /proc/self/mountinfo (longest mount point that contains it); None if unknown."""
+    try:
+        real = os.path.realpath(path)
+        best, best_type = "", None
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5 or not right:
+                    continue
+                mount = fields[4].replace("\\040", " ")
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+                    best, best_type = mount, right.split()[0]
+        return best_type
+    except OSError:
+        return None
 
 
 def open_untracked(path) -> int:

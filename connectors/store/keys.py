@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 
@@ -51,6 +52,18 @@ def to_name(identifier: str) -> str:
     if len(encoded) <= MAX_NAME_LEN:
         return encoded
     return "~h" + hashlib.sha256(raw).hexdigest()
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_name(identifier: str) -> str:
+    return to_name(identifier)
+
+
+def name_for(identifier: str) -> str:
+    """:func:`to_name`, memoised for the serving path (the same identifiers recur)."""
+    if type(identifier) is str:
+        return _cached_name(identifier)
+    return to_name(identifier)  # raises InvalidIdentifier
 
 
 def from_name(name: str) -> str | None:

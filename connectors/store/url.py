@@ -48,5 +48,5 @@ def open_store(url: str, *, create: bool = True, **options) -> Store:
         raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://)")
     from .disk import DiskStore
 
-    disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction")}
+    disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction", "load_mode")}
     return DiskStore(url, create=create, **disk_opts)

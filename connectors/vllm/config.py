@@ -18,13 +18,14 @@ class ConnectorConfig:
     eviction: str = "lru"
     fsync: bool = True
     prefix: str | None = None  # Redis key namespace
+    load_mode: str = "auto"  # disk: mmap entry files on local filesystems, else read
     # consumer (scheduler side)
     load_threads: int = 4
     staging_bytes: int = 512 << 20
     load_timeout_s: float = 5.0
     inline_wait_s: float = 0.01  # per scheduler step: wait this long for loads before deferring
     index_refresh_s: float = 5.0
-    verify: bool = True  # checksum every load
+    verify: bool | str = True  # checksum each stored version once; "always": every load
     counters_flush_s: float = 5.0
     # producer (worker side)
     write_threads: int = 2
@@ -51,7 +52,8 @@ class ConnectorConfig:
         return cls(store=store, **{k: v for k, v in extra.items() if k in names})
 
     def store_options(self) -> dict:
-        opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync}
+        opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync,
+                "load_mode": self.load_mode}
         if self.prefix is not None:
             opts["prefix"] = self.prefix
         return {k: v for k, v in opts.items() if v is not None}

@@ -1,0 +1,193 @@
+"""EntryLookup's load path: memory-mapped disk loads and verify-once-per-version.
+
+The engine tests cover the lookup end to end; these pin down the two load-path rules
+that make warm loads cheap without giving up integrity checks:
+
+* a disk entry of at least ``MMAP_MIN_BYTES`` on a local filesystem is mapped, not copied,
+  and the mapping stays valid when the entry is replaced or purged meanwhile;
+* the checksum runs once per stored version; a rewritten file is verified again, and
+  ``verify="always"`` hashes every load.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+
+from encache.connectors import lookup as lookup_mod
+from encache.connectors.lookup import EntryLookup, parse_verify
+from encache.connectors.store import encode, open_store
+from encache.connectors.store.disk import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
+from encache.connectors.vllm.config import ConnectorConfig
+
+
+def put(store, ident: str, rows: int = 4096, seed: int = 0) -> bytes:
+    arr = np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float16)
+    b = encode(ident, arr.view(np.uint8), "F16", arr.shape, model="m")
+    store.put(ident, b)
+    return b
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count full validations (header parse + checksum) done by the lookup."""
+    calls = []
+    real = lookup_mod.validate_blob
+
+    def counting(blob, **kw):
+        calls.append(kw.get("verify"))
+        return real(blob, **kw)
+    monkeypatch.setattr(lookup_mod, "validate_blob", counting)
+    return calls
+
+
+def make(store, **kw) -> EntryLookup:
+    return EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1, **kw)
+
+
+def tensor_bytes(staged) -> bytes:
+    view = memoryview(staged.blob).cast("B")
+    return bytes(view[staged.offset:staged.offset + staged.meta.data_bytes])
+
+
+def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
+    store = DiskStore(tmp_path)
+    assert store.mapped_loads  # tmp_path is on a local filesystem here
+    big = put(store, "big", rows=4096)  # 128 KiB
+    put(store, "small", rows=16)  # 512 B
+    assert len(big) >= MMAP_MIN_BYTES
+    lk = make(store)
+    try:
+        assert isinstance(lk.load_now("big").blob, mmap.mmap)
+        assert not isinstance(lk.load_now("small").blob, mmap.mmap)
+        assert tensor_bytes(lk.load_now("big")) == big[-4096 * 16 * 2:]
+    finally:
+        lk.close()
+    read_only = DiskStore(tmp_path, load_mode="read")
+    assert not read_only.mapped_loads
+    lk = make(read_only)
+    try:
+        assert not isinstance(lk.load_now("big").blob, mmap.mmap)
+    finally:
+        lk.close()
+
+
+def test_mapped_entry_survives_replace_and_purge(tmp_path):
+    """The rename commit point makes mapping safe: held bytes never change or vanish."""
+    store = DiskStore(tmp_path)
+    old = put(store, "e", seed=1)
+    lk = make(store)
+    try:
+        staged = lk.load_now("e")
+        before = tensor_bytes(staged)
+        put(store, "e", seed=2)  # a producer rewrites the entry (rename over it)
+        assert tensor_bytes(staged) == before == old[-len(before):]
+        store.delete("e")  # and a purge removes it
+        assert tensor_bytes(staged) == before
+        assert lk.load_now("e") is None  # the store itself now misses
+    finally:
+        lk.close()
+
+
+def test_checksum_runs_once_per_stored_version(tmp_path, counted):
+    store = DiskStore(tmp_path)
+    put(store, "v", seed=1)
+    lk = make(store)
+    try:
+        for _ in range(3):
+            assert lk.load_now("v") is not None
+        assert counted == [True]  # verified on the first load only
+        time.sleep(0.02)
+        put(store, "v", seed=2)  # a new version: verified again
+        assert tensor_bytes(lk.load_now("v")) == tensor_bytes(lk.load_now("v"))
+        assert counted == [True, True]
+        lk.forget_verified()
+        lk.load_now("v")
+        assert len(counted) == 3
+    finally:
+        lk.close()
+
+
+def test_in_place_corruption_of_a_verified_file_is_caught(tmp_path):
+    """A write into the file changes its version (mtime/ctime), so the next load hashes
+    it again and the flipped byte makes it a miss."""
+    store = DiskStore(tmp_path, load_mode="read")
+    put(store, "c")
+    lk = make(store)
+    try:
+        assert lk.load_now("c") is not None
+        time.sleep(0.02)
+        path = store.entry_path("c")
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) - 100)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        assert lk.load_now("c") is None
+        assert lk.take_interval().get("load_errors") == 1
+    finally:
+        lk.close()
+
+
+def test_verify_always_hashes_every_load(tmp_path, counted):
+    store = DiskStore(tmp_path)
+    put(store, "a")
+    lk = make(store, verify="always")
+    try:
+        for _ in range(3):
+            assert lk.load_now("a") is not None
+        assert counted == [True, True, True]
+    finally:
+        lk.close()
+
+
+def test_verify_off_still_parses_once(tmp_path, counted):
+    store = DiskStore(tmp_path)
+    put(store, "n")
+    lk = make(store, verify=False)
+    try:
+        lk.load_now("n")
+        lk.load_now("n")
+        assert counted == [False]
+    finally:
+        lk.close()
+
+
+def test_same_version_other_identifier_is_not_reused(tmp_path, counted):
+    """The cache is keyed by version *and* identifier (a hard link under another name
+    must still be checked against the identifier it is loaded as)."""
+    store = DiskStore(tmp_path)
+    put(store, "one")
+    (tmp_path / "two").mkdir()
+    os.link(tmp_path / "one" / ENTRY_FILE, tmp_path / "two" / ENTRY_FILE)
+    lk = make(store)
+    try:
+        assert lk.load_now("one") is not None
+        assert lk.load_now("two") is None  # header says "one": wrong identifier, a miss
+    finally:
+        lk.close()
+
+
+@pytest.mark.parametrize("value,expected", [
+    (True, (True, False)), (False, (False, False)), ("always", (True, True)),
+    ("true", (True, False)), ("off", (False, False)), ("ALWAYS", (True, True)),
+])
+def test_parse_verify(value, expected):
+    assert parse_verify(value) == expected
+
+
+def test_parse_verify_rejects_nonsense():
+    with pytest.raises(ValueError, match="verify must be"):
+        parse_verify("sometimes")
+
+
+def test_connector_config_passes_load_mode(tmp_path):
+    cfg = ConnectorConfig.from_extra({"store": str(tmp_path), "load_mode": "read"})
+    store = open_store(cfg.store, **cfg.store_options())
+    assert isinstance(store, DiskStore) and store.load_mode == "read" and not store.mapped_loads
+    with pytest.raises(ValueError, match="load_mode"):
+        DiskStore(tmp_path, load_mode="sometimes")
