@@ -105,8 +105,12 @@ def parse_verify(value) -> tuple[bool, bool]:
 class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
-                 verify: bool | str = True, counters_flush_s: float = 5.0):
+                 verify: bool | str = True, counters_flush_s: float = 5.0,
+                 store_stats_s: float = 30.0):
         self.store = store
+        self.store_stats_s = store_stats_s
+        self._store_gauges: dict[str, float] = {}  # latest store-wide facts (metrics)
+        self._store_totals: dict[str, float] | None = None  # last seen store counters
         self.verify, self.verify_always = parse_verify(verify)
         # stored version -> (identifier, meta, offset) of a copy already validated
         self._verified: OrderedDict[object, tuple[str, EntryMeta, int]] = OrderedDict()
@@ -138,8 +142,9 @@ class EntryLookup:
     def _index_loop(self) -> None:
         """Background: refresh the index and persist counters, each on its own period."""
         next_index = 0.0
+        next_stats = 0.0
         last_version = None
-        tick = max(0.05, min(self.index_refresh_s, self.counters_flush_s))
+        tick = max(0.05, min(self.index_refresh_s, self.counters_flush_s, self.store_stats_s))
         while not self._closed.is_set():
             now = time.monotonic()
             if now >= next_index:
@@ -157,8 +162,41 @@ class EntryLookup:
                                       self.store.url, e)
                 self._index_ready.set()
                 next_index = now + self.index_refresh_s
+            if now >= next_stats and time.monotonic() >= self._down_until:
+                self._sample_store()
+                next_stats = now + self.store_stats_s
             self.maybe_flush()
             self._closed.wait(tick)
+
+    STORE_COUNTERS = ("evictions", "bytes_saved", "saves")
+
+    def _sample_store(self) -> None:
+        """Store-wide facts for the engine's metrics (background, every ``store_stats_s``):
+        entries (the index), bytes used and capacity (disk), and the growth of the
+        store's shared counters (evictions and saves by every writer on this store)."""
+        gauges: dict[str, float] = {}
+        with self._lock:
+            gauges["store_entries"] = len(self._index)
+        try:
+            max_bytes = getattr(self.store, "max_bytes", None)
+            if max_bytes:
+                gauges["store_capacity_bytes"] = max_bytes
+            used = getattr(self.store, "used_bytes", None)
+            if used is not None:
+                gauges["store_bytes"] = used()
+            totals = self.store.read_counters()
+        except Exception as e:
+            self.warn.warning("store-stats", "encache: cannot read the state of %s: %s",
+                              self.store.url, e)
+            return
+        with self._lock:
+            self._store_gauges = gauges
+            if self._store_totals is not None:  # the first sample is the baseline
+                for k in self.STORE_COUNTERS:
+                    delta = totals.get(k, 0) - self._store_totals.get(k, 0)
+                    if delta > 0:  # a reset (encache stats --reset) is not negative growth
+                        self._interval["store_" + k] = self._interval.get("store_" + k, 0) + delta
+            self._store_totals = {k: totals.get(k, 0) for k in self.STORE_COUNTERS}
 
     def wait_index(self, timeout: float | None = None) -> bool:
         return self._index_ready.wait(timeout)
@@ -348,8 +386,10 @@ class EntryLookup:
             lat, self._latencies = self._latencies, []
             if lat:
                 data["load_latencies"] = lat
-            if data:
+            if data or self._store_gauges:
                 data["staged_bytes"] = self._staged_bytes
+                data.update(self._store_gauges)
+                self._store_gauges = {}  # report each sample once
         return data
 
     def maybe_flush(self, force: bool = False) -> None:

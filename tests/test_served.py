@@ -48,7 +48,8 @@ def served(tiny_model, tmp_path_factory):
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
     # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap"})
+    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
+                                                 "store_stats_s": 0.5, "max_bytes": 1 << 30})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
@@ -132,13 +133,20 @@ def test_prometheus_metrics_exported(served):
         text = urllib.request.urlopen(served["base"] + "/metrics", timeout=10).read().decode()
         values = {}
         for line in text.splitlines():
-            if line.startswith("vllm:encache_") and not line.startswith("#"):
+            if line.startswith("vllm:embedding_cache_") and not line.startswith("#"):
                 name = line.split("{")[0].split(" ")[0]
                 values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        if values.get("vllm:encache_hits_total", 0) >= 1 or time.time() > deadline:
+        if (values.get("vllm:embedding_cache_hits_total", 0) >= 1
+                and values.get("vllm:embedding_cache_entries", 0) >= 6) or time.time() > deadline:
             break
         time.sleep(1)
-    assert values.get("vllm:encache_hits_total", 0) >= 1, values
-    assert values.get("vllm:encache_loaded_bytes_total", 0) > 0
-    assert values.get("vllm:encache_load_latency_seconds_count", 0) >= 1
-    assert "vllm:encache_misses_total" in values
+    p = "vllm:embedding_cache_"
+    assert values.get(p + "hits_total", 0) >= 1, values
+    assert values.get(p + "loaded_bytes_total", 0) > 0
+    assert values.get(p + "load_latency_seconds_count", 0) >= 1
+    assert p + "misses_total" in values and p + "evictions_total" in values
+    # store-wide gauges, sampled by the connector's background thread
+    assert values.get(p + "entries") == 6, values  # the six precomputed pages
+    used = values.get(p + "current_bytes", 0)
+    assert used > 6 * 4096 and values.get(p + "capacity_bytes") == 1 << 30
+    assert values.get(p + "utilization") == pytest.approx(used / (1 << 30))

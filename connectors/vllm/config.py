@@ -27,6 +27,7 @@ class ConnectorConfig:
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
     counters_flush_s: float = 5.0
+    store_stats_s: float = 30.0  # sample store-wide entries/bytes/evictions for metrics
     # producer (worker side)
     write_threads: int = 2
     max_pending_write_bytes: int = 1 << 30
@@ -61,7 +62,8 @@ class ConnectorConfig:
     def lookup_options(self) -> dict:
         return {"load_threads": self.load_threads, "staging_bytes": self.staging_bytes,
                 "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
-                "verify": self.verify, "counters_flush_s": self.counters_flush_s}
+                "verify": self.verify, "counters_flush_s": self.counters_flush_s,
+                "store_stats_s": self.store_stats_s}
 
     def writer_options(self) -> dict:
         return {"threads": self.write_threads, "max_pending_bytes": self.max_pending_write_bytes,

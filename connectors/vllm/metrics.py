@@ -3,17 +3,25 @@
 The scheduler-side connector returns an :class:`EncacheStats` per stats interval
 (``get_ec_connector_stats``); vLLM aggregates them, logs a one-line summary
 (``EC Transfer metrics: hits=… misses=…``) and feeds :class:`EncachePromMetrics`, which
-exports Prometheus series on vLLM's ``/metrics`` endpoint:
+exports Prometheus series on vLLM's ``/metrics`` endpoint. Names follow Dynamo's
+multimodal embedding-cache metrics (``embedding_cache_hits_total``,
+``…_misses_total``, ``…_evictions_total``, ``…_entries``, ``…_current_bytes``,
+``…_capacity_bytes``, ``…_utilization``) under vLLM's ``vllm:`` prefix, plus encache's own:
 
-    vllm:encache_hits_total             items served from the store
-    vllm:encache_misses_total           items the engine had to encode
-    vllm:encache_load_errors_total      corrupt / unreadable / unusable entries (then re-encoded)
-    vllm:encache_loaded_bytes_total     tensor bytes handed to the engine
-    vllm:encache_load_latency_seconds   read + verify time per loaded entry (histogram)
-    vllm:encache_staged_bytes           verified bytes held in memory (gauge)
-
-Producer-side saves happen in the worker, whose stats vLLM does not collect; they are in
-the store's counters (``encache stats``).
+    vllm:embedding_cache_hits_total           items served from the store (this engine)
+    vllm:embedding_cache_misses_total         items this engine had to encode
+    vllm:embedding_cache_load_errors_total    corrupt / unreadable / unusable entries (re-encoded)
+    vllm:embedding_cache_loaded_bytes_total   tensor bytes handed to the engine
+    vllm:embedding_cache_load_latency_seconds read + verify time per loaded entry (histogram)
+    vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
+    store-wide, sampled every ``store_stats_s`` (every engine on a store reports the same
+    figures: aggregate them with max(), not sum()):
+    vllm:embedding_cache_entries              entries in the store (gauge)
+    vllm:embedding_cache_current_bytes        bytes used (gauge; disk stores)
+    vllm:embedding_cache_capacity_bytes       max_bytes (gauge; disk stores with a capacity)
+    vllm:embedding_cache_utilization          current / capacity (gauge, 0-1)
+    vllm:embedding_cache_evictions_total      capacity evictions by any writer
+    vllm:embedding_cache_saved_bytes_total    bytes written by any producer
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorStats,
 )
 
-COUNTERS = ("hits", "misses", "load_errors", "bytes_loaded")
+COUNTERS = ("hits", "misses", "load_errors", "bytes_loaded", "store_evictions",
+            "store_bytes_saved")
+GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -43,7 +53,7 @@ class EncacheStats(ECConnectorStats):
         for k, v in (other.data or {}).items():
             if k == "load_latencies":
                 merged[k] = list(merged.get(k, [])) + list(v)
-            elif k == "staged_bytes":
+            elif k in GAUGES:
                 merged[k] = v  # a gauge: latest wins
             else:
                 merged[k] = merged.get(k, 0) + v
@@ -75,29 +85,46 @@ class EncachePromMetrics(ECConnectorPromMetrics):
                 self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
                 per_engine_labelvalues)
 
-        self.hits = counter("vllm:encache_hits", "Encoder-cache items served from the encache store.")
-        self.misses = counter("vllm:encache_misses", "Encoder-cache items the engine had to encode.")
-        self.errors = counter("vllm:encache_load_errors",
-                              "Corrupt, unreadable or unusable encache entries (re-encoded).")
-        self.loaded = counter("vllm:encache_loaded_bytes", "Tensor bytes loaded from the encache store.")
+        def gauge(name, doc):
+            return create_metric_per_engine(
+                self._gauge_cls(name=name, documentation=doc, multiprocess_mode="mostrecent",
+                                labelnames=labelnames),
+                per_engine_labelvalues)
+
+        p = "vllm:embedding_cache_"
+        self.counters = {
+            "hits": counter(p + "hits", "Encoder outputs served from the encache store."),
+            "misses": counter(p + "misses", "Encoder outputs this engine had to compute."),
+            "load_errors": counter(p + "load_errors",
+                                   "Corrupt, unreadable or unusable encache entries (re-encoded)."),
+            "bytes_loaded": counter(p + "loaded_bytes", "Tensor bytes loaded from the encache store."),
+            "store_evictions": counter(p + "evictions",
+                                       "Store-wide capacity evictions (any writer on the store)."),
+            "store_bytes_saved": counter(p + "saved_bytes",
+                                         "Store-wide bytes written (any producer on the store)."),
+        }
         self.latency = create_metric_per_engine(
-            self._histogram_cls(name="vllm:encache_load_latency_seconds",
+            self._histogram_cls(name=p + "load_latency_seconds",
                                 documentation="Read + verify time per loaded encache entry.",
                                 buckets=list(LATENCY_BUCKETS), labelnames=labelnames),
             per_engine_labelvalues)
-        self.staged = create_metric_per_engine(
-            self._gauge_cls(name="vllm:encache_staged_bytes",
-                            documentation="Verified encache bytes held in memory.",
-                            multiprocess_mode="mostrecent", labelnames=labelnames),
-            per_engine_labelvalues)
+        self.gauges = {
+            "staged_bytes": gauge(p + "staged_bytes", "Verified encache bytes held in memory."),
+            "store_entries": gauge(p + "entries", "Entries in the encache store."),
+            "store_bytes": gauge(p + "current_bytes", "Bytes used by the encache store."),
+            "store_capacity_bytes": gauge(p + "capacity_bytes", "Capacity (max_bytes) of the store."),
+        }
+        self.utilization = gauge(p + "utilization", "Store bytes used / capacity (0-1).")
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         d = transfer_stats_data or {}
-        for metric, key in ((self.hits, "hits"), (self.misses, "misses"),
-                            (self.errors, "load_errors"), (self.loaded, "bytes_loaded")):
+        for key, metric in self.counters.items():
             if d.get(key):
                 metric[engine_idx].inc(d[key])
         for s in d.get("load_latencies", []):
             self.latency[engine_idx].observe(s)
-        if "staged_bytes" in d:
-            self.staged[engine_idx].set(d["staged_bytes"])
+        for key, metric in self.gauges.items():
+            if key in d:
+                metric[engine_idx].set(d[key])
+        if d.get("store_capacity_bytes") and "store_bytes" in d:
+            self.utilization[engine_idx].set(d["store_bytes"] / d["store_capacity_bytes"])
