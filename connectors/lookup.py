@@ -14,7 +14,8 @@ memory lookup, and "yes" is only ever said for bytes already read and verified:
 * **Prefetch** — when a request with a known item is about to be scheduled, the entry is
   read and fully validated (header, size, checksum) by a thread pool while the engine keeps
   stepping; the request waits (is deferred) at most ``load_timeout_s``, then the item is
-  treated as a miss and re-encoded.
+  treated as a miss and re-encoded. A local store's entry may instead be read inline, in
+  the caller's thread, within a per-step time budget the caller keeps.
 * **Verify once per stored version** — the checksum is computed on the first load of
   each stored copy (for a disk file: device, inode, size, mtime, ctime); later loads of
   the same unchanged file reuse the parsed header and skip the hash. Any rewrite or
@@ -244,8 +245,12 @@ class EntryLookup:
         return found
 
     # -- prefetch ------------------------------------------------------------------
-    def request(self, identifier: str) -> State:
-        """Where an item stands; starts a background read for a known, unstaged item."""
+    def request(self, identifier: str, inline: bool = False) -> State:
+        """Where an item stands; starts a background read for a known, unstaged item.
+
+        ``inline`` (local stores only): read it here and now instead — a page-cached
+        local read is tens of microseconds, less than handing it to a thread and waiting
+        for the answer. The caller bounds how much inline reading it allows per step."""
         now = time.monotonic()
         with self._lock:
             if identifier in self._staged:
@@ -256,6 +261,8 @@ class EntryLookup:
             return State.PENDING if now - inflight[1] < self.load_timeout_s else State.MISS
         if not self.known(identifier):
             return State.MISS
+        if inline and self.store.local:
+            return State.READY if self._load(identifier) is not None else State.MISS
         with self._lock:
             if identifier in self._inflight or identifier in self._staged:
                 return State.PENDING if identifier in self._inflight else State.READY

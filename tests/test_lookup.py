@@ -222,3 +222,32 @@ def test_store_wide_metrics_are_sampled(tmp_path):
         assert seen.get("store_bytes_saved", 0) == 0  # DiskStore.put alone is not a producer save
     finally:
         lk.close()
+
+
+def test_inline_request_loads_local_entries_at_once(tmp_path):
+    from encache.connectors.lookup import State
+    store = DiskStore(tmp_path)
+    put(store, "here")
+    lk = make(store)
+    try:
+        assert lk.request("here", inline=True) is State.READY  # no thread, no deferral
+        assert lk.get_staged("here") is not None
+        assert lk.request("absent", inline=True) is State.MISS
+    finally:
+        lk.close()
+
+
+def test_inline_request_is_background_for_remote_stores(tmp_path, monkeypatch):
+    """A store that is not local (Redis) is never read in the scheduler's thread."""
+    from encache.connectors.lookup import State
+    store = DiskStore(tmp_path)
+    put(store, "far")
+    monkeypatch.setattr(store, "local", False)
+    lk = make(store)
+    try:
+        lk.wait_index(5)
+        assert lk.request("far", inline=True) is State.PENDING
+        lk.wait(["far"], 5)
+        assert lk.request("far", inline=True) is State.READY
+    finally:
+        lk.close()

@@ -167,7 +167,13 @@ class EncacheConnector(ECConnectorBase):
             pos = feature.mm_position
             if pos.offset + pos.length <= num_computed_tokens:
                 continue  # already consumed into the KV cache
-            state = self.lookup.request(feature.identifier)
+            if self._inline_budget > 0:
+                # a local read inline (budgeted per step) beats a thread hand-off
+                t0 = time.perf_counter()
+                state = self.lookup.request(feature.identifier, inline=True)
+                self._inline_budget -= time.perf_counter() - t0
+            else:
+                state = self.lookup.request(feature.identifier)
             if state is State.PENDING:
                 pending.append(feature.identifier)
             elif state is State.READY:
