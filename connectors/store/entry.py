@@ -39,6 +39,9 @@ FORMAT_VERSION = "1"
 TENSOR_KEY = "ec_cache"
 MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
+_JSON = json.JSONDecoder()
+_KNOWN_METADATA = frozenset({"encache_format", "identifier", "lora", "model", "vllm_version",
+                             "hash_algo", "created", "checksum"})
 
 # safetensors dtype codes -> item size in bytes
 DTYPE_SIZES = {
@@ -173,8 +176,11 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
     start = header_length(buf)
     if len(buf) < start:
         raise CorruptEntry("truncated", "header cut short")
-    try:
-        header = json.loads(bytes(buf[8:start]))
+    try:  # decode + raw_decode: about half the cost of json.loads(bytes) on a small header
+        text = bytes(buf[8:start]).decode("utf-8")
+        header, end = _JSON.raw_decode(text)
+        if text[end:].strip(" \t\r\n"):
+            raise json.JSONDecodeError("extra data", text, end)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptEntry("bad-header", f"header is not JSON ({e.__class__.__name__})") from None
     if not isinstance(header, dict) or TENSOR_KEY not in header:
@@ -204,14 +210,12 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         created = float(created) if created not in (None, "") else None
     except ValueError:
         created = None
-    known = {"encache_format", "identifier", "lora", "model", "vllm_version", "hash_algo",
-             "created", "checksum"}
     meta = EntryMeta(
         identifier=md.get("identifier") or None, dtype=dtype, shape=shape,
         data_bytes=end - begin, lora=md.get("lora") or None, model=md.get("model") or None,
         vllm_version=md.get("vllm_version") or None, hash_algo=md.get("hash_algo") or None,
         created=created, checksum=md.get("checksum") or None, format_version=fmt,
-        extra={k: v for k, v in md.items() if k not in known},
+        extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA},
     )
     return meta, start + begin
 
