@@ -43,10 +43,21 @@ def register(app: typer.Typer) -> None:
         role: Annotated[str, typer.Option(help="ec_consumer | ec_producer | ec_both")] = "ec_consumer",
         max_bytes: Annotated[int | None, typer.Option(help="Disk capacity (bytes) the connector enforces.")] = None,
         load_timeout_s: Annotated[float | None, typer.Option(help="Max seconds a request waits for a load before re-encoding.")] = None,
+        load_mode: Annotated[str | None, typer.Option(help="Disk loads: auto (map files on local filesystems) | mmap | read.")] = None,
+        verify: Annotated[str | None, typer.Option(help="Checksums: once (each stored version; default) | always | off.")] = None,
         model: Annotated[str | None, typer.Option("--model", "-m", help="Print a full vllm serve command for this model (stderr).")] = None,
     ) -> None:
         """Print the --ec-transfer-config JSON that points vLLM at this store."""
         extra = {}
+        if load_mode is not None:
+            if load_mode not in ("auto", "mmap", "read"):
+                raise EncacheError("--load-mode must be one of auto, mmap, read", EXIT_USAGE)
+            extra["load_mode"] = load_mode
+        if verify is not None:
+            modes = {"once": True, "always": "always", "off": False}
+            if verify not in modes:
+                raise EncacheError("--verify must be one of once, always, off", EXIT_USAGE)
+            extra["verify"] = modes[verify]
         if max_bytes:
             extra["max_bytes"] = max_bytes
         if load_timeout_s is not None:

@@ -182,3 +182,10 @@ def test_connector_config_json(tmp_path):
     assert cfg["ec_role"] == "ec_both" and cfg["ec_connector"] == "EncacheConnector"
     assert cfg["ec_connector_extra_config"] == {"store": str(tmp_path / "st"), "max_bytes": 1000}
     assert run("connector-config", "-s", "x", "--role", "nope").exit_code == 2
+    r = run("connector-config", "-s", str(tmp_path / "st"), "--load-mode", "read", "--verify", "always")
+    extra = json.loads(r.stdout)["ec_connector_extra_config"]
+    assert extra["load_mode"] == "read" and extra["verify"] == "always"
+    from encache.connectors.vllm.config import ConnectorConfig
+    assert ConnectorConfig.from_extra(extra).verify == "always"  # the connector accepts it
+    bad = run("connector-config", "-s", "x", "--load-mode", "sometimes")
+    assert bad.exit_code == 2 and "--load-mode must be one of" in bad.output
