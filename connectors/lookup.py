@@ -87,6 +87,8 @@ class RateLimitedLog:
 
 
 VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
+INLINE_VERIFY_MAX = 256 << 10  # larger unverified entries are checked in the background
+_DEFER = object()
 
 
 def parse_verify(value) -> tuple[bool, bool]:
@@ -248,9 +250,12 @@ class EntryLookup:
     def request(self, identifier: str, inline: bool = False) -> State:
         """Where an item stands; starts a background read for a known, unstaged item.
 
-        ``inline`` (local stores only): read it here and now instead — a page-cached
-        local read is tens of microseconds, less than handing it to a thread and waiting
-        for the answer. The caller bounds how much inline reading it allows per step."""
+        ``inline`` (a disk store on a local filesystem): load it here and now when that
+        is cheap — mapping a file, or reading one under ``MMAP_MIN_BYTES``, takes tens of
+        microseconds, less than handing it to a thread and waiting for the answer. A large
+        entry whose stored version is not verified yet (a checksum pass over every page,
+        possibly from a cold disk) still goes to the background threads. The caller bounds
+        how much inline work it allows per step."""
         now = time.monotonic()
         with self._lock:
             if identifier in self._staged:
@@ -261,8 +266,10 @@ class EntryLookup:
             return State.PENDING if now - inflight[1] < self.load_timeout_s else State.MISS
         if not self.known(identifier):
             return State.MISS
-        if inline and self.store.local:
-            return State.READY if self._load(identifier) is not None else State.MISS
+        if inline and getattr(self.store, "mapped_loads", False):
+            staged = self._load(identifier, inline=True)
+            if staged is not _DEFER:
+                return State.READY if staged is not None else State.MISS
         with self._lock:
             if identifier in self._inflight or identifier in self._staged:
                 return State.PENDING if identifier in self._inflight else State.READY
@@ -303,7 +310,10 @@ class EntryLookup:
         """Synchronous read + verify (tools, tests, and the worker-side fallback)."""
         return self._load(identifier, register=False)
 
-    def _load(self, identifier: str, register: bool = True) -> Staged | None:
+    def _load(self, identifier: str, register: bool = True, inline: bool = False):
+        """Read + validate one entry; stage it (``register``). Returns the Staged entry,
+        None for a miss, or ``_DEFER`` (``inline`` only) when the work is too big to do
+        in the caller's thread."""
         t0 = time.perf_counter()
         staged = None
         try:
@@ -314,6 +324,8 @@ class EntryLookup:
                     self._absent[identifier] = time.monotonic() + self.index_refresh_s
             else:
                 blob, version = got
+                if inline and len(blob) > INLINE_VERIFY_MAX and not self._is_verified(identifier, version):
+                    return _DEFER
                 meta, offset = self._validate(identifier, blob, version)
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
@@ -333,6 +345,13 @@ class EntryLookup:
                 if staged is not None:
                     self._stage(staged)
         return staged
+
+    def _is_verified(self, identifier: str, version) -> bool:
+        if version is None or self.verify_always:
+            return False
+        with self._lock:
+            known = self._verified.get(version)
+        return known is not None and known[0] == identifier
 
     def _validate(self, identifier: str, blob, version) -> tuple[EntryMeta, int]:
         """Header, size and (per ``verify``) checksum checks, once per stored version."""

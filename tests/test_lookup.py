@@ -237,12 +237,34 @@ def test_inline_request_loads_local_entries_at_once(tmp_path):
         lk.close()
 
 
+def test_inline_request_defers_big_unverified_entries(tmp_path):
+    """A large entry's first load (a checksum over every page) runs in the background;
+    once its version is verified, later inline requests map it at once."""
+    from encache.connectors.lookup import INLINE_VERIFY_MAX, State
+    store = DiskStore(tmp_path)
+    b = put(store, "big", rows=INLINE_VERIFY_MAX // 32 + 64)  # > INLINE_VERIFY_MAX
+    assert len(b) > INLINE_VERIFY_MAX
+    lk = make(store, staging_bytes=1)  # keeps one staged entry: the newest
+    try:
+        lk.wait_index(5)
+        assert lk.request("big", inline=True) is State.PENDING  # handed to a thread
+        lk.wait(["big"], 5)
+        assert lk.request("big", inline=True) is State.READY
+        put(store, "other", rows=16)
+        assert lk.request("other", inline=True) is State.READY  # small: inline; evicts "big"
+        assert lk.get_staged("big") is None
+        assert lk.request("big", inline=True) is State.READY  # verified version: inline
+    finally:
+        lk.close()
+
+
 def test_inline_request_is_background_for_remote_stores(tmp_path, monkeypatch):
     """A store that is not local (Redis) is never read in the scheduler's thread."""
     from encache.connectors.lookup import State
     store = DiskStore(tmp_path)
     put(store, "far")
     monkeypatch.setattr(store, "local", False)
+    monkeypatch.setattr(store, "mapped_loads", False)
     lk = make(store)
     try:
         lk.wait_index(5)
