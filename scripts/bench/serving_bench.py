@@ -3,7 +3,8 @@
     scripts/bench/serving [--quick] [--only load,lookup,engine] [--threads 1]
 
   1. load     load throughput of one entry (0.25 / 2.75 / 10 MB fp16): memcpy limit,
-              encache disk / Redis (verify on and off), ECExampleConnector
+              encache disk (mapped + verified version, first load, read mode, verify always) /
+              Redis (verify on and off), ECExampleConnector
               -> benchmarks/serving_load.{json,png}            (serving_load.py)
   2. lookup   has_cache_item latency on real scheduler-side connectors
               -> benchmarks/serving_lookup.{json,png}          (serving_lookup.py)
@@ -249,11 +250,13 @@ def headline(parts: list[str]) -> dict:
             h[f"load {row['label']}"] = {
                 "memcpy_pagecache_mb_s": m["memcpy.pagecache"]["mb_s"],
                 "encache_disk_mb_s": m["encache.disk"]["mb_s"],
-                "encache_disk_noverify_mb_s": m["encache.disk.noverify"]["mb_s"],
+                "encache_disk_first_mb_s": m["encache.disk.first"]["mb_s"],
+                "encache_disk_read_mb_s": m["encache.disk.read"]["mb_s"],
                 "encache_redis_mb_s": m["encache.redis"]["mb_s"],
                 "ecexample_mb_s": m["ecexample.disk"]["mb_s"],
                 "encache_disk_x_memcpy": r["encache.disk"]["vs_memcpy_pagecache"],
-                "encache_disk_noverify_x_memcpy": r["encache.disk.noverify"]["vs_memcpy_pagecache"],
+                "encache_disk_first_x_memcpy": r["encache.disk.first"]["vs_memcpy_pagecache"],
+                "encache_disk_read_x_memcpy": r["encache.disk.read"]["vs_memcpy_pagecache"],
                 "encache_disk_x_ecexample": r["encache.disk"]["vs_ecexample"],
                 "cold_encache_disk_x_ecexample": (row.get("cold") or {}).get("ratios", {})
                 .get("encache.disk", {}).get("vs_ecexample"),

@@ -231,7 +231,7 @@ def encoder_rows(models: dict) -> list[dict]:
         load_bg = _g(c, "encache", "sequential", "staged_load_ms", "p50")
         load_bg_cold = _g(c, "encache", "sequential_cold", "staged_load_ms", "p50")
         load_direct = _g(m, "direct_load_ms", "encache", "p50")
-        load_direct_nv = _g(m, "direct_load_ms", "encache_noverify", "p50")
+        load_direct_v = _g(m, "direct_load_ms", "encache_verified", "p50")
         ex_direct = _g(m, "direct_load_ms", "ecexample", "p50")
         block_en = _g(c, "encache", "sequential", "block_ms_per_item")
         block_ex = _g(c, "ecexample", "sequential", "block_ms_per_item")
@@ -243,7 +243,7 @@ def encoder_rows(models: dict) -> list[dict]:
             "model": kind, "model_info": m["model_info"], "entry_shape": m["entry_shape"],
             "entry_bytes": m["entry_bytes"], "torch_threads": m.get("torch_threads"),
             "encoder_ms_per_image": enc_seq, "encoder_ms_per_image_batched": enc_batch,
-            "encache_load_ms_direct": load_direct, "encache_load_ms_direct_noverify": load_direct_nv,
+            "encache_load_ms_direct": load_direct, "encache_load_ms_direct_verified_version": load_direct_v,
             "encache_load_ms_in_engine": load_bg, "encache_load_ms_in_engine_cold": load_bg_cold,
             "encache_worker_block_ms_per_image": block_en,
             "ecexample_load_ms_direct": ex_direct,
