@@ -109,27 +109,8 @@ class DiskStore(Store):
     # -- entries ---------------------------------------------------------------------
     def get(self, identifier: str):
         """The entry's bytes in a fresh writable buffer (a uint8 numpy array), or None."""
-        path = self.entry_path(identifier)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        try:
-            st = os.fstat(fd)
-            buf = _uninitialized(st.st_size)
-            view, got = memoryview(buf), 0
-            while got < st.st_size:
-                n = os.readv(fd, [view[got:]])
-                if n == 0:  # shrank under us: impossible for renamed-in files; a miss
-                    return None
-                got += n
-            now = time.time()
-            if now - st.st_atime > ACCESS_RESOLUTION_S:
-                with contextlib.suppress(OSError):
-                    os.utime(fd, (now, st.st_mtime))
-            return buf
-        finally:
-            os.close(fd)
+        got = self._open_entry(identifier, mapped=False)
+        return None if got is None else got[0]
 
     def read_entry(self, identifier: str):
         """``(buffer, version)`` for the serving path, or None if the entry is absent.
@@ -145,6 +126,9 @@ class DiskStore(Store):
         in-place write changes it, so a reader that verified one version need not
         re-hash it.
         """
+        return self._open_entry(identifier, mapped=self.mapped_loads)
+
+    def _open_entry(self, identifier: str, mapped: bool):
         path = os.path.join(self._root_str, name_for(identifier), ENTRY_FILE)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -153,7 +137,7 @@ class DiskStore(Store):
         try:
             st = os.fstat(fd)
             size = st.st_size
-            if self.mapped_loads and size >= self._map_min:
+            if mapped and size >= self._map_min:
                 buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
             else:
                 buf = _uninitialized(size)
@@ -164,7 +148,7 @@ class DiskStore(Store):
                         return None
                     got += n
             now = time.time()
-            if now - st.st_atime > ACCESS_RESOLUTION_S:
+            if now - st.st_atime > ACCESS_RESOLUTION_S:  # the LRU clock, once a minute
                 with contextlib.suppress(OSError):
                     os.utime(fd, (now, st.st_mtime))
             return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
