@@ -30,6 +30,10 @@ def test_json_contents_and_breakdowns(store):
     loras = {g["name"]: g["entries"] for g in d["by_lora"]}
     assert loras == {None: 6, "ad1": 3}
     assert d["oldest_created"] < d["newest_created"]
+    # how a consumer will load from here (tests run on a local filesystem)
+    from encache.connectors.store.disk import filesystem_type
+    assert d["backend_info"]["filesystem"] == filesystem_type(store.root)
+    assert d["backend_info"]["serving_loads"].startswith("mmap")
 
 
 def test_counters(store):

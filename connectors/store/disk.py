@@ -369,7 +369,10 @@ class DiskStore(Store):
                 os.unlink(self._meta("counters.json"))
 
     def info(self) -> StoreInfo:
-        extra = {}
+        extra = {"filesystem": self.fs_type,
+                 # how a consumer with the default load_mode reads entries here
+                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 10} KiB+)"
+                                   if self.fs_type in LOCAL_FILESYSTEMS else "read")}
         with contextlib.suppress(OSError):
             extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free
         return StoreInfo(url=self.url, backend=self.backend, max_bytes=self.max_bytes, extra=extra)
