@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .store.base import Store
+from .store.disk import prefault
 from .store.entry import CorruptEntry, EntryMeta, validate_blob
 
 log = logging.getLogger("encache.lookup")
@@ -324,9 +325,12 @@ class EntryLookup:
                     self._absent[identifier] = time.monotonic() + self.index_refresh_s
             else:
                 blob, version = got
-                if inline and len(blob) > INLINE_VERIFY_MAX and not self._is_verified(identifier, version):
+                verified = self._is_verified(identifier, version)
+                if inline and len(blob) > INLINE_VERIFY_MAX and not verified:
                     return _DEFER
                 meta, offset = self._validate(identifier, blob, version)
+                if verified:  # nothing has read the pages: start fetching them now
+                    prefault(blob)
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
             with self._lock:

@@ -273,3 +273,39 @@ def test_inline_request_is_background_for_remote_stores(tmp_path, monkeypatch):
         assert lk.request("far", inline=True) is State.READY
     finally:
         lk.close()
+
+
+def _resident_fraction(m: mmap.mmap) -> float:
+    """Share of a mapping's pages in memory (mincore(2) via ctypes)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    n = (len(m) + page - 1) // page
+    vec = (ctypes.c_ubyte * n)()
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(len(m)), vec) == 0
+    return sum(v & 1 for v in vec) / n
+
+
+def test_prefault_starts_reading_a_cold_mapped_entry(tmp_path):
+    """A verified version is mapped without reading it; prefault must start the disk
+    reads at once so the model step does not page-fault them in."""
+    from encache.connectors.store.disk import prefault
+    store = DiskStore(tmp_path)  # fsync'ed writes: clean pages the kernel may drop
+    put(store, "cold", rows=32768)  # 1 MiB
+    path = store.entry_path("cold")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    buf, _ = store.read_entry("cold")
+    assert isinstance(buf, mmap.mmap)
+    if _resident_fraction(buf) > 0.5:
+        pytest.skip("the kernel kept the pages cached; cannot observe readahead")
+    prefault(buf)
+    deadline = time.time() + 5
+    while time.time() < deadline and _resident_fraction(buf) < 0.9:
+        time.sleep(0.01)
+    assert _resident_fraction(buf) >= 0.9
+    prefault(np.zeros(4, np.uint8))  # not a mapping: nothing to do, no error

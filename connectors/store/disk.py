@@ -413,6 +413,16 @@ def _uninitialized(n: int):
     return numpy.empty(n, numpy.uint8)
 
 
+def prefault(buf) -> None:
+    """Start reading a mapped entry's pages from disk now (``MADV_WILLNEED``: kernel
+    readahead, returns at once; ~0.1 ms for 10 MB already cached), so a cold entry's I/O
+    overlaps the scheduler's work instead of stalling the model step that first touches
+    it. No-op for buffers that are not mappings."""
+    if isinstance(buf, mmap.mmap):
+        with contextlib.suppress(OSError, ValueError):
+            buf.madvise(mmap.MADV_WILLNEED)
+
+
 def filesystem_type(path) -> str | None:
     """The type of the filesystem holding ``path`` (``ext4``, ``nfs4``…) from
     /proc/self/mountinfo (longest mount point that contains it); None if unknown."""
