@@ -129,7 +129,7 @@ class DiskStore(Store):
         return self._open_entry(identifier, mapped=self.mapped_loads)
 
     def _open_entry(self, identifier: str, mapped: bool):
-        path = os.path.join(self._root_str, name_for(identifier), ENTRY_FILE)
+        path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"  # names never hold "/"
         try:
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):

@@ -250,8 +250,11 @@ class EncacheConnector(ECConnectorBase):
         numel = 1
         for s in item.shape:
             numel *= s
-        with warnings.catch_warnings():  # bytes are read-only; the cache never writes to it
-            warnings.simplefilter("ignore", UserWarning)
+        if isinstance(item.blob, bytes):  # read-only (Redis, a worker process's copy)
+            with warnings.catch_warnings():  # the cache never writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
+        else:  # writable: a copy-on-write mapping or a buffer read into
             t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
         t = t.view(item.shape)
         if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
