@@ -89,6 +89,7 @@ class RateLimitedLog:
 
 VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
 INLINE_VERIFY_MAX = 256 << 10  # larger unverified entries are checked in the background
+PREFAULT_AFTER_S = 10.0  # a verified mapping not loaded for this long gets readahead
 _DEFER = object()
 
 
@@ -117,7 +118,7 @@ class EntryLookup:
         self._store_totals: dict[str, float] | None = None  # last seen store counters
         self.verify, self.verify_always = parse_verify(verify)
         # stored version -> (identifier, meta, offset) of a copy already validated
-        self._verified: OrderedDict[object, tuple[str, EntryMeta, int]] = OrderedDict()
+        self._verified: OrderedDict[object, list] = OrderedDict()
         self.load_timeout_s = load_timeout_s
         self.index_refresh_s = index_refresh_s
         self.staging_bytes = staging_bytes
@@ -325,12 +326,19 @@ class EntryLookup:
                     self._absent[identifier] = time.monotonic() + self.index_refresh_s
             else:
                 blob, version = got
-                verified = self._is_verified(identifier, version)
-                if inline and len(blob) > INLINE_VERIFY_MAX and not verified:
+                known = self._known(identifier, version)
+                if inline and len(blob) > INLINE_VERIFY_MAX and known is None:
                     return _DEFER
-                meta, offset = self._validate(identifier, blob, version)
-                if verified:  # nothing has read the pages: start fetching them now
-                    prefault(blob)
+                if known is None:
+                    meta, offset = self._validate(identifier, blob, version)
+                else:
+                    meta, offset = known[1], known[2]
+                    now = time.monotonic()
+                    if now - known[3] > PREFAULT_AFTER_S:
+                        # not read for a while: its pages may have left the page cache;
+                        # start fetching them now rather than in the model step
+                        prefault(blob)
+                    known[3] = now
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
             with self._lock:
@@ -350,25 +358,24 @@ class EntryLookup:
                     self._stage(staged)
         return staged
 
-    def _is_verified(self, identifier: str, version) -> bool:
+    def _known(self, identifier: str, version) -> list | None:
+        """The record ``[identifier, meta, offset, last_load]`` of an already validated
+        stored version, or None (unversioned, ``verify="always"``, or not seen yet)."""
         if version is None or self.verify_always:
-            return False
+            return None
         with self._lock:
             known = self._verified.get(version)
-        return known is not None and known[0] == identifier
+            if known is None or known[0] != identifier:
+                return None
+            self._verified.move_to_end(version)
+            return known
 
     def _validate(self, identifier: str, blob, version) -> tuple[EntryMeta, int]:
-        """Header, size and (per ``verify``) checksum checks, once per stored version."""
-        if version is not None and not self.verify_always:
-            with self._lock:
-                known = self._verified.get(version)
-                if known is not None and known[0] == identifier:
-                    self._verified.move_to_end(version)
-                    return known[1], known[2]
+        """Header, size and (per ``verify``) checksum checks; remembered per version."""
         meta, offset = validate_blob(blob, identifier=identifier, verify=self.verify)
         if version is not None and not self.verify_always:
             with self._lock:
-                self._verified[version] = (identifier, meta, offset)
+                self._verified[version] = [identifier, meta, offset, time.monotonic()]
                 if len(self._verified) > VERIFIED_VERSIONS:
                     self._verified.popitem(last=False)
         return meta, offset

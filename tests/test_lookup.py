@@ -309,3 +309,23 @@ def test_prefault_starts_reading_a_cold_mapped_entry(tmp_path):
         time.sleep(0.01)
     assert _resident_fraction(buf) >= 0.9
     prefault(np.zeros(4, np.uint8))  # not a mapping: nothing to do, no error
+
+
+def test_lookup_prefaults_verified_versions_idle_for_a_while(tmp_path, monkeypatch):
+    """Readahead is for entries not loaded recently (their pages may be gone); a load
+    right after the last one skips the syscall."""
+    calls = []
+    monkeypatch.setattr(lookup_mod, "prefault", lambda buf: calls.append(buf))
+    monkeypatch.setattr(lookup_mod, "PREFAULT_AFTER_S", 0.2)
+    store = DiskStore(tmp_path)
+    put(store, "p")
+    lk = make(store)
+    try:
+        lk.load_now("p")  # first load: verified by hashing every page, no readahead
+        lk.load_now("p")  # just loaded: pages are cached
+        assert calls == []
+        time.sleep(0.3)
+        lk.load_now("p")  # idle for longer than PREFAULT_AFTER_S
+        assert len(calls) == 1 and isinstance(calls[0], mmap.mmap)
+    finally:
+        lk.close()
