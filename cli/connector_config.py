@@ -50,14 +50,14 @@ def register(app: typer.Typer) -> None:
         """Print the --ec-transfer-config JSON that points vLLM at this store."""
         extra = {}
         if load_mode is not None:
-            if load_mode not in ("auto", "mmap", "read"):
-                raise EncacheError("--load-mode must be one of auto, mmap, read", EXIT_USAGE)
+            from ..connectors.store.disk import LOAD_MODES
+            if load_mode not in LOAD_MODES:
+                raise EncacheError(f"--load-mode must be one of {', '.join(LOAD_MODES)}", EXIT_USAGE)
             extra["load_mode"] = load_mode
         if verify is not None:
-            modes = {"once": True, "always": "always", "off": False}
-            if verify not in modes:
+            if verify not in ("once", "always", "off"):
                 raise EncacheError("--verify must be one of once, always, off", EXIT_USAGE)
-            extra["verify"] = modes[verify]
+            extra["verify"] = verify  # the connector parses these words (lookup.parse_verify)
         if max_bytes:
             extra["max_bytes"] = max_bytes
         if load_timeout_s is not None:

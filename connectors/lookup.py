@@ -173,7 +173,7 @@ class EntryLookup:
             self.maybe_flush()
             self._closed.wait(tick)
 
-    STORE_COUNTERS = ("evictions", "bytes_saved", "saves")
+    STORE_COUNTERS = ("evictions", "bytes_saved")  # exported as store_* counters
 
     def _sample_store(self) -> None:
         """Store-wide facts for the engine's metrics (background, every ``store_stats_s``):
