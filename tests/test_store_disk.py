@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -125,24 +126,36 @@ for seed in range(10**6):   # rewrite a 32 MiB entry until killed
 
 
 def test_sigkill_mid_write_leaves_no_readable_partial_entry(tmp_path):
-    """Writers killed with SIGKILL at random points leave a complete entry or none."""
+    """Writers killed with SIGKILL mid-write (and at random points) leave a complete entry
+    or none."""
     import random
     store = DiskStore(tmp_path / "s")
     rng = random.Random(0)
     saw_partial_write = False
-    for _ in range(4):
+    def writing() -> bool:
+        return any(p.name.startswith(".tmp-") and p.stat().st_size > 0
+                   for p in store.stray_files())
+
+    for attempt in range(4):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(store.root)],
                                 stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "go"
-            time.sleep(rng.uniform(0.2, 0.6))
+            if attempt % 2:  # at a random point of the write loop
+                time.sleep(rng.uniform(0.2, 0.6))
+            else:  # as soon as a temp file holds bytes: surely mid-write
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(FileNotFoundError):
+                        if writing():
+                            break
+                    time.sleep(0.001)
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        saw_partial_write |= any(p.name.startswith(".tmp-") and p.stat().st_size > 0
-                                 for p in store.stray_files())
+        saw_partial_write |= writing()
         got = store.get("victim")
         if got is not None:  # the last committed version, complete and verified
             meta, data = decode(got, identifier="victim", verify=True)
