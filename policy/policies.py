@@ -654,9 +654,10 @@ class DecayedLFU(_ReleaseHeap, Policy):
     0.0002 hit ratio at alpha 0.6) unbounded exact history (``ghost_factor=1e9``) changes
     no benchmark cell measurably -- the remaining shortfall against the static oracle at
     alpha 0.6 is the cost of learning a flat ranking from few accesses, which
-    perfect-history LFU (``halflife=1e9, ghost_factor=1e9``) pays as well.  The switch
-    margin of 8 disagreements (was 4) avoids early excursions of stationary traffic to
-    short levels, which cost up to 0.001 hit ratio.
+    perfect-history LFU (``halflife=1e9, ghost_factor=1e9``) pays as well, and which
+    :func:`encache.policy.online_bound.online_bound` measures for any online policy.
+    The switch margin of 8 disagreements (was 4) avoids early excursions of stationary
+    traffic to short levels, which cost up to 0.001 hit ratio.
     """
 
     name = "dlfu"
