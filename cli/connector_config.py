@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from .errors import EXIT_USAGE, EncacheError
-from .options import StoreOpt
+from .options import StoreOpt, TagOpt
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
 CONNECTOR_MODULE = "encache.connectors.vllm.connector"
@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         load_mode: Annotated[str | None, typer.Option(help="Disk loads: auto (map files on local filesystems) | mmap | read.")] = None,
         verify: Annotated[str | None, typer.Option(help="Checksums: once (each stored version; default) | always | off.")] = None,
         model: Annotated[str | None, typer.Option("--model", "-m", help="Print a full vllm serve command for this model (stderr).")] = None,
+        tag: TagOpt = None,
     ) -> None:
         """Print the --ec-transfer-config JSON that points vLLM at this store."""
         extra = {}
@@ -62,6 +63,8 @@ def register(app: typer.Typer) -> None:
             extra["max_bytes"] = max_bytes
         if load_timeout_s is not None:
             extra["load_timeout_s"] = load_timeout_s
+        if tag:
+            extra["tag"] = tag
         cfg = build_config(store, role, extra)
         text = json.dumps(cfg, separators=(",", ":"))
         sys.stdout.write(text + "\n")

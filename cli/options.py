@@ -49,6 +49,9 @@ ModelOpt = Annotated[Optional[str], typer.Option(
 LoraOpt = Annotated[Optional[str], typer.Option(
     "--lora", metavar="NAME", help="LoRA adapter name (identifiers NAME:<hash>).")]
 
+TagOpt = Annotated[Optional[str], typer.Option(
+    "--tag", help="Label entered into the encoder-config stamp (connector setting 'tag'): bump "
+    "it when the weights change in place, so old entries stop matching.")]
 QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="Print less: no progress, no summary.")]
 

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
-from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt
+from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
 
 @dataclass
@@ -31,6 +31,8 @@ class Summary:
     hashed: int = 0  # read and hashed this run (new or changed files)
     from_manifest: int = 0  # identifier taken from the manifest, file not read
     present: int = 0  # already in the store: skipped
+    other_config: int = 0  # in the store, but stamped with another encoder config: re-encoded
+    encoder_config: str = ""  # this run's encoder-config digest ("" = default)
     encoded: int = 0
     failed: int = 0
     pruned: int = 0
@@ -98,14 +100,20 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    use_manifest: bool = True, dry_run: bool = False,
                    max_model_len: int | None = None, dtype: str | None = None,
                    engine_args: dict | None = None, max_bytes: int | None = None,
-                   hash_algo: str = "blake3", progress=None) -> Summary:
+                   hash_algo: str = "blake3", tag: str | None = None,
+                   progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
+    from ..connectors.encoder_config import encoder_config_digest
     from ..connectors.store import open_store
 
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora)
+    # the producer connector computes the same digest from the engine's config
+    engine_args = dict(engine_args or {})
+    summary.encoder_config = encoder_config_digest(engine_args.get("mm_processor_kwargs"),
+                                                   engine_args.get("revision"), tag)
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
         files = walk(corpus)
@@ -139,16 +147,19 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 if progress:
                     progress.advance(1, failed=f.rel)
                 continue
-            if ident in present:
+            if ident in present and _stamped(store, ident) == summary.encoder_config:
                 summary.present += 1
             else:
+                if ident in present and ident not in todo:
+                    summary.other_config += 1
                 todo.setdefault(ident, f)
             if progress:
                 progress.advance(1)
         if todo and not dry_run:
             _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
-                            engine_args=engine_args, max_bytes=max_bytes, progress=progress)
+                            engine_args=engine_args, max_bytes=max_bytes, tag=tag,
+                            progress=progress)
         if prune_missing and not dry_run:
             current = {f.rel for f in files}
             gone = [rel for rel in list(manifest.files) if rel not in current]
@@ -167,8 +178,14 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     return summary
 
 
+def _stamped(store, ident: str) -> str | None:
+    """The encoder-config digest an entry carries ("" = default), None if unreadable."""
+    info = store.stat(ident)
+    return info.meta.encoder_config if info is not None and info.meta is not None else None
+
+
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
-                    lora_path, batch, max_model_len, dtype, engine_args, max_bytes,
+                    lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
                     progress) -> None:
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
 
@@ -176,7 +193,8 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
     # redacted for display and would fail AUTH)
     opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
                          lora_name=lora, lora_path=lora_path, extra=engine_args,
-                         store_options={"max_bytes": max_bytes} if max_bytes else None)
+                         store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
+                                        **({"tag": tag} if tag else {})} or None)
     if progress:
         progress.start("starting engine", None)
     try:
@@ -277,7 +295,9 @@ def _render(summary: Summary, as_json: bool) -> None:
     t.add_column(justify="right")
     rows = [("files", summary.files), ("hashed (new/changed)", summary.hashed),
             ("unchanged (manifest)", summary.from_manifest),
-            ("already in store", summary.present), ("encoded", summary.encoded),
+            ("already in store", summary.present),
+            *([("other encoder config", summary.other_config)] if summary.other_config else []),
+            ("encoded", summary.encoded),
             ("failed", summary.failed), ("pruned", summary.pruned),
             ("evicted (capacity)", summary.evicted),
             ("bytes written", f"{summary.bytes_written:,}"),
@@ -311,6 +331,7 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str | None, typer.Option(help="Engine dtype (auto, float16, bfloat16, float32).")] = None,
         engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
         max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
+        tag: TagOpt = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
@@ -330,7 +351,7 @@ def register(app: typer.Typer) -> None:
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
-                engine_args=engine_args, max_bytes=max_bytes, progress=progress)
+                engine_args=engine_args, max_bytes=max_bytes, tag=tag, progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)

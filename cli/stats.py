@@ -56,10 +56,12 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "last_access": summary.last_access,
         "by_model": groups(summary.by_model),
         "by_lora": groups(summary.by_lora),
+        "by_encoder_config": groups(summary.by_encoder_config),
         "hits": hits,
         "misses": misses,
         "hit_ratio": _ratio(hits, lookups),
         "load_errors": c("load_errors"),
+        "config_mismatches": c("config_mismatches"),
         "load_seconds": c("load_seconds"),
         # load_seconds accumulates over successful loads (hits)
         "mean_load_seconds": _ratio(c("load_seconds"), hits),
@@ -135,6 +137,7 @@ def render_table(s: dict) -> None:
         ("Mean load time", human_duration(s["mean_load_seconds"])),
         ("Loaded", human_bytes(s["bytes_loaded"])),
         ("Load errors", f"{s['load_errors']:,}"),
+        ("Config mismatches", f"{s['config_mismatches']:,}"),
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),
         ("Evictions", f"{s['evictions']:,}"),
@@ -143,9 +146,10 @@ def render_table(s: dict) -> None:
     counters = table(["", ""], crow, title="Consumer counters")
     counters.show_header = False
 
-    def breakdown(title: str, key: str, none_label: str):
+    def breakdown(title: str, key: str, none_label: str, empty_label: str | None = None):
         total = s["bytes"] or 1
-        rows = [(or_dash(g["name"]) if g["name"] is not None else none_label,
+        rows = [(none_label if g["name"] is None
+                 else empty_label if g["name"] == "" and empty_label else or_dash(g["name"]),
                  f"{g['entries']:,}", human_bytes(g["bytes"]), human_pct(g["bytes"] / total))
                 for g in s[key]]
         return table([title, "Entries>", "Size>", "Share>"], rows)
@@ -154,6 +158,9 @@ def render_table(s: dict) -> None:
     if s["entries"]:
         items += [breakdown("Model", "by_model", "(unknown)"),
                   breakdown("LoRA", "by_lora", "(none)")]
+        if any(g["name"] for g in s["by_encoder_config"]):  # more than the default config
+            items.append(breakdown("Encoder config", "by_encoder_config", "(unreadable)",
+                                   "(default)"))
     items.append(counters)
     print_renderables(*items)
 

@@ -111,8 +111,11 @@ class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
                  verify: bool | str = True, counters_flush_s: float = 5.0,
-                 store_stats_s: float = 30.0):
+                 store_stats_s: float = 30.0, encoder_config: str | None = None):
         self.store = store
+        # the engine's encoder-config digest: entries stamped otherwise are misses
+        # (None: accept any; :mod:`encache.connectors.encoder_config`)
+        self.encoder_config = encoder_config
         self.store_stats_s = store_stats_s
         self._store_gauges: dict[str, float] = {}  # latest store-wide facts (metrics)
         self._store_totals: dict[str, float] | None = None  # last seen store counters
@@ -339,7 +342,10 @@ class EntryLookup:
                         # start fetching them now rather than in the model step
                         prefault(blob)
                     known[3] = now
-                staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
+                if self.encoder_config is not None and meta.encoder_config != self.encoder_config:
+                    self._mismatch(identifier, meta.encoder_config)
+                else:
+                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
             with self._lock:
                 self._bad[identifier] = time.monotonic() + 60.0
@@ -357,6 +363,18 @@ class EntryLookup:
                 if staged is not None:
                     self._stage(staged)
         return staged
+
+    def _mismatch(self, identifier: str, stamped: str) -> None:
+        """An entry produced under another encoder config: a miss (the engine re-encodes;
+        a producer on this config overwrites it), retried after a minute."""
+        with self._lock:
+            self._bad[identifier] = time.monotonic() + 60.0
+        self.count("config_mismatches")
+        self.warn.warning("encoder-config",
+                          "encache: entry %s in %s was produced under encoder config %r, this "
+                          "engine's is %r (server mm_processor_kwargs / revision / tag "
+                          "differ); re-encoding", identifier, self.store.url,
+                          stamped or "default", self.encoder_config or "default")
 
     def _known(self, identifier: str, version) -> list | None:
         """The record ``[identifier, meta, offset, last_load]`` of an already validated

@@ -23,9 +23,13 @@ log = logging.getLogger("encache.writer")
 
 class EntryWriter:
     def __init__(self, store: Store, *, threads: int = 2, max_pending_bytes: int = 1 << 30,
-                 skip_existing: bool = True, on_saved: Callable[[str], None] | None = None):
+                 skip_existing: bool = True, on_saved: Callable[[str], None] | None = None,
+                 encoder_config: str | None = None):
         self.store = store
         self.skip_existing = skip_existing
+        #: this producer's encoder-config digest; an existing entry stamped otherwise is
+        #: overwritten, not skipped (None: any existing entry counts)
+        self.encoder_config = encoder_config
         self.on_saved = on_saved
         self.max_pending_bytes = max_pending_bytes
         self.warn = RateLimitedLog(log)
@@ -48,9 +52,19 @@ class EntryWriter:
             self._pending += 1
         self._pool.submit(self._write, identifier, data_fn, nbytes, meta)
 
+    def _current(self, identifier: str) -> bool:
+        """Whether the store already holds a usable entry for this producer."""
+        if not self.store.contains(identifier):
+            return False
+        if self.encoder_config is None:
+            return True
+        info = self.store.stat(identifier)
+        return (info is not None and info.meta is not None
+                and info.meta.encoder_config == self.encoder_config)
+
     def _write(self, identifier, data_fn, nbytes, meta) -> None:
         try:
-            if self.skip_existing and self.store.contains(identifier):
+            if self.skip_existing and self._current(identifier):
                 self._count("skipped_existing")
                 return
             data, dtype, shape = data_fn()

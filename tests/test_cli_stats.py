@@ -147,3 +147,18 @@ def test_size_json_and_errors(store, tmp_path):
     assert d == {"store": str(store.root), "bytes": sum(file_sizes(store).values())}
     assert invoke("size", "-s", store.root, "--by", "colour").exit_code == errors.EXIT_USAGE
     assert invoke("size", "-s", tmp_path / "none").exit_code == errors.EXIT_STORE
+
+
+def test_encoder_config_breakdown_and_mismatch_counter(tmp_path):
+    s = DiskStore(tmp_path / "cfg")
+    for n, cfg in enumerate(("", "", "00aa11bb22cc33dd")):
+        put(s, H[n], encoder_config=cfg)
+    s.add_counters({"config_mismatches": 2})
+    d = stats_json(s.root)
+    groups = {g["name"]: g["entries"] for g in d["by_encoder_config"]}
+    assert groups == {"": 2, "00aa11bb22cc33dd": 1} and d["config_mismatches"] == 2
+    out = invoke("stats", "-s", s.root).stdout
+    for text in ("Encoder config", "(default)", "00aa11bb22cc33dd", "Config mismatches"):
+        assert text in out, text
+    s.delete(H[2])  # one config only: no breakdown table for it
+    assert "Encoder config" not in invoke("stats", "-s", s.root).stdout

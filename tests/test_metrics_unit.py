@@ -16,6 +16,9 @@ def test_stats_aggregate_and_reduce():
     assert r == {"hits": 4, "misses": 1, "hit_ratio": 0.8, "load_errors": 2,
                  "loaded_MiB": 2.0, "mean_load_ms": 2.0}
     assert not m.is_empty() and EncacheStats().is_empty()
+    mismatched = m.aggregate(EncacheStats(data={"config_mismatches": 3}))
+    assert mismatched.reduce()["config_mismatches"] == 3 and not EncacheStats(
+        data={"config_mismatches": 1}).is_empty()
     m.reset()
     assert m.is_empty()
 

@@ -31,7 +31,7 @@ def corpus(tmp_path):
     return tmp_path / "corpus"
 
 
-def fill(store_url, corpus, model=MODEL):
+def fill(store_url, corpus, model=MODEL, encoder_config=None):
     """Put a (fake but valid) entry under each file's served identifier."""
     from encache.connectors.corpus import walk
     from encache.connectors.vllm.hashing import identify_file
@@ -40,7 +40,8 @@ def fill(store_url, corpus, model=MODEL):
     for f in walk(corpus):
         ident = identify_file(f.path, model).identifier
         arr = np.zeros((4, 8), np.float16)
-        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model))
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model,
+                                encoder_config=encoder_config))
         ids[f.rel] = ident
     return ids
 
@@ -58,6 +59,25 @@ def test_everything_present_no_engine_json_summary(tmp_path, corpus):
     assert data["engine_started"] is False and data["failed"] == 0
     for key in ("hashed", "from_manifest", "bytes_written", "seconds", "images_per_second", "failures"):
         assert key in data
+
+
+def test_entries_of_another_encoder_config_are_not_present(tmp_path, corpus):
+    from encache.connectors.encoder_config import encoder_config_digest
+    fill(tmp_path / "s", corpus)  # default config (unstamped)
+    args = ("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json", "-q",
+            "--dry-run")
+    tagged = json.loads(run(*args, "--tag", "v2").stdout)
+    assert tagged["present"] == 0 and tagged["other_config"] == 5
+    assert tagged["encoder_config"] == encoder_config_digest(tag="v2")
+    kw = json.loads(run(*args, "--engine-arg", 'mm_processor_kwargs={"do_normalize": false}')
+                    .stdout)
+    assert kw["other_config"] == 5
+    assert kw["encoder_config"] == encoder_config_digest({"do_normalize": False})
+    plain = json.loads(run(*args).stdout)
+    assert plain["present"] == 5 and plain["other_config"] == 0 and plain["encoder_config"] == ""
+    fill(tmp_path / "s", corpus, encoder_config=encoder_config_digest(tag="v2"))
+    assert json.loads(run(*args, "--tag", "v2").stdout)["present"] == 5
+    assert json.loads(run(*args).stdout)["other_config"] == 5
 
 
 def test_manifest_skips_unchanged_files_without_reading_them(tmp_path, corpus):

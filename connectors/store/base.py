@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from .entry import CorruptEntry, EntryMeta
 
 #: counters a consumer connector records; all additive
-COUNTER_NAMES = ("hits", "misses", "load_errors", "load_seconds", "bytes_loaded",
-                 "saves", "save_errors", "bytes_saved", "evictions")
+COUNTER_NAMES = ("hits", "misses", "load_errors", "config_mismatches", "load_seconds",
+                 "bytes_loaded", "saves", "save_errors", "bytes_saved", "evictions")
 
 
 class StoreError(RuntimeError):

@@ -13,6 +13,8 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
     hash_algo       vLLM's mm hasher algorithm (blake3 / sha256 / sha512)
     created         epoch seconds (float, as text)
     checksum        ``xxh3_128:<hex>`` of the tensor bytes (``blake3:`` also verified)
+    encoder_config  digest of the producer's non-default encoder settings
+                    (:mod:`encache.connectors.encoder_config`); absent for the default
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.
@@ -41,7 +43,7 @@ MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
 _JSON = json.JSONDecoder()
 _KNOWN_METADATA = frozenset({"encache_format", "identifier", "lora", "model", "vllm_version",
-                             "hash_algo", "created", "checksum"})
+                             "hash_algo", "created", "checksum", "encoder_config"})
 
 # safetensors dtype codes -> item size in bytes
 DTYPE_SIZES = {
@@ -76,6 +78,8 @@ class EntryMeta:
     created: float | None = None
     checksum: str | None = None
     format_version: str | None = None
+    #: digest of the producer's non-default encoder settings; "" = default (or unstamped)
+    encoder_config: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -89,6 +93,7 @@ class EntryMeta:
             "vllm_version": self.vllm_version, "hash_algo": self.hash_algo,
             "created": self.created, "checksum": self.checksum,
             "format_version": self.format_version, "legacy": self.legacy,
+            "encoder_config": self.encoder_config,
         }
 
 
@@ -116,7 +121,8 @@ def checksum_matches(data, recorded: str) -> bool:
 
 def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None = None,
                  lora: str | None = None, vllm_version: str | None = None,
-                 hash_algo: str | None = None, created: float | None = None) -> tuple[bytes, object]:
+                 hash_algo: str | None = None, created: float | None = None,
+                 encoder_config: str | None = None) -> tuple[bytes, object]:
     """Return ``(header_bytes, data)``; the entry is their concatenation.
 
     ``data`` is any buffer (bytes, memoryview, numpy/torch uint8 view) of the tensor in
@@ -143,6 +149,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
         "created": repr(time.time() if created is None else float(created)),
         "checksum": checksum(view),
     }
+    if encoder_config:
+        meta["encoder_config"] = str(encoder_config)
     header = {
         "__metadata__": meta,
         TENSOR_KEY: {"dtype": dtype, "shape": list(shape), "data_offsets": [0, nbytes]},
@@ -215,6 +223,7 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         data_bytes=end - begin, lora=md.get("lora") or None, model=md.get("model") or None,
         vllm_version=md.get("vllm_version") or None, hash_algo=md.get("hash_algo") or None,
         created=created, checksum=md.get("checksum") or None, format_version=fmt,
+        encoder_config=str(md.get("encoder_config") or ""),
         extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA},
     )
     return meta, start + begin

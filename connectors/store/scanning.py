@@ -130,6 +130,8 @@ class Summary:
     last_access: float | None = None
     by_model: dict[str | None, Group] = field(default_factory=dict)
     by_lora: dict[str | None, Group] = field(default_factory=dict)
+    #: encoder-config digest ("" = default) -> group; None for unreadable headers
+    by_encoder_config: dict[str | None, Group] = field(default_factory=dict)
 
     def add(self, e: EntryInfo) -> None:
         size = e.size
@@ -150,18 +152,16 @@ class Summary:
         a = e.accessed
         if a is not None and (self.last_access is None or a > self.last_access):
             self.last_access = a
-        model = e.meta.model if e.meta is not None else None
-        g = self.by_model.get(model)
-        if g is None:
-            g = self.by_model[model] = Group()
-        g.entries += 1
-        g.bytes += size
-        lora = e.lora
-        g = self.by_lora.get(lora)
-        if g is None:
-            g = self.by_lora[lora] = Group()
-        g.entries += 1
-        g.bytes += size
+        meta = e.meta
+        for groups, key in ((self.by_model, meta.model if meta is not None else None),
+                            (self.by_lora, e.lora),
+                            (self.by_encoder_config,
+                             meta.encoder_config if meta is not None else None)):
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = Group()
+            g.entries += 1
+            g.bytes += size
 
     def merge(self, other: Summary) -> Summary:
         self.entries += other.entries
@@ -175,7 +175,8 @@ class Summary:
             if b is not None:
                 pick = min if name == "oldest" else max
                 setattr(self, name, b if a is None else pick(a, b))
-        for mine, theirs in ((self.by_model, other.by_model), (self.by_lora, other.by_lora)):
+        for mine, theirs in ((self.by_model, other.by_model), (self.by_lora, other.by_lora),
+                             (self.by_encoder_config, other.by_encoder_config)):
             for k, g in theirs.items():
                 m = mine.setdefault(k, Group())
                 m.entries += g.entries

@@ -26,8 +26,12 @@ class ConnectorConfig:
     inline_wait_s: float = 0.01  # per scheduler step: wait this long for loads before deferring
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
+    check_encoder_config: bool = True  # entries stamped with another encoder config: misses
     counters_flush_s: float = 5.0
     store_stats_s: float = 30.0  # sample store-wide entries/bytes/evictions for metrics
+    # both: an operator's label that enters the encoder-config digest (bump it when the
+    # weights change in place); see encache.connectors.encoder_config
+    tag: str = ""
     # producer (worker side)
     write_threads: int = 2
     max_pending_write_bytes: int = 1 << 30

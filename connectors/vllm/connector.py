@@ -36,6 +36,7 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
+from ..encoder_config import encoder_config_digest
 from ..lookup import EntryLookup, State
 from ..store import open_store
 from ..writer import EntryWriter
@@ -105,6 +106,10 @@ class EncacheConnector(ECConnectorBase):
         self.model_dtype = model_config.dtype
         mm_config = getattr(model_config, "multimodal_config", None)
         self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
+        # what vLLM's identifier leaves out but the encoder output depends on
+        self.encoder_config = encoder_config_digest(
+            getattr(mm_config, "mm_processor_kwargs", None),
+            getattr(model_config, "revision", None), self.config.tag)
         self.lookup: EntryLookup | None = None
         self.writer: EntryWriter | None = None
         self._pinned: dict[str, Any] = {}
@@ -112,9 +117,12 @@ class EncacheConnector(ECConnectorBase):
         self._need_loads: dict[str, Any] = {}
         self._worker_stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
-            self.lookup = EntryLookup(self.store, **self.config.lookup_options())
+            self.lookup = EntryLookup(
+                self.store, **self.config.lookup_options(),
+                encoder_config=self.encoder_config if self.config.check_encoder_config else None)
         if role == ECConnectorRole.WORKER and self.is_producer:
-            self.writer = EntryWriter(self.store, **self.config.writer_options())
+            self.writer = EntryWriter(self.store, **self.config.writer_options(),
+                                      encoder_config=self.encoder_config)
         if role == ECConnectorRole.SCHEDULER and self.is_producer:
             from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
             self._resolver = PlaceholderMetadataResolver(model_config)
@@ -122,7 +130,9 @@ class EncacheConnector(ECConnectorBase):
         if role == ECConnectorRole.SCHEDULER:
             self._check_capacity()
         _LIVE.add(self)
-        log.info("encache connector (%s, %s) on %s", role.name.lower(), tc.ec_role, self.store.url)
+        log.info("encache connector (%s, %s) on %s%s", role.name.lower(), tc.ec_role,
+                 self.store.url,
+                 f", encoder config {self.encoder_config}" if self.encoder_config else "")
 
     def _check_capacity(self) -> None:
         """Warn at start-up when the store can fill up badly (Redis maxmemory/policy)."""
@@ -289,7 +299,7 @@ class EncacheConnector(ECConnectorBase):
         from vllm import __version__ as vllm_version
         self.writer.submit(mm_hash, data, tensor.numel() * tensor.element_size(),
                            model=self.model_id, vllm_version=vllm_version,
-                           hash_algo=self.hash_algo)
+                           hash_algo=self.hash_algo, encoder_config=self.encoder_config)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
         """Block until queued saves are written (precompute calls this before exiting)."""

@@ -11,6 +11,8 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
     vllm:embedding_cache_hits_total           items served from the store (this engine)
     vllm:embedding_cache_misses_total         items this engine had to encode
     vllm:embedding_cache_load_errors_total    corrupt / unreadable / unusable entries (re-encoded)
+    vllm:embedding_cache_config_mismatches_total  entries produced under another encoder
+                                              config (re-encoded; see encoder_config)
     vllm:embedding_cache_loaded_bytes_total   tensor bytes handed to the engine
     vllm:embedding_cache_load_latency_seconds read + verify time per loaded entry (histogram)
     vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
@@ -34,8 +36,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorStats,
 )
 
-COUNTERS = ("hits", "misses", "load_errors", "bytes_loaded", "store_evictions",
-            "store_bytes_saved")
+COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "bytes_loaded",
+            "store_evictions", "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -63,13 +65,16 @@ class EncacheStats(ECConnectorStats):
         d = self.data
         hits, misses = d.get("hits", 0), d.get("misses", 0)
         lat = d.get("load_latencies", [])
-        return {
+        out = {
             "hits": int(hits), "misses": int(misses),
             "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else 0.0,
             "load_errors": int(d.get("load_errors", 0)),
             "loaded_MiB": round(d.get("bytes_loaded", 0) / 2**20, 3),
             "mean_load_ms": round(1000 * sum(lat) / len(lat), 3) if lat else 0.0,
         }
+        if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
+            out["config_mismatches"] = int(d["config_mismatches"])
+        return out
 
     def is_empty(self) -> bool:
         return not any(self.data.get(k) for k in COUNTERS + ("load_latencies",))
@@ -97,6 +102,9 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "misses": counter(p + "misses", "Encoder outputs this engine had to compute."),
             "load_errors": counter(p + "load_errors",
                                    "Corrupt, unreadable or unusable encache entries (re-encoded)."),
+            "config_mismatches": counter(
+                p + "config_mismatches",
+                "Entries produced under another encoder config (re-encoded)."),
             "bytes_loaded": counter(p + "loaded_bytes", "Tensor bytes loaded from the encache store."),
             "store_evictions": counter(p + "evictions",
                                        "Store-wide capacity evictions (any writer on the store)."),

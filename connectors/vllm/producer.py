@@ -32,7 +32,7 @@ class EngineOptions:
     lora_name: str | None = None
     lora_path: str | None = None
     extra: dict | None = None  # any other vllm.LLM keyword arguments
-    store_options: dict | None = None
+    store_options: dict | None = None  # more ec_connector_extra_config keys (max_bytes, tag)
 
 
 @dataclass

@@ -1,0 +1,61 @@
+"""The encoder configuration an entry was produced under, as a short digest.
+
+What: :func:`encoder_config_digest` turns the settings that change a vision encoder's
+*output* but not vLLM's identifier into a 16-hex-digit digest ("" for the default
+configuration).  Producers stamp it into every entry's header (``encoder_config``);
+consumers treat an entry stamped with another digest as a miss and re-encode.
+
+Why: vLLM's identifier hashes the image, the model id string, ``--media-io-kwargs`` and
+*per-request* processor kwargs -- but not the server's ``--mm-processor-kwargs`` (merged
+into the processor call after hashing), nor the weights revision.  Inside one engine
+that is harmless; in a store that outlives and is shared between engines it is not: a
+consumer started with ``--mm-processor-kwargs '{"do_normalize": false}'`` computes the
+same identifiers as the producer that ran with defaults, and would silently serve the
+producer's embeddings (measured on the tiny LLaVA: same identifier, different outputs).
+The digest covers what the engine knows about:
+
+* ``mm_processor_kwargs`` -- the server-level processor kwargs (``--mm-processor-kwargs``,
+  ``LLM(mm_processor_kwargs=...)``), compared as canonical JSON;
+* ``revision`` -- the weights revision (``--revision``);
+* ``tag`` -- an operator's label (connector setting ``tag``, ``encache precompute
+  --tag``) for what the engine cannot see, e.g. weights replaced in place at the same
+  path: bump the tag and the old entries stop matching.
+
+Entries written before this existed, or by producers with the default configuration,
+carry no digest and match the default configuration.  This module has no vLLM import:
+the CLI computes the same digest from its own arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+__all__ = ["encoder_config_factors", "encoder_config_digest", "DEFAULT_DIGEST"]
+
+#: the digest of the default configuration (and of unstamped entries)
+DEFAULT_DIGEST = ""
+
+
+def encoder_config_factors(mm_processor_kwargs: Mapping | None = None,
+                           revision: str | None = None, tag: str | None = None) -> dict:
+    """The non-default settings that enter the digest (for messages and ``--json``)."""
+    factors: dict = {}
+    if mm_processor_kwargs:
+        factors["mm_processor_kwargs"] = dict(mm_processor_kwargs)
+    if revision:
+        factors["revision"] = str(revision)
+    if tag:
+        factors["tag"] = str(tag)
+    return factors
+
+
+def encoder_config_digest(mm_processor_kwargs: Mapping | None = None,
+                          revision: str | None = None, tag: str | None = None) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of the factors; "" when none."""
+    factors = encoder_config_factors(mm_processor_kwargs, revision, tag)
+    if not factors:
+        return DEFAULT_DIGEST
+    canon = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
