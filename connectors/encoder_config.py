@@ -15,7 +15,8 @@ producer's embeddings (measured on the tiny LLaVA: same identifier, different ou
 The digest covers what the engine knows about:
 
 * ``mm_processor_kwargs`` -- the server-level processor kwargs (``--mm-processor-kwargs``,
-  ``LLM(mm_processor_kwargs=...)``), compared as canonical JSON;
+  ``LLM(mm_processor_kwargs=...)``), compared as canonical JSON, without ``device``
+  (placement only; see :data:`PLACEMENT_KWARGS`);
 * ``revision`` -- the weights revision (``--revision``);
 * ``tag`` -- an operator's label (connector setting ``tag``, ``encache precompute
   --tag``) for what the engine cannot see, e.g. weights replaced in place at the same
@@ -32,18 +33,26 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-__all__ = ["encoder_config_factors", "encoder_config_digest", "DEFAULT_DIGEST"]
+__all__ = ["encoder_config_factors", "encoder_config_digest", "DEFAULT_DIGEST",
+           "PLACEMENT_KWARGS"]
 
 #: the digest of the default configuration (and of unstamped entries)
 DEFAULT_DIGEST = ""
+
+#: processor kwargs that choose *where* preprocessing runs, not what it computes: left out.
+#: vLLM itself adds ``device`` to an encode-only (``ec_producer``) instance's kwargs on an
+#: accelerator (and ``--mm-processor-device`` sets it), so keeping it would split a GPU
+#: producer from its consumers.
+PLACEMENT_KWARGS = frozenset({"device"})
 
 
 def encoder_config_factors(mm_processor_kwargs: Mapping | None = None,
                            revision: str | None = None, tag: str | None = None) -> dict:
     """The non-default settings that enter the digest (for messages and ``--json``)."""
     factors: dict = {}
-    if mm_processor_kwargs:
-        factors["mm_processor_kwargs"] = dict(mm_processor_kwargs)
+    kwargs = {k: v for k, v in (mm_processor_kwargs or {}).items() if k not in PLACEMENT_KWARGS}
+    if kwargs:
+        factors["mm_processor_kwargs"] = kwargs
     if revision:
         factors["revision"] = str(revision)
     if tag:

@@ -42,6 +42,9 @@ def test_digest_is_empty_for_the_default_and_stable_otherwise():
     assert a != encoder_config_digest({"max_pixels": 101, "do_normalize": False})
     assert len({a, encoder_config_digest(revision="r1"), encoder_config_digest(tag="t"),
                 encoder_config_digest(tag="u")}) == 4
+    # where preprocessing runs is not what it computes (vLLM adds "device" to GPU producers)
+    assert encoder_config_digest({"device": "cuda"}) == ""
+    assert encoder_config_digest({"device": "cuda", "max_pixels": 100, "do_normalize": False}) == a
     assert encoder_config_factors({"x": 1}, "r", "t") == {
         "mm_processor_kwargs": {"x": 1}, "revision": "r", "tag": "t"}
 
