@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from encache.connectors.encoder_config import encoder_config_digest
 from encache.connectors.store import open_store
 from engine_support import PRECOMPUTE_KW, data_url
 
@@ -42,20 +43,28 @@ def served(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     files = make_corpus(str(root / "corpus"), pages=6, seed=7)
     store = str(root / "store")
-    summary = run_precompute(str(root / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    # a non-default encoder config on both sides (CLIP's default do_normalize, spelled out,
+    # and a tag): every hit below shows the served engine computes the precompute's stamp
+    kw = {"do_normalize": True}
+    pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
+                                           "mm_processor_kwargs": kw})
+    summary = run_precompute(str(root / "corpus"), tiny_model, store, tag="served", **pre)
     assert summary.encoded == 6
+    assert summary.encoder_config == encoder_config_digest(kw, tag="served") != ""
     port = free_port()
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
     # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
     config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
-                                                 "store_stats_s": 0.5, "max_bytes": 1 << 30})
+                                                 "store_stats_s": 0.5, "max_bytes": 1 << 30,
+                                                 "tag": "served"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
            "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
            "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
+           "--mm-processor-kwargs", json.dumps(kw),
            "--ec-transfer-config", json.dumps(config)]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
     log = open(root / "server.log", "w")
