@@ -44,7 +44,7 @@ def _check_algo(value: str) -> str:
 
 def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: str,
                  media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
-                 store=None) -> list[dict]:
+                 request_media_io_kwargs: dict | None = None, store=None) -> list[dict]:
     """One record per file: its identity (inputs included) and whether the store has it."""
     from encache.cli import errors
 
@@ -63,6 +63,7 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
         try:
             ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
                                   media_io_kwargs=media_io_kwargs,
+                                  request_media_io_kwargs=request_media_io_kwargs,
                                   mm_processor_kwargs=mm_processor_kwargs)
         except ImportError as e:  # vLLM is imported on first use
             raise no_vllm(e) from None
@@ -107,7 +108,7 @@ def _presence(rec: dict) -> str:
 
 def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo: str,
                  media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
-                 store_url: str | None) -> None:
+                 store_url: str | None, request_media_io_kwargs: dict | None = None) -> None:
     from encache.cli.render import emit, human_bytes, print_renderables, table
 
     inputs = [
@@ -116,9 +117,14 @@ def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo
         ("LoRA", f"{lora}  (identifier prefix `{lora}:`)" if lora else "-"),
     ]
     if media_io_kwargs:
-        inputs.append(("Media io kwargs", json.dumps(media_io_kwargs, sort_keys=True)))
+        inputs.append(("Server media io kwargs", json.dumps(media_io_kwargs, sort_keys=True)
+                       + "  (how images are loaded)"))
+    if request_media_io_kwargs:
+        inputs.append(("Request media io kwargs",
+                       json.dumps(request_media_io_kwargs, sort_keys=True) + "  (hashed)"))
     if mm_processor_kwargs:
-        inputs.append(("Processor kwargs", json.dumps(mm_processor_kwargs, sort_keys=True)))
+        inputs.append(("Request processor kwargs",
+                       json.dumps(mm_processor_kwargs, sort_keys=True) + "  (hashed)"))
     inputs.append(("Store", store_url or "-  (give --store to check presence)"))
     head = table(["", ""], inputs, title="Inputs")
     head.show_header = False
@@ -156,10 +162,15 @@ def register(app: typer.Typer) -> None:
             help="vLLM's --mm-hasher-algorithm: blake3 (default), sha256, sha512.")] = "blake3",
         media_io_kwargs: Annotated[Optional[str], typer.Option(
             "--media-io-kwargs", metavar="JSON",
-            help="As given to vLLM, e.g. '{\"image\": {...}}'.")] = None,
+            help="The server's --media-io-kwargs, e.g. '{\"image\": {...}}' (they change "
+                 "how images load).")] = None,
+        request_media_io_kwargs: Annotated[Optional[str], typer.Option(
+            "--request-media-io-kwargs", metavar="JSON",
+            help="A request's own media_io_kwargs field (replaces the server's; hashed).")] = None,
         mm_processor_kwargs: Annotated[Optional[str], typer.Option(
             "--mm-processor-kwargs", metavar="JSON",
-            help="Per-request processor kwargs, if the server hashes them.")] = None,
+            help="A request's own mm_processor_kwargs field (hashed). The server's "
+                 "--mm-processor-kwargs do not change identifiers.")] = None,
         json_: JsonOpt = False,
     ) -> None:
         """Show the identifier vLLM uses for each image, whether the store has it, and
@@ -169,6 +180,7 @@ def register(app: typer.Typer) -> None:
         from encache.cli.render import emit_json, progress
 
         mio = _json_dict(media_io_kwargs)
+        rmio = _json_dict(request_media_io_kwargs)
         mpk = _json_dict(mm_processor_kwargs)
         paths = [str(p) for p in images]
         with contextlib.ExitStack() as stack:
@@ -176,13 +188,16 @@ def register(app: typer.Typer) -> None:
             url = display_url(store, st) if st is not None else None
             with progress("Loading vLLM's hasher", quiet=json_):
                 records = build_hashes(paths, model, lora=lora, hash_algo=hash_algo,
-                                       media_io_kwargs=mio, mm_processor_kwargs=mpk, store=st)
+                                       media_io_kwargs=mio, mm_processor_kwargs=mpk,
+                                       request_media_io_kwargs=rmio, store=st)
         if json_:
             emit_json({"store": url, "model": model, "lora": lora, "hash_algo": hash_algo,
-                       "media_io_kwargs": mio, "mm_processor_kwargs": mpk, "files": records})
+                       "media_io_kwargs": mio, "request_media_io_kwargs": rmio,
+                       "mm_processor_kwargs": mpk, "files": records})
         else:
             render_table(records, model=model, lora=lora, hash_algo=hash_algo,
-                         media_io_kwargs=mio, mm_processor_kwargs=mpk, store_url=url)
+                         media_io_kwargs=mio, mm_processor_kwargs=mpk, store_url=url,
+                         request_media_io_kwargs=rmio)
         failed = sum(1 for r in records if r.get("error"))
         if failed:
             from encache.cli.render import note

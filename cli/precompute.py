@@ -108,12 +108,23 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     from ..connectors.store import open_store
 
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
+    for name in ("mm_processor_kwargs", "media_io_kwargs"):
+        if not isinstance((engine_args or {}).get(name) or {}, dict):
+            example = ('{"max_pixels": 1003520}' if name == "mm_processor_kwargs"
+                       else '{"image": {"rgba_background_color": [0, 0, 0]}}')
+            raise EncacheError(f"--engine-arg {name}= expects a JSON object, e.g. "
+                               f"{name}='{example}'", EXIT_USAGE)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora)
     # the producer connector computes the same digest from the engine's config
     engine_args = dict(engine_args or {})
     summary.encoder_config = encoder_config_digest(engine_args.get("mm_processor_kwargs"),
                                                    engine_args.get("revision"), tag)
+    # server settings that change vLLM's identifier: the server's media_io_kwargs change
+    # how an image is loaded (e.g. the background an RGBA image is flattened onto), which
+    # the hash sees; they are not hash factors, so the precomputed uuid stays the key
+    media_io_kwargs = engine_args.get("media_io_kwargs") or None
+    hash_algo = engine_args.get("mm_hasher_algorithm") or hash_algo
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
         files = walk(corpus)
@@ -122,6 +133,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
         summary.files = len(files)
         key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
                "hash_algo": hash_algo, "shard": shard or ""}
+        if media_io_kwargs:  # identifiers depend on it (absent by default: same manifest)
+            key["media_io_kwargs"] = media_io_kwargs
         manifest = Manifest.load(Manifest.location(store, key), key)
         if not use_manifest:
             manifest.files = {}
@@ -134,7 +147,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             if ident is None:
                 from ..connectors.vllm.hashing import identify_file
                 try:
-                    ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo).identifier
+                    ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
+                                          media_io_kwargs=media_io_kwargs).identifier
                 except (ValueError, OSError) as e:
                     ident = UNREADABLE + _clean_error(e)
                 manifest.record(f, ident)

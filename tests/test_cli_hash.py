@@ -90,6 +90,24 @@ def test_bad_files(images, tmp_path):
     assert r.exit_code == errors.EXIT_USAGE
 
 
+def test_server_and_request_media_io_kwargs_differ(images):
+    """The server's --media-io-kwargs only change how an image loads (an RGB file is hashed
+    as without them); a request's own media_io_kwargs are also hash factors (vLLM
+    multimodal/processing/inputs.py), so they change every identifier."""
+    bg = '{"image": {"rgba_background_color": [0, 0, 0]}}'
+    def ident(path, *args):
+        r, d = hashes(path, "-m", MODEL, *args)
+        assert r.exit_code == 0, r.output
+        return d["files"][0]["identifier"]
+    assert ident(images / "red.png", "--media-io-kwargs", bg) == ident(images / "red.png")
+    assert ident(images / "blue.png", "--media-io-kwargs", bg) != ident(images / "blue.png")
+    request = ident(images / "red.png", "--request-media-io-kwargs", bg)
+    assert request != ident(images / "red.png")
+    _, d = hashes(images / "red.png", "-m", MODEL, "--request-media-io-kwargs", bg)
+    assert d["files"][0]["hash_factors"] == {"media_io_kwargs": json.loads(bg)}
+    assert d["request_media_io_kwargs"] == json.loads(bg)
+
+
 def test_media_io_kwargs_are_inputs(images):
     _, plain = hashes(images / "blue.png", "-m", MODEL)
     _, bg = hashes(images / "blue.png", "-m", MODEL, "--media-io-kwargs",

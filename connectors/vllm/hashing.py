@@ -45,18 +45,27 @@ class Identity:
 
 def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
                    hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
+                   request_media_io_kwargs: dict | None = None,
                    mm_processor_kwargs: dict | None = None, path: str | None = None) -> Identity:
-    """Identity of an image given as its file bytes. Raises ValueError if not an image."""
+    """Identity of an image given as its file bytes. Raises ValueError if not an image.
+
+    ``media_io_kwargs`` are the server's (``--media-io-kwargs``): they change how the
+    image is loaded (and so its io config) but are not hash factors.
+    ``request_media_io_kwargs`` and ``mm_processor_kwargs`` are a request's own (API
+    fields): the former replace the server's for loading, and both are hash factors.
+    """
     from vllm.multimodal.hasher import MultiModalHasher
     from vllm.multimodal.media.image import ImageMediaIO
 
-    image_kwargs = dict((media_io_kwargs or {}).get("image", {}))
-    media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
-    # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only
-    # when non-empty, media_io_kwargs scoped to the modality.
+    # Loading: the request's media_io_kwargs, else the server's (renderers/chat_utils.py)
+    load = dict((request_media_io_kwargs or media_io_kwargs or {}).get("image", {}))
+    media = ImageMediaIO(**({"image_mode": "RGB"} | load)).load_bytes(data)
+    # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only the
+    # request's kwargs, only when non-empty, media_io_kwargs scoped to the modality.
     factors: dict = {}
-    if image_kwargs:
-        factors["media_io_kwargs"] = {"image": image_kwargs}
+    request_image = dict((request_media_io_kwargs or {}).get("image", {}))
+    if request_image:
+        factors["media_io_kwargs"] = {"image": request_image}
     if mm_processor_kwargs:
         factors["mm_processor_kwargs"] = dict(mm_processor_kwargs)
     base = MultiModalHasher.hash_kwargs(hash_algo, model_id=model, image=media, **factors)
@@ -76,6 +85,7 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
 
 def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = None,
                   hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
+                  request_media_io_kwargs: dict | None = None,
                   mm_processor_kwargs: dict | None = None) -> Identity:
     """Identity of an image file as ``vllm serve`` will compute it when sent that file."""
     path = os.fspath(path)
@@ -86,4 +96,5 @@ def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = Non
         raise ValueError(f"cannot read {path}: {e.strerror}") from None
     return identify_bytes(data, model, lora=lora, hash_algo=hash_algo,
                           media_io_kwargs=media_io_kwargs,
+                          request_media_io_kwargs=request_media_io_kwargs,
                           mm_processor_kwargs=mm_processor_kwargs, path=path)
