@@ -118,7 +118,7 @@ def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo
     ]
     if media_io_kwargs:
         inputs.append(("Server media io kwargs", json.dumps(media_io_kwargs, sort_keys=True)
-                       + "  (how images are loaded)"))
+                       + "  (hashed)"))
     if request_media_io_kwargs:
         inputs.append(("Request media io kwargs",
                        json.dumps(request_media_io_kwargs, sort_keys=True) + "  (hashed)"))
@@ -162,11 +162,12 @@ def register(app: typer.Typer) -> None:
             help="vLLM's --mm-hasher-algorithm: blake3 (default), sha256, sha512.")] = "blake3",
         media_io_kwargs: Annotated[Optional[str], typer.Option(
             "--media-io-kwargs", metavar="JSON",
-            help="The server's --media-io-kwargs, e.g. '{\"image\": {...}}' (they change "
-                 "how images load).")] = None,
+            help="The server's --media-io-kwargs, e.g. '{\"image\": {...}}' (how images "
+                 "load; hashed).")] = None,
         request_media_io_kwargs: Annotated[Optional[str], typer.Option(
             "--request-media-io-kwargs", metavar="JSON",
-            help="A request's own media_io_kwargs field (replaces the server's; hashed).")] = None,
+            help="A request's own media_io_kwargs field (merged over the server's; "
+                 "hashed).")] = None,
         mm_processor_kwargs: Annotated[Optional[str], typer.Option(
             "--mm-processor-kwargs", metavar="JSON",
             help="A request's own mm_processor_kwargs field (hashed). The server's "

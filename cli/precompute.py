@@ -120,9 +120,9 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     engine_args = dict(engine_args or {})
     summary.encoder_config = encoder_config_digest(engine_args.get("mm_processor_kwargs"),
                                                    engine_args.get("revision"), tag)
-    # server settings that change vLLM's identifier: the server's media_io_kwargs change
-    # how an image is loaded (e.g. the background an RGBA image is flattened onto), which
-    # the hash sees; they are not hash factors, so the precomputed uuid stays the key
+    # server settings that change the served identifier: the server's media_io_kwargs
+    # (how an image is loaded, and a hash factor on the OpenAI path; the producer's own
+    # LLM.chat path stores the precomputed uuid as given) and the hasher algorithm
     media_io_kwargs = engine_args.get("media_io_kwargs") or None
     hash_algo = engine_args.get("mm_hasher_algorithm") or hash_algo
     t_start = time.perf_counter()

@@ -90,22 +90,23 @@ def test_bad_files(images, tmp_path):
     assert r.exit_code == errors.EXIT_USAGE
 
 
-def test_server_and_request_media_io_kwargs_differ(images):
-    """The server's --media-io-kwargs only change how an image loads (an RGB file is hashed
-    as without them); a request's own media_io_kwargs are also hash factors (vLLM
-    multimodal/processing/inputs.py), so they change every identifier."""
-    bg = '{"image": {"rgba_background_color": [0, 0, 0]}}'
-    def ident(path, *args):
-        r, d = hashes(path, "-m", MODEL, *args)
+def test_server_and_request_media_io_kwargs_are_merged_and_hashed(images):
+    """As the OpenAI server does (measured): the server's --media-io-kwargs are a hash
+    factor even for an RGB image, and a request's own merge over them."""
+    bg = {"image": {"rgba_background_color": [0, 0, 0]}}
+    def files(*args):
+        r, d = hashes(images / "red.png", "-m", MODEL, *args)
         assert r.exit_code == 0, r.output
-        return d["files"][0]["identifier"]
-    assert ident(images / "red.png", "--media-io-kwargs", bg) == ident(images / "red.png")
-    assert ident(images / "blue.png", "--media-io-kwargs", bg) != ident(images / "blue.png")
-    request = ident(images / "red.png", "--request-media-io-kwargs", bg)
-    assert request != ident(images / "red.png")
-    _, d = hashes(images / "red.png", "-m", MODEL, "--request-media-io-kwargs", bg)
-    assert d["files"][0]["hash_factors"] == {"media_io_kwargs": json.loads(bg)}
-    assert d["request_media_io_kwargs"] == json.loads(bg)
+        return d["files"][0]
+    plain = files()["identifier"]
+    server = files("--media-io-kwargs", json.dumps(bg))
+    assert server["identifier"] != plain and server["hash_factors"] == {"media_io_kwargs": bg}
+    both = files("--media-io-kwargs", json.dumps(bg), "--request-media-io-kwargs",
+                 '{"image": {"extra": 1}}')
+    assert both["hash_factors"] == {"media_io_kwargs": {"image": {
+        "rgba_background_color": [0, 0, 0], "extra": 1}}}
+    assert files("--request-media-io-kwargs", json.dumps(bg))["identifier"] == \
+        server["identifier"]
 
 
 def test_media_io_kwargs_are_inputs(images):

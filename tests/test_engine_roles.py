@@ -140,33 +140,3 @@ def test_precompute_with_a_tag_replaces_other_config_entries(tiny_model, pages, 
     assert again.engine_started is False and again.present == len(pages)
     assert run_precompute(corpus, tiny_model, store, dry_run=True).other_config == len(pages)
 
-
-def test_precompute_hashes_with_the_servers_media_io_kwargs(tiny_model, tmp_path):
-    """The server's --media-io-kwargs change how images load, and so the identifiers of
-    converted images (an RGBA PNG flattened onto black): precompute hashes with them, and
-    a consumer with the same setting hits every format."""
-    from encache.cli.precompute import run_precompute
-    from encache.connectors.vllm.hashing import identify_file
-    from make_demo_corpus import make_corpus
-    files = make_corpus(str(tmp_path / "c"), pages=6, seed=7)  # JPEG, RGBA PNG, P GIF, ...
-    media = {"image": {"rgba_background_color": [0, 0, 0]}}
-    store = str(tmp_path / "media")
-    args = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
-                                            "media_io_kwargs": media})
-    summary = run_precompute(str(tmp_path / "c"), tiny_model, store, **args)
-    assert (summary.encoded, summary.failed) == (len(files), 0), summary.failures
-    stored = set(open_store(store).identifiers())
-    assert stored == {identify_file(f, tiny_model, media_io_kwargs=media).identifier
-                      for f in files}
-    plain = {identify_file(f, tiny_model).identifier for f in files}
-    assert stored != plain  # the RGBA / palette images load differently...
-    assert stored & plain  # ...and an RGB JPEG the same: the kwargs are not hash factors
-
-    counter = EncoderCounter()
-    llm = make_llm(tiny_model, consumer_config(store), media_io_kwargs=media)
-    counter.reset()
-    try:
-        chat_texts(llm, files)
-        assert counter.items == 0
-    finally:
-        shutdown(llm)

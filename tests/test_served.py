@@ -4,11 +4,13 @@ Precompute a corpus with one file per format (RGB JPEG, RGBA PNG, palette GIF, g
 PNG, WEBP, BMP), start `python -m vllm.entrypoints.openai.api_server` with the encache
 consumer config exactly as README says (worker processes, as in production), send each
 file as a base64 data URL, and check the store's counters record a hit — not a miss — for
-every one of them.
+every one of them. Then the same with the server's --media-io-kwargs (a second server),
+which change every served identifier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -34,6 +36,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def api_server(model: str, store_config: dict, root: Path, *extra_args: str):
+    """``python -m vllm.entrypoints.openai.api_server`` with the encache connector, as
+    users start it; yields its base URL and stops the whole process group afterwards."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
+           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
+           *extra_args, "--ec-transfer-config", json.dumps(store_config)]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    log_path = root / f"server-{port}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    log.flush()
+                    pytest.fail("server did not start:\n" + log_path.read_text()[-3000:])
+                time.sleep(1)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     from encache.cli.connector_config import build_config
@@ -51,7 +91,6 @@ def served(tiny_model, tmp_path_factory):
     summary = run_precompute(str(root / "corpus"), tiny_model, store, tag="served", **pre)
     assert summary.encoded == 6
     assert summary.encoder_config == encoder_config_digest(kw, tag="served") != ""
-    port = free_port()
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
     # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
@@ -60,35 +99,8 @@ def served(tiny_model, tmp_path_factory):
                                                  "tag": "served"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_model,
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
-           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
-           "--mm-processor-kwargs", json.dumps(kw),
-           "--ec-transfer-config", json.dumps(config)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                pytest.fail("server did not start:\n" + (root / "server.log").read_text()[-3000:])
-            time.sleep(1)
-    yield {"base": base, "files": files, "store": store, "model": tiny_model}
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    log.close()
+    with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw)) as base:
+        yield {"base": base, "files": files, "store": store, "model": tiny_model}
 
 
 def chat(base: str, model: str, path: str) -> dict:
@@ -110,16 +122,22 @@ def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict
         time.sleep(0.1)
 
 
-def test_every_format_hits_through_vllm_serve(served):
+def hits_and_misses_per_file(base: str, model: str, store: str, files) -> dict:
     results = {}
-    for path in served["files"]:
-        before = open_store(served["store"]).read_counters()
-        reply = chat(served["base"], served["model"], path)
+    for path in files:
+        before = open_store(store).read_counters()
+        reply = chat(base, model, path)
         assert reply["choices"][0]["message"]["content"] is not None
-        after = counters_after(served["store"], "hits", before.get("hits", 0))
+        after = counters_after(store, "hits", before.get("hits", 0))
         results[Path(path).suffix + ":" + str(len(results))] = (
             after.get("hits", 0) - before.get("hits", 0),
             after.get("misses", 0) - before.get("misses", 0))
+    return results
+
+
+def test_every_format_hits_through_vllm_serve(served):
+    results = hits_and_misses_per_file(served["base"], served["model"], served["store"],
+                                       served["files"])
     assert all(v == (1, 0) for v in results.values()), results
 
 
@@ -159,3 +177,27 @@ def test_prometheus_metrics_exported(served):
     used = values.get(p + "current_bytes", 0)
     assert used > 6 * 4096 and values.get(p + "capacity_bytes") == 1 << 30
     assert values.get(p + "utilization") == pytest.approx(used / (1 << 30))
+
+
+def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path):
+    """The server's --media-io-kwargs change every served identifier (how images load,
+    and a hash factor on the OpenAI path): precompute given the same setting via
+    --engine-arg stores entries the server hits, for every format."""
+    from encache.cli.connector_config import build_config
+    from encache.cli.precompute import run_precompute
+    from encache.connectors.vllm.hashing import identify_file
+    from make_demo_corpus import make_corpus
+
+    files = make_corpus(str(tmp_path / "corpus"), pages=6, seed=7)
+    media = {"image": {"rgba_background_color": [0, 0, 0]}}
+    store = str(tmp_path / "store")
+    pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
+                                           "media_io_kwargs": media})
+    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **pre)
+    assert (summary.encoded, summary.failed) == (6, 0), summary.failures
+    stored = set(open_store(store).identifiers())
+    assert not stored & {identify_file(f, tiny_model).identifier for f in files}
+    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
+    with api_server(tiny_model, config, tmp_path, "--media-io-kwargs", json.dumps(media)) as base:
+        results = hits_and_misses_per_file(base, tiny_model, store, files)
+    assert all(v == (1, 0) for v in results.values()), results

@@ -47,25 +47,28 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
                    hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
                    request_media_io_kwargs: dict | None = None,
                    mm_processor_kwargs: dict | None = None, path: str | None = None) -> Identity:
-    """Identity of an image given as its file bytes. Raises ValueError if not an image.
+    """Identity of an image given as its file bytes, as ``vllm serve``'s OpenAI API
+    computes it. Raises ValueError if not an image.
 
-    ``media_io_kwargs`` are the server's (``--media-io-kwargs``): they change how the
-    image is loaded (and so its io config) but are not hash factors.
-    ``request_media_io_kwargs`` and ``mm_processor_kwargs`` are a request's own (API
-    fields): the former replace the server's for loading, and both are hash factors.
+    ``media_io_kwargs`` are the server's (``--media-io-kwargs``), ``request_media_io_kwargs``
+    a request's own field (merged over the server's, per modality). Measured on vLLM 0.32:
+    the OpenAI server loads the image with the merged kwargs *and* hashes them as a factor
+    (``LLM.chat`` with ``LLM(media_io_kwargs=...)`` loads with them but does not hash them;
+    a precomputed uuid is stored as given either way). ``mm_processor_kwargs`` are a
+    request's own processor kwargs (a factor); the server's ``--mm-processor-kwargs`` never
+    enter the identifier (see :mod:`encache.connectors.encoder_config`).
     """
     from vllm.multimodal.hasher import MultiModalHasher
     from vllm.multimodal.media.image import ImageMediaIO
 
-    # Loading: the request's media_io_kwargs, else the server's (renderers/chat_utils.py)
-    load = dict((request_media_io_kwargs or media_io_kwargs or {}).get("image", {}))
-    media = ImageMediaIO(**({"image_mode": "RGB"} | load)).load_bytes(data)
-    # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only the
-    # request's kwargs, only when non-empty, media_io_kwargs scoped to the modality.
+    image_kwargs = {**(media_io_kwargs or {}).get("image", {}),
+                    **(request_media_io_kwargs or {}).get("image", {})}
+    media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
+    # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only
+    # when non-empty, media_io_kwargs scoped to the modality.
     factors: dict = {}
-    request_image = dict((request_media_io_kwargs or {}).get("image", {}))
-    if request_image:
-        factors["media_io_kwargs"] = {"image": request_image}
+    if image_kwargs:
+        factors["media_io_kwargs"] = {"image": image_kwargs}
     if mm_processor_kwargs:
         factors["mm_processor_kwargs"] = dict(mm_processor_kwargs)
     base = MultiModalHasher.hash_kwargs(hash_algo, model_id=model, image=media, **factors)
