@@ -71,6 +71,28 @@ def _parse_engine_args(pairs: list[str]) -> dict:
     return out
 
 
+def hashing_settings(engine_args: dict | None, hash_algo: str = "blake3") -> tuple[dict | None, str]:
+    """``(media_io_kwargs, hash_algo)`` the server will hash with, from the engine arguments
+    that also go to the producer (``--engine-arg media_io_kwargs=… mm_hasher_algorithm=…``).
+
+    The server's media_io_kwargs change how an image is loaded and are a hash factor on the
+    OpenAI path; the producer's own ``LLM.chat`` path stores the precomputed uuid as given.
+    """
+    engine_args = engine_args or {}
+    return (engine_args.get("media_io_kwargs") or None,
+            engine_args.get("mm_hasher_algorithm") or hash_algo)
+
+
+def manifest_key(corpus: str, model: str, lora: str | None, hash_algo: str,
+                 shard: str | None, media_io_kwargs: dict | None) -> dict:
+    """What a manifest's identifiers depend on (a different key: a different manifest)."""
+    key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
+           "hash_algo": hash_algo, "shard": shard or ""}
+    if media_io_kwargs:  # absent by default, so existing manifests keep their location
+        key["media_io_kwargs"] = media_io_kwargs
+    return key
+
+
 def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
                   shard: str | None) -> tuple[int, int] | None:
     """Usage checks, before any work starts; returns the parsed shard."""
@@ -120,21 +142,14 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     engine_args = dict(engine_args or {})
     summary.encoder_config = encoder_config_digest(engine_args.get("mm_processor_kwargs"),
                                                    engine_args.get("revision"), tag)
-    # server settings that change the served identifier: the server's media_io_kwargs
-    # (how an image is loaded, and a hash factor on the OpenAI path; the producer's own
-    # LLM.chat path stores the precomputed uuid as given) and the hasher algorithm
-    media_io_kwargs = engine_args.get("media_io_kwargs") or None
-    hash_algo = engine_args.get("mm_hasher_algorithm") or hash_algo
+    media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
         files = walk(corpus)
         if shard_spec:
             files = [f for f in files if shard_of(f.rel, *shard_spec)]
         summary.files = len(files)
-        key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
-               "hash_algo": hash_algo, "shard": shard or ""}
-        if media_io_kwargs:  # identifiers depend on it (absent by default: same manifest)
-            key["media_io_kwargs"] = media_io_kwargs
+        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs)
         manifest = Manifest.load(Manifest.location(store, key), key)
         if not use_manifest:
             manifest.files = {}

@@ -35,7 +35,7 @@ from typing import Annotated, Optional
 import typer
 
 from encache.cli import errors
-from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt
+from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
 #: failures shown in the table (all of them are in --json)
 SHOW_FAILURES = 20
@@ -94,9 +94,13 @@ def expand_images(paths: list[str]) -> list[str]:
 
 
 def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSummary, *,
-                quiet: bool = False) -> dict[str, str]:
-    """``identifier -> path`` (first file wins); unreadable files become failures."""
+                engine_args: dict | None = None, quiet: bool = False) -> dict[str, str]:
+    """``identifier -> path`` (first file wins); unreadable files become failures.
+    Hashed as precompute does, with the server settings among ``engine_args``."""
+    from encache.cli.precompute import hashing_settings
     from encache.cli.render import progress
+
+    media_io_kwargs, hash_algo = hashing_settings(engine_args)
 
     try:
         from encache.connectors.vllm.hashing import identify_file
@@ -108,7 +112,8 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
     with progress("Hashing images", len(files), quiet=quiet, unit="images") as tick:
         for n, path in enumerate(files, 1):
             try:
-                ident = identify_file(path, model, lora=lora).identifier
+                ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
+                                      media_io_kwargs=media_io_kwargs).identifier
             except (ValueError, OSError) as e:
                 summary.fail(None, _unreadable(e), path)
             else:
@@ -167,7 +172,8 @@ class _EngineProgress:
 
 def compute_missing(missing: dict[str, str], model: str, store_url: str, summary: WarmSummary,
                     *, lora: str | None, lora_path: str | None, max_model_len: int | None,
-                    dtype: str | None, engine_args: dict | None, quiet: bool) -> set[str]:
+                    dtype: str | None, engine_args: dict | None, quiet: bool,
+                    tag: str | None = None) -> set[str]:
     """Encode ``missing`` (identifier -> image path) into ``store_url`` with
     ``encache precompute``'s job, run over a temporary directory of links to just those
     files. Returns the identifiers handled (computed or failed)."""
@@ -189,8 +195,9 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
         with _EngineProgress(quiet) as prog:
             result = run_precompute(tmp, model, store_url, lora=lora, lora_path=lora_path,
                                     use_manifest=False, max_model_len=max_model_len,
-                                    dtype=dtype, engine_args=engine_args, progress=prog)
-        _drop_manifest(store_url, tmp, model, lora)
+                                    dtype=dtype, engine_args=engine_args, tag=tag,
+                                    progress=prog)
+        _drop_manifest(store_url, tmp, model, lora, engine_args)
     for f in result.failures:
         ident, path = by_link.get(f["path"], (None, f["path"]))
         summary.fail(ident, f["error"], path)
@@ -198,15 +205,17 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
     return set(missing)
 
 
-def _drop_manifest(store_url: str, corpus: str, model: str, lora: str | None) -> None:
+def _drop_manifest(store_url: str, corpus: str, model: str, lora: str | None,
+                   engine_args: dict | None) -> None:
     """precompute records a manifest for its (temporary) corpus; it is of no further use.
-    Best effort: the key mirrors :func:`encache.cli.precompute.run_precompute`'s."""
+    Best effort, with precompute's own key."""
     with contextlib.suppress(Exception):
+        from encache.cli.precompute import hashing_settings, manifest_key
         from encache.connectors.corpus import Manifest
         from encache.connectors.store import open_store
 
-        key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
-               "hash_algo": "blake3", "shard": ""}
+        media_io_kwargs, hash_algo = hashing_settings(engine_args)
+        key = manifest_key(corpus, model, lora, hash_algo, None, media_io_kwargs)
         st = open_store(store_url, create=False)
         try:
             os.unlink(Manifest.location(st, key))
@@ -354,7 +363,7 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
              model: str | None = None, compute: bool = False, overwrite: bool = False,
              lora_path: str | None = None, max_model_len: int | None = None,
              dtype: str | None = None, engine_args: dict | None = None,
-             quiet: bool = False) -> WarmSummary:
+             tag: str | None = None, quiet: bool = False) -> WarmSummary:
     """The warm job (no summary printed; progress on stderr unless ``quiet``)."""
     from encache.cli.common import display_url, opened, usage
     from encache.connectors.store.keys import InvalidIdentifier, validate
@@ -380,7 +389,7 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
         raise usage("--lora selects entries by itself; with --identifier give full "
                     "identifiers (NAME:hash) instead")
     engine_opts = {"--lora-path": lora_path, "--max-model-len": max_model_len,
-                   "--dtype": dtype, "--engine-arg": engine_args or None}
+                   "--dtype": dtype, "--engine-arg": engine_args or None, "--tag": tag}
     stray = [k for k, v in engine_opts.items() if v is not None]
     if stray and not compute:
         raise usage(f"{', '.join(stray)} only apply with --compute-missing")
@@ -411,19 +420,29 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
             files = expand_images(images)
             if not files:
                 raise usage("no image files in the IMAGE arguments")
-            paths = hash_images(files, model, lora, summary, quiet=quiet)
+            paths = hash_images(files, model, lora, summary, engine_args=engine_args,
+                                quiet=quiet)
             summary.hashed = len(files)
         wanted: list[str] | None = None
         if explicit:
             wanted = list(dict.fromkeys([*paths, *identifiers]))
             summary.requested = len(wanted)
         if compute and paths:
+            from encache.cli.precompute import _stamped
+            from encache.connectors.encoder_config import encoder_config_digest
+            args = engine_args or {}
+            digest = encoder_config_digest(args.get("mm_processor_kwargs"),
+                                           args.get("revision"), tag)
+
+            def usable(st, ident: str) -> bool:  # there, and made under this config
+                return st.contains(ident) and _stamped(st, ident) == digest
             missing = {i: p for i, p in paths.items()
-                       if not dst.contains(i) and not (src is not None and src.contains(i))}
+                       if not usable(dst, i) and not (src is not None and usable(src, i))}
             if missing:
                 handled = compute_missing(missing, model, store_url, summary, lora=lora,
                                           lora_path=lora_path, max_model_len=max_model_len,
-                                          dtype=dtype, engine_args=engine_args, quiet=quiet)
+                                          dtype=dtype, engine_args=engine_args, tag=tag,
+                                          quiet=quiet)
                 if src is not None:  # computed straight into the destination
                     wanted = [i for i in wanted if i not in handled]
         if src is not None:
@@ -471,6 +490,7 @@ def register(app: typer.Typer) -> None:
             "--engine-arg", metavar="KEY=VALUE",
             help="With --compute-missing: extra vllm.LLM argument (JSON value); "
                  "repeatable.")] = None,
+        tag: TagOpt = None,
         quiet: QuietOpt = False,
         json_: JsonOpt = False,
     ) -> None:
@@ -485,7 +505,7 @@ def register(app: typer.Typer) -> None:
                 store, source_url=source, images=[str(p) for p in images or []],
                 identifiers=identifier, lora=lora, model=model, compute=compute,
                 overwrite=overwrite, lora_path=lora_path, max_model_len=max_model_len,
-                dtype=dtype, engine_args=engine_args, quiet=quiet or json_)
+                dtype=dtype, engine_args=engine_args, tag=tag, quiet=quiet or json_)
         except TransferAborted as e:
             partial = getattr(e, "summary", None)
             if partial is not None and (json_ or not quiet):

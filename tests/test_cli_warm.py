@@ -182,6 +182,49 @@ def test_images_hashed_with_model(src, rurl, tmp_path):
     assert r.exit_code == errors.EXIT_PARTIAL and "--compute-missing" in r.stdout
 
 
+def test_images_hashed_with_the_servers_media_io_kwargs(src, rurl, tmp_path):
+    """--engine-arg media_io_kwargs (the server's) change the identifiers warm looks for,
+    as precompute's; all present here, so no engine starts."""
+    from make_demo_corpus import make_corpus
+
+    from encache.connectors.vllm.hashing import identify_file
+
+    model = "org/some-model"
+    media = {"image": {"rgba_background_color": [0, 0, 0]}}
+    pages = make_corpus(str(tmp_path / "imgs"), pages=2, seed=5)
+    idents = [identify_file(p, model, media_io_kwargs=media).identifier for p in pages]
+    assert not set(idents) & {identify_file(p, model).identifier for p in pages}
+    for n, ident in enumerate(idents):
+        put(src, ident, 16, seed=200 + n, model=model)
+    d = warm_json("--from", src.root, "-s", rurl, "-m", model, "--compute-missing",
+                  "--engine-arg", "media_io_kwargs=" + json.dumps(media), *pages)
+    assert (d["copied"], d["failed"], d["computed"]) == (2, 0, 0)
+    assert set(idents) <= redis_ids(rurl)
+
+
+def test_compute_missing_counts_other_configs_entries_as_missing(src, rurl, tmp_path):
+    """With --tag, an entry stamped otherwise is not usable: warm sets out to encode it
+    (the fake model's engine cannot start: exit 8); one with its stamp is copied."""
+    from make_demo_corpus import make_corpus
+
+    from encache.connectors.encoder_config import encoder_config_digest
+    from encache.connectors.vllm.hashing import identify_file
+
+    model = "org/some-model"
+    pages = make_corpus(str(tmp_path / "imgs"), pages=2, seed=6)
+    idents = [identify_file(p, model).identifier for p in pages]
+    put(src, idents[0], 16, seed=1, model=model, encoder_config=encoder_config_digest(tag="v2"))
+    put(src, idents[1], 16, seed=2, model=model)  # default config
+    base = ("--from", src.root, "-s", rurl, "-m", model, "--compute-missing")
+    d = warm_json(*base, "--tag", "v2", pages[0])
+    assert (d["copied"], d["computed"], d["failed"]) == (1, 0, 0)
+    r = invoke("warm", *base, "--tag", "v2", pages[1])
+    assert r.exit_code == errors.EXIT_ENGINE and "engine failed to start" in r.output
+    assert idents[1] not in redis_ids(rurl)
+    d = warm_json(*base, pages[1])  # no tag: the default entry is the one wanted
+    assert (d["copied"], d["computed"], d["failed"]) == (1, 0, 0)
+
+
 # -- page cache ------------------------------------------------------------------------
 
 def test_page_cache_warm_reports_entries_and_bytes(src):
