@@ -83,6 +83,16 @@ def hashing_settings(engine_args: dict | None, hash_algo: str = "blake3") -> tup
             engine_args.get("mm_hasher_algorithm") or hash_algo)
 
 
+def engine_encoder_config(engine_args: dict | None, tag: str | None) -> str:
+    """The encoder-config digest the producer connector will stamp, from the same engine
+    arguments (``mm_processor_kwargs``, ``revision``) and ``--tag``."""
+    from ..connectors.encoder_config import encoder_config_digest
+
+    engine_args = engine_args or {}
+    return encoder_config_digest(engine_args.get("mm_processor_kwargs"),
+                                 engine_args.get("revision"), tag)
+
+
 def manifest_key(corpus: str, model: str, lora: str | None, hash_algo: str,
                  shard: str | None, media_io_kwargs: dict | None) -> dict:
     """What a manifest's identifiers depend on (a different key: a different manifest)."""
@@ -126,7 +136,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
-    from ..connectors.encoder_config import encoder_config_digest
+    from ..connectors.encoder_config import holds
     from ..connectors.store import open_store
 
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
@@ -138,10 +148,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                                f"{name}='{example}'", EXIT_USAGE)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora)
-    # the producer connector computes the same digest from the engine's config
     engine_args = dict(engine_args or {})
-    summary.encoder_config = encoder_config_digest(engine_args.get("mm_processor_kwargs"),
-                                                   engine_args.get("revision"), tag)
+    summary.encoder_config = engine_encoder_config(engine_args, tag)
     media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
@@ -176,7 +184,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 if progress:
                     progress.advance(1, failed=f.rel)
                 continue
-            if ident in present and _stamped(store, ident) == summary.encoder_config:
+            if ident in present and holds(store, ident, summary.encoder_config):
                 summary.present += 1
             else:
                 if ident in present and ident not in todo:
@@ -205,12 +213,6 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             manifest.save()
     summary.seconds = time.perf_counter() - t_start
     return summary
-
-
-def _stamped(store, ident: str) -> str | None:
-    """The encoder-config digest an entry carries ("" = default), None if unreadable."""
-    info = store.stat(ident)
-    return info.meta.encoder_config if info is not None and info.meta is not None else None
 
 
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,

@@ -428,16 +428,12 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
             wanted = list(dict.fromkeys([*paths, *identifiers]))
             summary.requested = len(wanted)
         if compute and paths:
-            from encache.cli.precompute import _stamped
-            from encache.connectors.encoder_config import encoder_config_digest
-            args = engine_args or {}
-            digest = encoder_config_digest(args.get("mm_processor_kwargs"),
-                                           args.get("revision"), tag)
-
-            def usable(st, ident: str) -> bool:  # there, and made under this config
-                return st.contains(ident) and _stamped(st, ident) == digest
-            missing = {i: p for i, p in paths.items()
-                       if not usable(dst, i) and not (src is not None and usable(src, i))}
+            from encache.cli.precompute import engine_encoder_config
+            from encache.connectors.encoder_config import holds
+            digest = engine_encoder_config(engine_args, tag)
+            missing = {i: p for i, p in paths.items()  # no usable entry in either store
+                       if not holds(dst, i, digest)
+                       and not (src is not None and holds(src, i, digest))}
             if missing:
                 handled = compute_missing(missing, model, store_url, summary, lora=lora,
                                           lora_path=lora_path, max_model_len=max_model_len,

@@ -33,7 +33,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-__all__ = ["encoder_config_factors", "encoder_config_digest", "DEFAULT_DIGEST",
+__all__ = ["encoder_config_factors", "encoder_config_digest", "holds", "DEFAULT_DIGEST",
            "PLACEMENT_KWARGS"]
 
 #: the digest of the default configuration (and of unstamped entries)
@@ -68,3 +68,10 @@ def encoder_config_digest(mm_processor_kwargs: Mapping | None = None,
         return DEFAULT_DIGEST
     canon = json.dumps(factors, sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+
+
+def holds(store, identifier: str, digest: str) -> bool:
+    """Whether ``store`` has a readable entry for ``identifier`` stamped ``digest`` (one
+    header read: ``stat`` is None for an absent entry)."""
+    info = store.stat(identifier)
+    return info is not None and info.meta is not None and info.meta.encoder_config == digest

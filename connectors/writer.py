@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from .encoder_config import holds
 from .lookup import RateLimitedLog
 from .store.base import Store
 from .store.entry import encode_parts
@@ -54,13 +55,9 @@ class EntryWriter:
 
     def _current(self, identifier: str) -> bool:
         """Whether the store already holds a usable entry for this producer."""
-        if not self.store.contains(identifier):
-            return False
         if self.encoder_config is None:
-            return True
-        info = self.store.stat(identifier)
-        return (info is not None and info.meta is not None
-                and info.meta.encoder_config == self.encoder_config)
+            return self.store.contains(identifier)
+        return holds(self.store, identifier, self.encoder_config)
 
     def _write(self, identifier, data_fn, nbytes, meta) -> None:
         try:

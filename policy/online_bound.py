@@ -41,10 +41,9 @@ trace spare capacity is credited to unseen items too (generous, like the rest).
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from collections.abc import Sequence
 
+from .simulate import InFlight, _distinct
 from .workload import Request
 
 __all__ = ["online_bound"]
@@ -87,42 +86,28 @@ def online_bound(trace: Sequence[Request], capacities: Sequence[int],
     tokens.  Returns one dict per capacity: ``{"capacity", "token_hit_ratio"}``.  A
     repeated identifier within one request counts once, as in the simulator.
     """
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
-    if hold_seconds == "trace" and any(r.duration is None for r in trace):
-        raise ValueError('hold_seconds="trace" needs a duration on every request')
-    requests = []
-    sizes: dict[str, int] = {}
-    for r in trace:
-        distinct: dict[str, int] = {}
-        for it in r.items:
-            distinct.setdefault(it.identifier, it.num_tokens)
-        sizes.update(distinct)
-        hold = None
-        if hold_seconds is not None:
-            hold = r.t + (r.duration if hold_seconds == "trace" else float(hold_seconds))
-        requests.append((r.t, hold, list(distinct.items())))
+    InFlight.check(concurrency, hold_seconds, trace)
+    requests = [_distinct(r.items) for r in trace]
+    sizes = dict(kv for items in requests for kv in items)
     seen_tokens = sum(sizes.values())
     catalog = seen_tokens if catalog_tokens is None else int(catalog_tokens)
     if catalog < seen_tokens:
         raise ValueError(f"catalog_tokens {catalog} < unique tokens of the trace "
                          f"{seen_tokens}")
     return [{"capacity": int(c),
-             "token_hit_ratio": _replay(requests, int(c), catalog, concurrency,
-                                        hold_seconds is not None)}
+             "token_hit_ratio": _replay(trace, requests, int(c), catalog,
+                                        concurrency, hold_seconds)}
             for c in capacities]
 
 
-def _replay(requests, capacity: int, catalog: int, concurrency: int, timed: bool) -> float:
+def _replay(trace, requests, capacity: int, catalog: int, concurrency: int,
+            hold_seconds) -> float:
     fen = _Fenwick(len(requests) + 1)   # token mass of *unpinned* items by count
     group = {0: catalog}                # count -> unpinned token mass with that count
     fen.add(0, catalog)
     count: dict[str, int] = {}
     pins: dict[str, int] = {}           # in-flight references per item
     pinned_tokens = 0
-    inflight: deque = deque()
-    heap: list = []
-    seq = 0
     hit_tokens = 0.0
     tokens = 0
 
@@ -139,26 +124,11 @@ def _replay(requests, capacity: int, catalog: int, concurrency: int, timed: bool
             group[n] = group.get(n, 0) + s
             fen.add(n, s)
 
-    def finish_oldest() -> bool:
-        if timed:
-            if not heap:
-                return False
-            release(heapq.heappop(heap)[2])
-        else:
-            if not inflight:
-                return False
-            release(inflight.popleft())
-        return True
-
-    for t, until, items in requests:
-        if timed:
-            while heap and heap[0][0] <= t:
-                release(heapq.heappop(heap)[2])
-        else:
-            while len(inflight) >= concurrency:
-                release(inflight.popleft())
+    inflight = InFlight(release, concurrency, hold_seconds)
+    for req, items in zip(trace, requests):
+        inflight.arrive(req)
         new_tokens = sum(s for k, s in items if k not in pins)
-        while pinned_tokens + new_tokens > capacity and finish_oldest():
+        while pinned_tokens + new_tokens > capacity and inflight.finish_oldest():
             new_tokens = sum(s for k, s in items if k not in pins)
         free = capacity - pinned_tokens
         for k, s in items:
@@ -180,9 +150,5 @@ def _replay(requests, capacity: int, catalog: int, concurrency: int, timed: bool
             pinned_tokens += s
             group[n] -= s
             fen.add(n, -s)
-        if timed:
-            seq += 1
-            heapq.heappush(heap, (until, seq, items))
-        else:
-            inflight.append(items)
+        inflight.add(req, items)
     return hit_tokens / tokens if tokens else 0.0

@@ -180,6 +180,71 @@ class L2Tier:
         }
 
 
+class InFlight:
+    """The requests holding references, and when they let go (the replay's concurrency).
+
+    ``concurrency=N``: request *i* finishes when request *i + N* starts;
+    ``hold_seconds=S`` / ``"trace"``: when the trace time passes ``t_i + S`` /
+    ``t_i + duration_i``. ``finish(handle)`` is called for each finished request.
+    Shared by :func:`simulate` and :func:`encache.policy.online_bound.online_bound`, so
+    the bound holds exactly the references the simulated caches hold.
+    """
+
+    def __init__(self, finish, concurrency: int = 8, hold_seconds: float | str | None = None,
+                 trace: Sequence[Request] = ()):
+        self.check(concurrency, hold_seconds, trace)
+        self.finish = finish
+        self.concurrency = concurrency
+        self.hold_seconds = hold_seconds
+        self._queue: deque = deque()  # concurrency mode, arrival order
+        self._timed: list[tuple[float, int, Any]] = []  # hold mode: (until, seq, handle)
+        self._seq = 0
+
+    @staticmethod
+    def check(concurrency: int, hold_seconds: float | str | None,
+              trace: Sequence[Request]) -> None:
+        """ValueError for settings the replay cannot follow."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if hold_seconds == "trace" and any(r.duration is None for r in trace):
+            raise ValueError('hold_seconds="trace" needs a duration on every request')
+
+    def arrive(self, req: Request) -> None:
+        """Finish what is due before ``req`` starts."""
+        if self.hold_seconds is not None:
+            timed = self._timed
+            while timed and timed[0][0] <= req.t:
+                self.finish(heapq.heappop(timed)[2])
+        else:
+            while len(self._queue) >= self.concurrency:
+                self.finish(self._queue.popleft())
+
+    def add(self, req: Request, handle) -> None:
+        """``req`` (now started, as ``handle``) holds its references until it is due."""
+        if self.hold_seconds is not None:
+            self._seq += 1
+            hold = req.duration if self.hold_seconds == "trace" else self.hold_seconds
+            heapq.heappush(self._timed, (req.t + hold, self._seq, handle))
+        else:
+            self._queue.append(handle)
+
+    def finish_oldest(self) -> bool:
+        """Finish the request due first, early (a stall); False if none is in flight."""
+        if self.hold_seconds is not None:
+            if not self._timed:
+                return False
+            self.finish(heapq.heappop(self._timed)[2])
+        else:
+            if not self._queue:
+                return False
+            self.finish(self._queue.popleft())
+        return True
+
+    def drain(self) -> None:
+        while self.finish_oldest():
+            pass
+
+
 def _distinct(items) -> list[tuple[str, int]]:
     seen: dict[str, int] = {}
     for it in items:
@@ -222,43 +287,20 @@ def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dl
         label = pol.name
     else:
         label = policy if isinstance(policy, str) else policy.name
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
-
+    inflight = InFlight(core.finish, concurrency, hold_seconds, trace)
     hits = hit_tokens = dup_hits = misses = miss_tokens = refs = tokens = 0
     evictions = stalls = 0
-    inflight: deque = deque()
-    timed: list[tuple[float, int, Any]] = []  # heap for hold_seconds mode
-    seq = 0
     lookup, can_allocate, allocate = core.lookup, core.can_allocate, core.allocate
-    finish, pop_evicted = core.finish, core.pop_evicted
-
-    def finish_oldest() -> bool:
-        if hold_seconds is not None:
-            if not timed:
-                return False
-            finish(heapq.heappop(timed)[2])
-        else:
-            if not inflight:
-                return False
-            finish(inflight.popleft())
-        return True
+    pop_evicted = core.pop_evicted
 
     l2_all = l2
-    if hold_seconds == "trace" and any(r.duration is None for r in trace):
-        raise ValueError('hold_seconds="trace" needs a duration on every request')
     for n_req, req in enumerate(trace):
         if n_req == warmup and warmup:
             hits = hit_tokens = dup_hits = misses = miss_tokens = refs = tokens = 0
             evictions = stalls = 0
             for tier in l2_all:
                 tier.reset_counters()
-        if hold_seconds is not None:
-            while timed and timed[0][0] <= req.t:
-                finish(heapq.heappop(timed)[2])
-        else:
-            while len(inflight) >= concurrency:
-                finish(inflight.popleft())
+        inflight.arrive(req)
         handle = core.begin(req)
         distinct = _distinct(req.items)
         dup_hits += len(req.items) - len(distinct)
@@ -271,7 +313,7 @@ def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dl
                 continue
             while not can_allocate(handle, key, size):
                 stalls += 1
-                if not finish_oldest():
+                if not inflight.finish_oldest():
                     raise ValueError(
                         f"request {req.request_id}: item {key} ({size} tokens) does not fit "
                         f"in an L1 of {capacity} tokens next to the request's other items")
@@ -286,14 +328,8 @@ def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dl
             miss_tokens += size
             for tier in l2:
                 tier.on_l1_miss(key, size)
-        if hold_seconds is not None:
-            seq += 1
-            hold = req.duration if hold_seconds == "trace" else hold_seconds
-            heapq.heappush(timed, (req.t + hold, seq, handle))
-        else:
-            inflight.append(handle)
-    while finish_oldest():
-        pass
+        inflight.add(req, handle)
+    inflight.drain()
 
     return {
         "policy": label, "capacity": capacity,
