@@ -151,22 +151,12 @@ def _guard_all(t: typer.Typer) -> None:
 
 def _register_all() -> None:
     from encache.cli import (connector_config, hash as hash_cmd, list as list_cmd, precompute,
-                             purge, size, stats, verify)
-
-    import importlib
-    import importlib.util
+                             purge, size, stats, verify, warm)
 
     for module in (precompute, list_cmd, stats, size, verify, purge, hash_cmd,
-                   connector_config):
+                   connector_config, warm):
         module.register(app)
-    for name in OPTIONAL_COMMANDS:  # modules other issues add (registered when present)
-        if importlib.util.find_spec(f"encache.cli.{name}") is not None:
-            importlib.import_module(f"encache.cli.{name}").register(app)
     _guard_all(app)
-
-
-#: command modules that may not exist yet in a given checkout
-OPTIONAL_COMMANDS = ("warm",)
 
 
 _register_all()

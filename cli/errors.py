@@ -1,7 +1,7 @@
 """Exit codes and the one error type the CLI turns into a one-line message.
 
-Scripts and cron jobs branch on these, so they are part of the interface (README lists
-them). Typer/Click already use 2 for usage errors; encache keeps that meaning.
+Scripts and cron jobs branch on these, so they are part of the interface (docs/cli.md
+lists them). Typer/Click already use 2 for usage errors; encache keeps that meaning.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ or a local path vs. a hub id makes a different hash), the hasher algorithm
 (``--mm-hasher-algorithm``), the image io config (set when vLLM converts the image, e.g.
 RGBA -> RGB), any ``--media-io-kwargs``, and the LoRA prefix (tower-connector LoRA).
 
-The only command that imports vLLM (its own hasher is used, never a re-implementation).
+It imports vLLM (its own hasher is used, never a re-implementation), as ``precompute`` and
+``warm`` do when they hash new files or start an engine; the other commands never do.
 """
 
 from __future__ import annotations

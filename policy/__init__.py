@@ -1,14 +1,19 @@
-"""L1 encoder-cache policies for vLLM and the trace benchmark behind them (issue #6).
+"""L1 encoder-cache policies for vLLM and the trace simulator behind them (issue #6).
 
-Modules (none imports vLLM at import time):
+One idea per module; none imports vLLM:
 
-* :mod:`encache.policy.policies` -- eviction policies over one pin-aware interface: vLLM's
-  release-FIFO, LRU, S3-FIFO, W-TinyLFU, encache's ``dlfu``, static oracle, Belady MIN;
-* :mod:`encache.policy.workload` -- seeded RAG trace generator, JSONL trace read/write;
-* :mod:`encache.policy.simulate` -- replay with reference holding, L2 tiers, upper bound;
-* :mod:`encache.policy.online_bound` -- the best any online policy can expect (stationary);
-* :mod:`encache.policy.vllm_adapter` -- drives a real vLLM manager class from a trace;
-* :mod:`encache.policy.bench` -- the grid behind ``scripts/bench/policy``.
+* :mod:`.base` -- the pin-aware policy interface (the call protocol a cache core follows);
+* the policies: :mod:`.fifo` (vLLM's release-FIFO), :mod:`.lru`, :mod:`.s3fifo`,
+  :mod:`.tinylfu` (W-TinyLFU, with :mod:`.sketch`), :mod:`.dlfu` (encache's policy, with
+  its :mod:`.shadow` caches), the offline :mod:`.static` oracle and :mod:`.belady` MIN;
+* :mod:`.registry` -- policies by name (``make_policy``); :mod:`.policies` re-exports
+  everything under its former single-module path;
+* :mod:`.workload` -- seeded RAG trace generator, JSONL trace read/write;
+* :mod:`.simulate` -- replay with reference holding, L2 tiers, upper bound;
+* :mod:`.online_bound` -- the best any online policy can expect (stationary).
 
-The engine-side manager is ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``.
+The engine-side manager is ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``;
+the benchmark grid (``scripts/bench/policy``) and the driver of vLLM's real manager class
+live in ``scripts/bench/policy_bench.py`` and ``scripts/bench/policy_vllm.py``.
+Design, results and history: docs/policy.md.
 """

@@ -9,8 +9,8 @@ encoder tokens computed, evictions, and for each L2 tier the loads and bytes mov
 Two cores share one call sequence, so the same replay drives:
 
 * :class:`PolicyCache` -- the pure-Python twin of the manager's bookkeeping around any
-  :mod:`encache.policy.policies` policy (fast; used for the grid);
-* ``vllm_adapter.VllmManagerCache`` -- a real vLLM manager class (vLLM's own
+  :mod:`encache.policy` policy (fast; used for the grid);
+* ``VllmManagerCache`` (``scripts/bench/policy_vllm.py``) -- a real vLLM manager class (vLLM's own
   ``EncoderCacheManager`` or ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``)
   driven with fake requests.
 
@@ -39,7 +39,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
-from .policies import Policy, make_policy
+from .base import Policy
+from .registry import POLICIES, make_policy
 from .workload import Request
 
 __all__ = ["PolicyCache", "L2Tier", "access_sequence", "simulate", "space_time_bound",
@@ -277,7 +278,6 @@ def simulate(trace: Sequence[Request], capacity: int, policy: str | Policy = "dl
     if core is None:
         params = dict(policy_params or {})
         if isinstance(policy, str):
-            from .policies import POLICIES
             if POLICIES[policy].needs_future and "weights" not in params:
                 params["accesses"] = accesses if accesses is not None else access_sequence(trace)
             pol = make_policy(policy, capacity, **params)

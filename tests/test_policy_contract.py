@@ -9,11 +9,14 @@ scheduler relies on (reference counts, ``freed``, ``can_allocate`` budget semant
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from encache.policy.vllm_adapter import FakeRequest
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "bench"))
+from policy_vllm import FakeRequest  # noqa: E402  (the benchmark's driver of vLLM's manager)
 
 vllm_ecm = pytest.importorskip("vllm.v1.core.encoder_cache_manager")
 from encache.connectors.vllm.manager import PolicyEncoderCacheManager  # noqa: E402

@@ -2,7 +2,7 @@
 
 * :func:`copy_entries` — copy/promote entries from one store to another (disk → Redis to
   share a precomputed cache, Redis → disk for a local copy). Each entry is validated on
-  the way (``verify``: header, size and blake3 checksum); a corrupt source entry is
+  the way (``verify``: header, size and checksum); a corrupt source entry is
   reported, never copied. The bytes are copied verbatim (same codec on every backend).
 * :func:`warm_page_cache` — read a disk store's entry files once so they sit in the OS
   page cache (after a reboot or a fresh mount), without marking them as accessed.

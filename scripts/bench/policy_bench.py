@@ -2,7 +2,7 @@
 
 What: generates the traces of :data:`SCENARIOS` (or replays a JSONL trace), runs every
 policy of :data:`POLICY_ORDER` at every capacity -- vLLM's manager through the real class
-(``vllm_adapter``), the others through the simulator's pure-Python core -- observes two L2
+(``policy_vllm``), the others through the simulator's pure-Python core -- observes two L2
 tiers in the same replays, computes the space-time upper bound, and writes
 
 * ``benchmarks/policy.json`` -- parameters, every run's counters, and a summary of the
@@ -13,8 +13,8 @@ tiers in the same replays, computes the space-time upper bound, and writes
 * ``benchmarks/policy.png`` -- hit ratio vs capacity per policy, one panel per alpha,
   one row per scenario;
 
-and prints a summary table.  Run it as ``scripts/bench/policy`` or
-``python -m encache.policy.bench``.
+and prints a summary table.  Run it as ``scripts/bench/policy`` (or
+``python scripts/bench/policy_bench.py``).
 
 Why these scenarios: ``zipf`` is the issue's reference setting (20,000 single-image
 documents, 30,000 queries of 4, unit size), so its numbers are comparable with the
@@ -36,9 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .online_bound import online_bound
-from .simulate import L2Tier, access_sequence, simulate, space_time_bound
-from .workload import RagWorkload, read_trace, trace_summary
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # policy_vllm, when run as a script
+
+from encache.policy.online_bound import online_bound  # noqa: E402
+from encache.policy.registry import POLICIES, make_policy  # noqa: E402
+from encache.policy.simulate import L2Tier, access_sequence, simulate, space_time_bound  # noqa: E402
+from encache.policy.workload import RagWorkload, read_trace, trace_summary  # noqa: E402
 
 POLICY_ORDER = ["vllm", "lru", "s3fifo", "wtinylfu", "dlfu", "static", "belady"]
 ONLINE_REFERENCES = ["vllm", "s3fifo", "wtinylfu"]
@@ -132,7 +135,7 @@ def run_group(task: dict) -> dict:
             params: dict[str, Any] = {}
             core = None
             if pol == "vllm":
-                from .vllm_adapter import VLLM_MANAGER, VllmManagerCache
+                from policy_vllm import VLLM_MANAGER, VllmManagerCache
                 core = VllmManagerCache(cap, VLLM_MANAGER)
             elif pol == "wtinylfu":
                 params["mean_size"] = mean_size
@@ -141,7 +144,6 @@ def run_group(task: dict) -> dict:
             tiers = _l2_tiers(cap)
             t = time.process_time()
             if core is None:
-                from .policies import POLICIES, make_policy
                 if POLICIES[pol].needs_future and "weights" not in params:
                     params["accesses"] = acc
                 policy = make_policy(pol, cap, **params)
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     vllm_version = None
     if "vllm" in args.policies.split(","):
         # Import once before forking so workers share it.
-        from .vllm_adapter import VLLM_MANAGER, load_manager_class
+        from policy_vllm import VLLM_MANAGER, load_manager_class
         load_manager_class(VLLM_MANAGER)
         import vllm
         vllm_version = vllm.__version__

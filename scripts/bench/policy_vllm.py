@@ -14,7 +14,8 @@ Why: the simulator's baseline must be vLLM's behaviour, not our reading of it, a
 same adapter replays a trace through ``PolicyEncoderCacheManager`` to show that the
 engine-side manager makes the same decisions as the simulator's pure-Python core.
 
-vLLM is imported only when a class is loaded (``import encache.policy`` stays light).
+It lives with the benchmark, not in ``encache.policy``, which never imports vLLM; vLLM is
+imported only when a class is loaded.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .workload import Request
+from encache.policy.workload import Request
 
 __all__ = ["FakeFeature", "FakeRequest", "load_manager_class", "VllmManagerCache",
            "VLLM_MANAGER", "ENCACHE_MANAGER"]
