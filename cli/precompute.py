@@ -36,7 +36,11 @@ class Summary:
     encoded: int = 0
     failed: int = 0
     pruned: int = 0
-    evicted: int = 0  # encoded and written, then evicted by the store's capacity this run
+    evicted: int = 0  # entries the store evicted for capacity during this run (any entry)
+    evicted_own: int = 0  # of those, entries this run wrote (encoded, then evicted)
+    skipped_capacity: int = 0  # missing, not encoded: no room without eviction (--over-capacity skip)
+    over_capacity: str = "keep-served"
+    capacity: dict | None = None  # the corpus needs more than max_bytes: numbers + message
     bytes_written: int = 0
     engine_started: bool = False
     seconds: float = 0.0
@@ -133,13 +137,18 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    max_model_len: int | None = None, dtype: str | None = None,
                    engine_args: dict | None = None, max_bytes: int | None = None,
                    hash_algo: str = "blake3", tag: str | None = None,
-                   progress=None) -> Summary:
+                   over_capacity: str = "keep-served", progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
     from ..connectors.encoder_config import holds
     from ..connectors.store import open_store
 
+    from ..connectors.capacity import OVER_CAPACITY
+
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
+    if over_capacity not in OVER_CAPACITY:
+        raise EncacheError(f"--over-capacity must be one of {', '.join(OVER_CAPACITY)}",
+                           EXIT_USAGE)
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if not isinstance((engine_args or {}).get(name) or {}, dict):
             example = ('{"max_pixels": 1003520}' if name == "mm_processor_kwargs"
@@ -147,7 +156,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             raise EncacheError(f"--engine-arg {name}= expects a JSON object, e.g. "
                                f"{name}='{example}'", EXIT_USAGE)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
-    summary = Summary(store=store.url, model=model, lora=lora)
+    summary = Summary(store=store.url, model=model, lora=lora, over_capacity=over_capacity)
     engine_args = dict(engine_args or {})
     summary.encoder_config = engine_encoder_config(engine_args, tag)
     media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
@@ -192,11 +201,16 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 todo.setdefault(ident, f)
             if progress:
                 progress.advance(1)
+        wanted = summary.present + len(todo)  # distinct identifiers the corpus needs
         if todo and not dry_run:
+            evictions_before = store.read_counters().get("evictions", 0)
             _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
                             engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                            progress=progress)
+                            over_capacity=over_capacity, progress=progress)
+            summary.evicted = max(summary.evicted_own, int(
+                store.read_counters().get("evictions", 0) - evictions_before))
+        _check_capacity(store, summary, todo, wanted)
         if prune_missing and not dry_run:
             current = {f.rel for f in files}
             gone = [rel for rel in list(manifest.files) if rel not in current]
@@ -215,11 +229,33 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     return summary
 
 
+def _check_capacity(store, summary: Summary, todo: dict, wanted: int) -> None:
+    """Compare what the corpus needs with the store's capacity; note it once (numbers)."""
+    from ..connectors.capacity import capacity_note, mean_entry_bytes
+
+    cap = getattr(store, "max_bytes", None)
+    if not cap or not wanted:
+        return
+    if summary.encoded > summary.evicted_own and summary.bytes_written:
+        mean = summary.bytes_written / (summary.encoded - summary.evicted_own)
+    else:
+        mean = mean_entry_bytes(store, store.identifiers())
+    summary.capacity = capacity_note(wanted, mean, cap, summary.over_capacity)
+
+
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
                     lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
-                    progress) -> None:
+                    over_capacity="keep-served", progress=None) -> None:
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
 
+    budget = None
+    if over_capacity == "skip" and getattr(store, "max_bytes", None):
+        from ..connectors.capacity import RoomBudget, mean_entry_bytes
+        budget = RoomBudget(store, store.max_bytes, getattr(store, "low_watermark", 0.9),
+                            mean_entry_bytes(store, store.identifiers()))
+        if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
+            summary.skipped_capacity += len(todo)
+            return
     # the engine's connector opens the store itself: give it the real URL (store.url is
     # redacted for display and would fail AUTH)
     opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
@@ -243,6 +279,19 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
             progress.start("encoding", len(items))
         for i in range(0, len(items), batch):
             chunk = items[i:i + batch]
+            if budget is not None:
+                if ok and budget.mean_bytes is None:
+                    engine.wait_for_saves()
+                    budget.mean_bytes = mean_entry_bytes(store, ok)
+                elif ok:
+                    engine.wait_for_saves()  # the store's usage must include what is queued
+                n = budget.fits(len(chunk))
+                summary.skipped_capacity += len(chunk) - n
+                if progress and n < len(chunk):
+                    progress.advance(len(chunk) - n)
+                chunk = chunk[:n]
+                if not chunk:
+                    continue
             payload = []
             for ident, f in chunk:
                 try:
@@ -269,7 +318,7 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
         info = store.stat(ident)
         if info is None and ident in saved:  # written, then evicted to honour max_bytes
             summary.encoded += 1
-            summary.evicted += 1
+            summary.evicted_own += 1
         elif info is None:
             summary.failed += 1
             err = save_errors.get(ident) or "the engine stored no entry under the expected identifier"
@@ -331,6 +380,8 @@ def _render(summary: Summary, as_json: bool) -> None:
             ("encoded", summary.encoded),
             ("failed", summary.failed), ("pruned", summary.pruned),
             ("evicted (capacity)", summary.evicted),
+            *([("skipped (capacity)", summary.skipped_capacity)]
+              if summary.skipped_capacity else []),
             ("bytes written", f"{summary.bytes_written:,}"),
             ("images/s", f"{summary.images_per_second:.1f}"),
             ("seconds", f"{summary.seconds:.2f}")]
@@ -338,6 +389,8 @@ def _render(summary: Summary, as_json: bool) -> None:
         t.add_row(k, str(v))
     console = Console()
     console.print(t)
+    if summary.capacity:
+        console.print(f"[yellow]over capacity:[/] {summary.capacity['message']}")
     for fail in summary.failures[:20]:
         console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
     if len(summary.failures) > 20:
@@ -363,6 +416,11 @@ def register(app: typer.Typer) -> None:
         engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
         max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
         tag: TagOpt = None,
+        over_capacity: Annotated[str, typer.Option(
+            "--over-capacity", metavar="keep-served|skip",
+            help="When the corpus needs more than the store's capacity: keep-served (encode "
+                 "every missing image; the least recently served entries are evicted) or "
+                 "skip (encode only into free room; evict nothing).")] = "keep-served",
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
@@ -382,7 +440,8 @@ def register(app: typer.Typer) -> None:
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
-                engine_args=engine_args, max_bytes=max_bytes, tag=tag, progress=progress)
+                engine_args=engine_args, max_bytes=max_bytes, tag=tag,
+                over_capacity=over_capacity, progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
