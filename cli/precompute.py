@@ -9,6 +9,7 @@ for cron mail, ``--prune-missing`` to drop entries whose source images left the 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
+from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_STORE, EXIT_USAGE, EncacheError
 from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
 
@@ -32,6 +33,7 @@ class Summary:
     from_manifest: int = 0  # identifier taken from the manifest, file not read
     present: int = 0  # already in the store: skipped
     other_config: int = 0  # in the store, but stamped with another encoder config: re-encoded
+    stale_lora: int = 0  # in the store, but made with another adapter under this LoRA name: replaced
     encoder_config: str = ""  # this run's encoder-config digest ("" = default)
     encoded: int = 0
     failed: int = 0
@@ -140,7 +142,6 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    over_capacity: str = "keep-served", progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
-    from ..connectors.encoder_config import holds
     from ..connectors.store import open_store
 
     from ..connectors.capacity import OVER_CAPACITY
@@ -159,6 +160,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     summary = Summary(store=store.url, model=model, lora=lora, over_capacity=over_capacity)
     engine_args = dict(engine_args or {})
     summary.encoder_config = engine_encoder_config(engine_args, tag)
+    from ..connectors.lora_stamp import adapter_digest
+    lora_digest = adapter_digest(lora_path) if lora else ""
     media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
@@ -193,11 +196,15 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 if progress:
                     progress.advance(1, failed=f.rel)
                 continue
-            if ident in present and holds(store, ident, summary.encoder_config):
+            why = _stored_state(store, ident, summary.encoder_config, lora_digest) \
+                if ident in present else "absent"
+            if why == "ok":
                 summary.present += 1
             else:
-                if ident in present and ident not in todo:
+                if why == "config" and ident not in todo:
                     summary.other_config += 1
+                elif why == "lora" and ident not in todo:
+                    summary.stale_lora += 1
                 todo.setdefault(ident, f)
             if progress:
                 progress.advance(1)
@@ -227,6 +234,32 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             manifest.save()
     summary.seconds = time.perf_counter() - t_start
     return summary
+
+
+def _stored_state(store, ident: str, encoder_config: str, lora_digest: str) -> str:
+    """``ok`` (usable as is), ``config`` (another encoder config), ``lora`` (made with
+    another adapter under this LoRA name, or unstamped) or ``absent``."""
+    info = store.stat(ident)
+    if info is None:
+        return "absent"
+    if info.meta is None or info.meta.encoder_config != encoder_config:
+        return "config"
+    if lora_digest and info.meta.lora_digest != lora_digest:
+        return "lora"
+    return "ok"
+
+
+_FULL = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+
+
+def _store_full(save_errors: dict[str, str]) -> str | None:
+    """The reason when writes failed because the store cannot take more (no space,
+    quota, read-only filesystem): no later write can succeed, so the run stops."""
+    for err in save_errors.values():
+        for reason in _FULL:
+            if reason in err:
+                return reason
+    return None
 
 
 def _check_capacity(store, summary: Summary, todo: dict, wanted: int) -> None:
@@ -308,12 +341,23 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
                     summary.failures.append({"path": todo[res.identifier].rel, "error": res.error})
             if progress:
                 progress.advance(len(chunk))
+            if _store_full(engine.save_errors()):
+                break  # the store's filesystem is full: stop encoding, report below
         engine.wait_for_saves()
         save_errors = engine.save_errors()
         saved = engine.saved_identifiers()
     finally:
         engine.close()
     summary.encode_seconds = time.perf_counter() - t0
+    full = _store_full(save_errors)
+    if full:
+        written = sum(1 for ident in ok if ident in saved)
+        raise EncacheError(
+            f"the store's filesystem is full ({full}): {len(todo) - written:,} of "
+            f"{len(todo):,} entries were not written to {store.url}; every entry written is "
+            f"whole", EXIT_STORE,
+            hint="free space or set --max-bytes below the free space, then rerun: it "
+                 "encodes only what is missing")
     for ident in ok:
         info = store.stat(ident)
         if info is None and ident in saved:  # written, then evicted to honour max_bytes
@@ -377,6 +421,7 @@ def _render(summary: Summary, as_json: bool) -> None:
             ("unchanged (manifest)", summary.from_manifest),
             ("already in store", summary.present),
             *([("other encoder config", summary.other_config)] if summary.other_config else []),
+            *([("stale LoRA (other adapter)", summary.stale_lora)] if summary.stale_lora else []),
             ("encoded", summary.encoded),
             ("failed", summary.failed), ("pruned", summary.pruned),
             ("evicted (capacity)", summary.evicted),

@@ -407,7 +407,7 @@ class EntryLookup:
         serves under that name (a retrained adapter): a miss, counted ``lora_stale``."""
         if not meta.lora_digest:
             return False  # unstamped (older entries, hub adapters): nothing to compare
-        name = meta.lora or identifier.partition(":")[0]
+        name = meta.lora or identifier.rpartition(":")[0]
         want = self.lora_digests.get(name)
         if not want or want == meta.lora_digest:
             return False

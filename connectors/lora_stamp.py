@@ -25,7 +25,8 @@ import threading
 
 from blake3 import blake3
 
-__all__ = ["adapter_digest", "ADAPTER_FILES", "lora_name_of", "newest_digests", "is_stale"]
+__all__ = ["adapter_digest", "ADAPTER_FILES", "lora_name_of", "newest_digests", "newest_of",
+           "is_stale"]
 
 #: files whose bytes define the adapter (weights and the config that shapes them)
 ADAPTER_FILES = ("adapter_config.json",)
@@ -101,6 +102,17 @@ def newest_digests(infos) -> dict[str, str]:
         if name not in best or created > best[name][0]:
             best[name] = (created, digest)
     return {k: v[1] for k, v in best.items()}
+
+
+def newest_of(groups: dict[tuple[str, str], list]) -> dict[str, str]:
+    """From ``(name, digest) -> [entries, bytes, newest creation]``: name -> the digest
+    of its most recently created entries (ties: the larger group)."""
+    best: dict[str, tuple] = {}
+    for (name, digest), (n, _, newest) in groups.items():
+        key = (newest, n, digest)
+        if name not in best or key > best[name]:
+            best[name] = key
+    return {name: k[2] for name, k in best.items()}
 
 
 def is_stale(info, current: dict[str, str]) -> bool:

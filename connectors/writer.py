@@ -63,8 +63,7 @@ class EntryWriter:
             return (info is not None and info.meta is not None
                     and (self.encoder_config is None
                          or info.meta.encoder_config == self.encoder_config)
-                    and info.meta.lora_digest in ("", lora_digest)
-                    and not (info.meta.lora_digest == "" and info.meta.lora))
+                    and info.meta.lora_digest == lora_digest)
         if self.encoder_config is None:
             return self.store.contains(identifier)
         return holds(self.store, identifier, self.encoder_config)

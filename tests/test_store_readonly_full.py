@@ -106,7 +106,7 @@ def test_precompute_into_a_full_tmpfs(tiny_model, tmp_path):
                 f.write(b"\0" * (300 << 10))
             except OSError:
                 pass
-        os.truncate(filler, max(0, filler.stat().st_size - (14 << 10)))
+        os.truncate(filler, max(0, filler.stat().st_size - (48 << 10)))
         cmd = [str(Path(os.sys.executable).parent / "encache"), "precompute",
                str(tmp_path / "corpus"), "--model", tiny_model, "--store", str(store),
                "--max-model-len", "256", "--dtype", "float32", "--quiet",

@@ -191,6 +191,8 @@ class DiskStore(Store):
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only if empty: leave no trace of a failed put
             if reserved:
                 with self._lock:
                     self._used -= total
