@@ -96,3 +96,37 @@ def test_counting_is_cheap_and_updated_is_a_max(tmp_path):
     assert per_count < 50e-6, per_count  # no system call per count
     c = store.read_counters()
     assert c["hits"] == 10_000 and abs(c["updated"] - time.time()) < 60
+
+
+REDIS_CHILD = r"""
+import sys, time
+from encache.connectors.store import open_store
+from encache.connectors.lookup import EntryLookup
+from encache.connectors.vllm.config import ConnectorConfig
+cfg = ConnectorConfig.from_extra({"store": sys.argv[1]})  # the connector's defaults
+store = open_store(sys.argv[1])
+lk = EntryLookup(store, **cfg.lookup_options())
+for _ in range(5):
+    lk.count("hits")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_redis_counters_flush_within_a_second_of_counting(redis_server):
+    """Redis keeps batched counters (no per-count round trip): with the default flush
+    period a SIGKILL loses at most the last 0.5 s; counts older than that are stored."""
+    from encache.connectors.store import open_store
+
+    url = redis_server.url_for(db=3)
+    store = open_store(url)
+    store.reset_counters()
+    p = subprocess.Popen([sys.executable, "-c", REDIS_CHILD, url], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(1.5)  # > the default 0.5 s flush period (+ one tick)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    assert store.read_counters().get("hits") == 5

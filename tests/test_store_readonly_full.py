@@ -34,9 +34,10 @@ def _umount(path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-@pytest.fixture
-def readonly_store(tiny_model, tmp_path):
-    """A precomputed store, without .encache/, bind-mounted read-only."""
+@pytest.fixture(params=["without-meta-dir", "with-meta-dir"])
+def readonly_store(request, tiny_model, tmp_path):
+    """A precomputed store bind-mounted read-only: synced without its .encache/ (the case
+    that used to kill the engine), and as it was written."""
     from encache.cli.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
@@ -44,7 +45,10 @@ def readonly_store(tiny_model, tmp_path):
     src = tmp_path / "src"
     summary = run_precompute(str(tmp_path / "corpus"), tiny_model, str(src), **PRECOMPUTE_KW)
     assert summary.encoded == 3
-    shutil.rmtree(src / ".encache")  # synced without dot-directories
+    if request.param == "without-meta-dir":
+        shutil.rmtree(src / ".encache")  # synced without dot-directories
+    meta_before = sorted(p.name for p in (src / ".encache").rglob("*")) \
+        if (src / ".encache").exists() else None
     ro = tmp_path / "ro"
     ro.mkdir()
     _mount("--bind", str(src), str(ro))
@@ -52,7 +56,7 @@ def readonly_store(tiny_model, tmp_path):
         _mount("-o", "remount,bind,ro", str(ro))
         with pytest.raises(OSError):
             (ro / "probe").write_text("x")
-        yield {"store": str(ro), "files": files, "model": tiny_model}
+        yield {"store": str(ro), "files": files, "model": tiny_model, "meta": meta_before}
     finally:
         _umount(ro)
 
@@ -68,7 +72,13 @@ def test_consumer_on_readonly_store_without_meta_dir_serves_hits(readonly_store)
         assert counter.items == 0, "entries on a read-only store must be loaded, not encoded"
     finally:
         shutdown(llm)
-    assert not (Path(readonly_store["store"]) / ".encache").exists()
+    _unchanged(readonly_store)
+
+
+def _unchanged(ro: dict) -> None:
+    meta = Path(ro["store"]) / ".encache"
+    now = sorted(p.name for p in meta.rglob("*")) if meta.exists() else None
+    assert now == ro["meta"]
 
 
 def test_read_only_cli_commands_on_readonly_store(readonly_store):
@@ -86,7 +96,7 @@ def test_read_only_cli_commands_on_readonly_store(readonly_store):
                   "--store", store, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["files"][0]["in_store"] is True, r.stdout
-    assert not (Path(store) / ".encache").exists()
+    _unchanged(readonly_store)
 
 
 def test_precompute_into_a_full_tmpfs(tiny_model, tmp_path):
