@@ -1,8 +1,8 @@
 """Per-process counter files that survive SIGKILL: a small fixed-layout mapped file.
 
 What: each process serving from a disk store keeps its counters (hits, misses, load
-seconds…) in ``{root}/.encache/counters/{host}-{pid}-{start}.cnt``, a 2 KiB file mapped
-``MAP_SHARED`` and updated *in place* on every count (a few hundred nanoseconds: one
+seconds…) in ``{root}/.encache/counters/{host}.{pidns}-{pid}-{start}.cnt``, a 2 KiB file mapped
+``MAP_SHARED`` and updated *in place* on every count (a few microseconds: a lock and one
 ``struct.pack_into`` into the mapping, no system call). :func:`read_totals` adds the
 folded totals (``counters.json``) and every live file; :func:`compact` folds the files of
 processes that are gone into ``counters.json`` and deletes them, under the store's
@@ -70,7 +70,14 @@ def _start_ticks(pid: int | str = "self") -> int | None:
 
 
 def _host() -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())[:64]
+    """Host name plus PID namespace: pids are only comparable inside one namespace
+    (containers on one host may share a store directory and a host name)."""
+    host = "".join(c if c.isalnum() or c in "_." else "_" for c in socket.gethostname())[:64]
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{host}.{ns}"
 
 
 class LiveCounters:

@@ -74,6 +74,9 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
+        for key in ("lora_stale", "misses_model"):  # likewise (docs/operations.md)
+            if d.get(key):
+                out[key] = int(d[key])
         return out
 
     def is_empty(self) -> bool:
