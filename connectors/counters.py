@@ -95,6 +95,7 @@ class LiveCounters:
         finally:
             os.close(fd)
         _HEAD.pack_into(self._map, 0, MAGIC, pid, start, time.time())
+        self._values = memoryview(self._map).cast("d")  # slot values are 8-byte aligned
         self._lock = threading.Lock()
         self._offsets: dict[str, int] = {}
         for i in range(SLOTS):  # reopened by the same process (a second store object)
@@ -106,6 +107,7 @@ class LiveCounters:
         self._next = len(self._offsets)
 
     def _slot(self, name: str) -> int | None:
+        """Index of ``name``'s value in the file seen as float64s (claims a slot)."""
         off = self._offsets.get(name)
         if off is None:
             if self._next >= SLOTS:
@@ -115,18 +117,17 @@ class LiveCounters:
             struct.pack_into("<d", self._map, off + 24, 0.0)  # value first, then the name
             struct.pack_into("<24s", self._map, off, name.encode("ascii")[:24])
             self._offsets[name] = off
-        return off + 24
+        return (off + 24) // 8
 
     def add(self, name: str, value: float = 1) -> None:
         """Add ``value`` to counter ``name`` in place (and stamp ``updated``)."""
         with self._lock:
-            off = self._slot(name)
-            if off is not None:
-                (old,) = struct.unpack_from("<d", self._map, off)
-                struct.pack_into("<d", self._map, off, old + value)
+            i = self._slot(name)
+            if i is not None:
+                self._values[i] += value
             up = self._slot("updated")
             if up is not None:
-                struct.pack_into("<d", self._map, up, time.time())
+                self._values[up] = time.time()
 
     def add_many(self, deltas: dict[str, float]) -> None:
         for k, v in deltas.items():
