@@ -61,6 +61,7 @@ class MissDiagnosis:
         self._learned_at = 0.0
         self._learning = False
         self._misses = 0  # model-mismatch misses since the last line
+        self._same: list[str] = []  # stored model ids resolving to this engine's model
 
     # -- what the store holds ----------------------------------------------------
     def _learn(self) -> None:
@@ -73,9 +74,12 @@ class MissDiagnosis:
                     break
         except Exception:  # store down: try again at the next refresh
             models = None
+        # resolved here, off the scheduler's path: stored ids naming this engine's model
+        same = sorted(m for m in models if same_model(m, self.model_id)) if models else []
         with self._lock:
             if models is not None:
                 self._models = models
+                self._same = same
             self._learned_at = time.monotonic()
             self._learning = False
 
@@ -119,7 +123,7 @@ class MissDiagnosis:
         with self._lock:
             self._misses += 1
             n = self._misses
-        same = [m for m in stored if same_model(m, self.model_id)]
+            same = self._same
         if same:
             hint = (f"(the same model directory): identifiers hash the model id string "
                     f"exactly as given to --model; serve with --model {same[0]!r} or "
