@@ -59,3 +59,22 @@ def test_corpus_larger_than_capacity(tiny_model, tmp_path):
     r = CliRunner().invoke(app, ["precompute", str(tmp_path / "corpus"), "--model", tiny_model,
                                  "--store", store_path, "--over-capacity", "bogus"])
     assert r.exit_code == 2
+
+
+def test_skip_fills_free_room_and_evicts_nothing(tiny_model, tmp_path):
+    """--over-capacity skip from an empty store: encodes batch by batch while there is
+    room under the low watermark, then skips the rest; the store never evicts."""
+    from encache.cli.precompute import run_precompute
+    from make_demo_corpus import make_corpus
+
+    make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
+    store_path = str(tmp_path / "store")
+    s = run_precompute(str(tmp_path / "corpus"), tiny_model, store_path, max_bytes=CAP,
+                       over_capacity="skip", batch=4, **PRECOMPUTE_KW)
+    store = open_store(store_path)
+    kept = list(store.identifiers())
+    assert s.failed == 0 and s.encoded == len(kept) > 0
+    assert s.skipped_capacity == 24 - s.encoded > 0
+    assert s.evicted == 0 and store.read_counters().get("evictions", 0) == 0
+    assert store.used_bytes() <= CAP
+    assert s.capacity is not None and "skipped" in s.capacity["message"]
