@@ -9,6 +9,7 @@ for cron mail, ``--prune-missing`` to drop entries whose source images left the 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
+from .errors import EXIT_ENGINE, EXIT_OK, EXIT_PARTIAL, EXIT_STORE, EXIT_USAGE, EncacheError
 from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
 
@@ -32,11 +33,16 @@ class Summary:
     from_manifest: int = 0  # identifier taken from the manifest, file not read
     present: int = 0  # already in the store: skipped
     other_config: int = 0  # in the store, but stamped with another encoder config: re-encoded
+    stale_lora: int = 0  # in the store, but made with another adapter under this LoRA name: replaced
     encoder_config: str = ""  # this run's encoder-config digest ("" = default)
     encoded: int = 0
     failed: int = 0
     pruned: int = 0
-    evicted: int = 0  # encoded and written, then evicted by the store's capacity this run
+    evicted: int = 0  # entries the store evicted for capacity during this run (any entry)
+    evicted_own: int = 0  # of those, entries this run wrote (encoded, then evicted)
+    skipped_capacity: int = 0  # missing, not encoded: no room without eviction (--over-capacity skip)
+    over_capacity: str = "keep-served"
+    capacity: dict | None = None  # the corpus needs more than max_bytes: numbers + message
     bytes_written: int = 0
     engine_started: bool = False
     seconds: float = 0.0
@@ -133,13 +139,17 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    max_model_len: int | None = None, dtype: str | None = None,
                    engine_args: dict | None = None, max_bytes: int | None = None,
                    hash_algo: str = "blake3", tag: str | None = None,
-                   progress=None) -> Summary:
+                   over_capacity: str = "keep-served", progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
-    from ..connectors.encoder_config import holds
     from ..connectors.store import open_store
 
+    from ..connectors.capacity import OVER_CAPACITY
+
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
+    if over_capacity not in OVER_CAPACITY:
+        raise EncacheError(f"--over-capacity must be one of {', '.join(OVER_CAPACITY)}",
+                           EXIT_USAGE)
     for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if not isinstance((engine_args or {}).get(name) or {}, dict):
             example = ('{"max_pixels": 1003520}' if name == "mm_processor_kwargs"
@@ -147,9 +157,11 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             raise EncacheError(f"--engine-arg {name}= expects a JSON object, e.g. "
                                f"{name}='{example}'", EXIT_USAGE)
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
-    summary = Summary(store=store.url, model=model, lora=lora)
+    summary = Summary(store=store.url, model=model, lora=lora, over_capacity=over_capacity)
     engine_args = dict(engine_args or {})
     summary.encoder_config = engine_encoder_config(engine_args, tag)
+    from ..connectors.lora_stamp import adapter_digest
+    lora_digest = adapter_digest(lora_path) if lora else ""
     media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
     t_start = time.perf_counter()
     with store.lock("precompute", wait=wait):
@@ -184,19 +196,28 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 if progress:
                     progress.advance(1, failed=f.rel)
                 continue
-            if ident in present and holds(store, ident, summary.encoder_config):
+            why = _stored_state(store, ident, summary.encoder_config, lora_digest) \
+                if ident in present else "absent"
+            if why == "ok":
                 summary.present += 1
             else:
-                if ident in present and ident not in todo:
+                if why == "config" and ident not in todo:
                     summary.other_config += 1
+                elif why == "lora" and ident not in todo:
+                    summary.stale_lora += 1
                 todo.setdefault(ident, f)
             if progress:
                 progress.advance(1)
+        wanted = summary.present + len(todo)  # distinct identifiers the corpus needs
         if todo and not dry_run:
+            evictions_before = store.read_counters().get("evictions", 0)
             _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
                             engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                            progress=progress)
+                            over_capacity=over_capacity, progress=progress)
+            summary.evicted = max(summary.evicted_own, int(
+                store.read_counters().get("evictions", 0) - evictions_before))
+        _check_capacity(store, summary, todo, wanted)
         if prune_missing and not dry_run:
             current = {f.rel for f in files}
             gone = [rel for rel in list(manifest.files) if rel not in current]
@@ -215,11 +236,59 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
     return summary
 
 
+def _stored_state(store, ident: str, encoder_config: str, lora_digest: str) -> str:
+    """``ok`` (usable as is), ``config`` (another encoder config), ``lora`` (made with
+    another adapter under this LoRA name, or unstamped) or ``absent``."""
+    info = store.stat(ident)
+    if info is None:
+        return "absent"
+    if info.meta is None or info.meta.encoder_config != encoder_config:
+        return "config"
+    if lora_digest and info.meta.lora_digest != lora_digest:
+        return "lora"
+    return "ok"
+
+
+_FULL = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+
+
+def _store_full(save_errors: dict[str, str]) -> str | None:
+    """The reason when writes failed because the store cannot take more (no space,
+    quota, read-only filesystem): no later write can succeed, so the run stops."""
+    for err in save_errors.values():
+        for reason in _FULL:
+            if reason in err:
+                return reason
+    return None
+
+
+def _check_capacity(store, summary: Summary, todo: dict, wanted: int) -> None:
+    """Compare what the corpus needs with the store's capacity; note it once (numbers)."""
+    from ..connectors.capacity import capacity_note, mean_entry_bytes
+
+    cap = getattr(store, "max_bytes", None)
+    if not cap or not wanted:
+        return
+    if summary.encoded > summary.evicted_own and summary.bytes_written:
+        mean = summary.bytes_written / (summary.encoded - summary.evicted_own)
+    else:
+        mean = mean_entry_bytes(store, store.identifiers())
+    summary.capacity = capacity_note(wanted, mean, cap, summary.over_capacity)
+
+
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
                     lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
-                    progress) -> None:
+                    over_capacity="keep-served", progress=None) -> None:
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
 
+    budget = None
+    if over_capacity == "skip" and getattr(store, "max_bytes", None):
+        from ..connectors.capacity import RoomBudget, mean_entry_bytes
+        budget = RoomBudget(store, store.max_bytes, getattr(store, "low_watermark", 0.9),
+                            mean_entry_bytes(store, store.identifiers()))
+        if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
+            summary.skipped_capacity += len(todo)
+            return
     # the engine's connector opens the store itself: give it the real URL (store.url is
     # redacted for display and would fail AUTH)
     opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
@@ -243,6 +312,19 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
             progress.start("encoding", len(items))
         for i in range(0, len(items), batch):
             chunk = items[i:i + batch]
+            if budget is not None:
+                if ok and budget.mean_bytes is None:
+                    engine.wait_for_saves()
+                    budget.mean_bytes = mean_entry_bytes(store, ok)
+                elif ok:
+                    engine.wait_for_saves()  # the store's usage must include what is queued
+                n = budget.fits(len(chunk))
+                summary.skipped_capacity += len(chunk) - n
+                if progress and n < len(chunk):
+                    progress.advance(len(chunk) - n)
+                chunk = chunk[:n]
+                if not chunk:
+                    continue
             payload = []
             for ident, f in chunk:
                 try:
@@ -259,17 +341,28 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
                     summary.failures.append({"path": todo[res.identifier].rel, "error": res.error})
             if progress:
                 progress.advance(len(chunk))
+            if _store_full(engine.save_errors()):
+                break  # the store's filesystem is full: stop encoding, report below
         engine.wait_for_saves()
         save_errors = engine.save_errors()
         saved = engine.saved_identifiers()
     finally:
         engine.close()
     summary.encode_seconds = time.perf_counter() - t0
+    full = _store_full(save_errors)
+    if full:
+        written = sum(1 for ident in ok if ident in saved)
+        raise EncacheError(
+            f"the store's filesystem is full ({full}): {len(todo) - written:,} of "
+            f"{len(todo):,} entries were not written to {store.url}; every entry written is "
+            f"whole", EXIT_STORE,
+            hint="free space or set --max-bytes below the free space, then rerun: it "
+                 "encodes only what is missing")
     for ident in ok:
         info = store.stat(ident)
         if info is None and ident in saved:  # written, then evicted to honour max_bytes
             summary.encoded += 1
-            summary.evicted += 1
+            summary.evicted_own += 1
         elif info is None:
             summary.failed += 1
             err = save_errors.get(ident) or "the engine stored no entry under the expected identifier"
@@ -328,9 +421,12 @@ def _render(summary: Summary, as_json: bool) -> None:
             ("unchanged (manifest)", summary.from_manifest),
             ("already in store", summary.present),
             *([("other encoder config", summary.other_config)] if summary.other_config else []),
+            *([("stale LoRA (other adapter)", summary.stale_lora)] if summary.stale_lora else []),
             ("encoded", summary.encoded),
             ("failed", summary.failed), ("pruned", summary.pruned),
             ("evicted (capacity)", summary.evicted),
+            *([("skipped (capacity)", summary.skipped_capacity)]
+              if summary.skipped_capacity else []),
             ("bytes written", f"{summary.bytes_written:,}"),
             ("images/s", f"{summary.images_per_second:.1f}"),
             ("seconds", f"{summary.seconds:.2f}")]
@@ -338,6 +434,8 @@ def _render(summary: Summary, as_json: bool) -> None:
         t.add_row(k, str(v))
     console = Console()
     console.print(t)
+    if summary.capacity:
+        console.print(f"[yellow]over capacity:[/] {summary.capacity['message']}")
     for fail in summary.failures[:20]:
         console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
     if len(summary.failures) > 20:
@@ -363,6 +461,11 @@ def register(app: typer.Typer) -> None:
         engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
         max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
         tag: TagOpt = None,
+        over_capacity: Annotated[str, typer.Option(
+            "--over-capacity", metavar="keep-served|skip",
+            help="When the corpus needs more than the store's capacity: keep-served (encode "
+                 "every missing image; the least recently served entries are evicted) or "
+                 "skip (encode only into free room; evict nothing).")] = "keep-served",
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
@@ -382,7 +485,8 @@ def register(app: typer.Typer) -> None:
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
-                engine_args=engine_args, max_bytes=max_bytes, tag=tag, progress=progress)
+                engine_args=engine_args, max_bytes=max_bytes, tag=tag,
+                over_capacity=over_capacity, progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)

@@ -61,6 +61,13 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt = None,
         older_than: OlderThanOpt = None,
         all_: Annotated[bool, typer.Option("--all", help="Every entry in the store.")] = False,
+        stale: Annotated[bool, typer.Option(
+            "--stale", help="With --lora NAME: only entries made with another adapter than "
+                            "the newest one written under NAME (or than --lora-path).")] = False,
+        lora_path: Annotated[str | None, typer.Option(
+            "--lora-path", metavar="DIR",
+            help="With --stale: the adapter now served under NAME; entries made with any "
+                 "other are stale.")] = None,
         dry_run: DryRunOpt = False,
         yes: YesOpt = False,
         verbose: Annotated[bool, typer.Option(
@@ -73,7 +80,7 @@ def register(app: typer.Typer) -> None:
         """Delete entries by --lora, --model, --older-than, or --all (plan, confirm, delete).
 
         --lora NAME matches identifiers NAME:<hash> and entries whose metadata names that
-        LoRA; --older-than matches entries not written or read for that long. Filters
+        LoRA (--stale: only those made with an older adapter under NAME); --older-than matches entries not written or read for that long. Filters
         combine (AND)."""
         from encache.cli import errors
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
@@ -81,6 +88,16 @@ def register(app: typer.Typer) -> None:
         from encache.connectors.store.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
+        if stale and not lora:
+            raise usage("--stale needs --lora NAME", hint="e.g. purge --lora NAME --stale")
+        if lora_path and not stale:
+            raise usage("--lora-path is only used with --stale")
+        current = None
+        if lora_path:
+            from encache.connectors.lora_stamp import adapter_digest
+            current = adapter_digest(lora_path)
+            if not current:
+                raise usage(f"no LoRA adapter files in {lora_path}")
         if all_ and flt.active:
             raise usage("--all cannot be combined with --lora, --model or --older-than")
         if not all_ and not flt.active:
@@ -89,8 +106,13 @@ def register(app: typer.Typer) -> None:
         with opened(store) as st:
             url = display_url(store, st)
             with progress("Planning", quiet=quiet or json_) as tick, no_gc():
-                plan = build_purge_plan(st, flt, display_url=url, everything=all_,
-                                        progress=tick)
+                if stale:
+                    from encache.connectors.store.plan import build_stale_lora_plan
+                    plan = build_stale_lora_plan(st, flt, display_url=url, current=current,
+                                                 progress=tick)
+                else:
+                    plan = build_purge_plan(st, flt, display_url=url, everything=all_,
+                                            progress=tick)
             if not json_ and not quiet:
                 render_plan(plan, 0 if verbose else SHOW_ROWS)
                 if plan.count:

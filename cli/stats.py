@@ -19,6 +19,12 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+#: the reasons misses are broken down by (see encache.connectors.diagnosis)
+MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt")
+REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "config mismatch",
+                 "lora_stale": "LoRA stale", "corrupt": "corrupt"}
+
+
 def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = None,
                 progress=None) -> dict:
     """The ``stats`` data (JSON-ready: raw bytes, epoch seconds)."""
@@ -57,11 +63,16 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "by_model": groups(summary.by_model),
         "by_lora": groups(summary.by_lora),
         "by_encoder_config": groups(summary.by_encoder_config),
+        # entries made with an older adapter under a LoRA name (`purge --lora NAME --stale`)
+        "stale_lora": groups(summary.stale_lora()),
         "hits": hits,
         "misses": misses,
         "hit_ratio": _ratio(hits, lookups),
         "load_errors": c("load_errors"),
         "config_mismatches": c("config_mismatches"),
+        "lora_stale": c("lora_stale"),
+        # why engines missed (counted per miss; older engines recorded no reason)
+        "misses_by_reason": {r: c("misses_" + r) for r in MISS_REASONS},
         "load_seconds": c("load_seconds"),
         # load_seconds accumulates over successful loads (hits)
         "mean_load_seconds": _ratio(c("load_seconds"), hits),
@@ -103,6 +114,11 @@ def backend_rows(info: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _reasons(s: dict) -> str:
+    parts = [f"{REASON_LABELS[r]} {n:,}" for r, n in s["misses_by_reason"].items() if n]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def render_table(s: dict) -> None:
     from encache.cli.render import (human_ago, human_bytes, human_duration, human_pct,
                                     human_time, or_dash, print_renderables, table)
@@ -132,12 +148,13 @@ def render_table(s: dict) -> None:
     lookups = s["hits"] + s["misses"]
     crow = [
         ("Hits", f"{s['hits']:,}"),
-        ("Misses", f"{s['misses']:,}"),
+        ("Misses", f"{s['misses']:,}" + _reasons(s)),
         ("Hit ratio", human_pct(s["hit_ratio"]) + (f" of {lookups:,} lookups" if lookups else "")),
         ("Mean load time", human_duration(s["mean_load_seconds"])),
         ("Loaded", human_bytes(s["bytes_loaded"])),
         ("Load errors", f"{s['load_errors']:,}"),
         ("Config mismatches", f"{s['config_mismatches']:,}"),
+        *([("Stale LoRA loads", f"{s['lora_stale']:,}")] if s["lora_stale"] else []),
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),
         ("Evictions", f"{s['evictions']:,}"),
@@ -158,6 +175,8 @@ def render_table(s: dict) -> None:
     if s["entries"]:
         items += [breakdown("Model", "by_model", "(unknown)"),
                   breakdown("LoRA", "by_lora", "(none)")]
+        if s["stale_lora"]:
+            items.append(breakdown("Stale LoRA (older adapter)", "stale_lora", "(none)"))
         if any(g["name"] for g in s["by_encoder_config"]):  # more than the default config
             items.append(breakdown("Encoder config", "by_encoder_config", "(unreadable)",
                                    "(default)"))

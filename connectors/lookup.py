@@ -107,6 +107,20 @@ def parse_verify(value) -> tuple[bool, bool]:
     return bool(value), False
 
 
+def open_live_counters(store: Store, warn: RateLimitedLog):
+    """The store's in-place per-process counters (:mod:`.counters`), or None: the store
+    has none (Redis: batched flushes) or cannot be written (a read-only mount)."""
+    live = getattr(store, "live_counters", None)
+    if live is None or getattr(store, "read_only", False):
+        return None
+    try:
+        return live()
+    except OSError as e:
+        warn.warning("counters", "encache: cannot keep counters in %s (%s); they are only "
+                     "reported in the engine's metrics", store.url, e)
+        return None
+
+
 class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
@@ -136,6 +150,13 @@ class EntryLookup:
         self._staged_bytes = 0
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._counters: dict[str, float] = {}
+        #: LoRA name -> digest of the adapter this engine serves under it (kept by the
+        #: connector from its requests); a stamped entry with another digest is a miss
+        self.lora_digests: dict[str, str] = {}
+        self._reasons: dict[str, str] = {}  # identifier -> why it was last a miss
+        # counts go straight into a per-process file where the store offers one (disk):
+        # they survive the engine's SIGKILL; otherwise they are batched and flushed
+        self._live = open_live_counters(store, self.warn)
         self._interval: dict[str, float] = {}  # since the last take_interval() (engine metrics)
         self._latencies: list[float] = []
         self._last_flush = time.monotonic()
@@ -307,6 +328,7 @@ class EntryLookup:
             if st is not None:
                 self._staged_bytes -= st.nbytes
             self._bad[identifier] = time.monotonic() + 60.0
+            self._note_reason(identifier, "corrupt")
         self.count("load_errors")
         self.warn.warning("reject:" + reason, "encache: entry %s unusable (%s); re-encoding",
                           identifier, reason)
@@ -344,11 +366,14 @@ class EntryLookup:
                     known[3] = now
                 if self.encoder_config is not None and meta.encoder_config != self.encoder_config:
                     self._mismatch(identifier, meta.encoder_config)
+                elif self.lora_digests and self._lora_stale(identifier, meta):
+                    pass
                 else:
                     staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
         except CorruptEntry as e:
             with self._lock:
                 self._bad[identifier] = time.monotonic() + 60.0
+                self._note_reason(identifier, "corrupt")
             self.count("load_errors")
             self.warn.warning("corrupt", "encache: entry %s in %s is corrupt (%s); re-encoding",
                               identifier, self.store.url, e)
@@ -369,12 +394,47 @@ class EntryLookup:
         a producer on this config overwrites it), retried after a minute."""
         with self._lock:
             self._bad[identifier] = time.monotonic() + 60.0
+            self._note_reason(identifier, "config")
         self.count("config_mismatches")
         self.warn.warning("encoder-config",
                           "encache: entry %s in %s was produced under encoder config %r, this "
                           "engine's is %r (server mm_processor_kwargs / revision / tag "
                           "differ); re-encoding", identifier, self.store.url,
                           stamped or "default", self.encoder_config or "default")
+
+    def _lora_stale(self, identifier: str, meta: EntryMeta) -> bool:
+        """A LoRA entry stamped with another adapter digest than the one this engine
+        serves under that name (a retrained adapter): a miss, counted ``lora_stale``."""
+        if not meta.lora_digest:
+            return False  # unstamped (older entries, hub adapters): nothing to compare
+        name = meta.lora or identifier.rpartition(":")[0]
+        want = self.lora_digests.get(name)
+        if not want or want == meta.lora_digest:
+            return False
+        with self._lock:
+            self._bad[identifier] = time.monotonic() + 60.0
+            self._note_reason(identifier, "lora_stale")
+        self.count("lora_stale")
+        self.warn.warning("lora-stale:" + name,
+                          "encache: entries for LoRA %r in %s were produced with adapter "
+                          "digest %s, this engine serves %s under that name (retrained?); "
+                          "re-encoding. Refresh them with `encache precompute --lora %s "
+                          "--lora-path DIR` or remove them with `encache purge --lora %s "
+                          "--stale`", name, self.store.url, meta.lora_digest, want, name, name)
+        return True
+
+    def _note_reason(self, identifier: str, reason: str) -> None:  # caller holds the lock
+        if len(self._reasons) > 100_000:
+            self._reasons.clear()
+        self._reasons[identifier] = reason
+
+    def miss_reason(self, identifier: str) -> str:
+        """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an
+        entry was found but not usable), else ``absent``."""
+        with self._lock:
+            if self._bad.get(identifier, 0) > time.monotonic():
+                return self._reasons.get(identifier, "corrupt")
+        return "absent"
 
     def _known(self, identifier: str, version) -> list | None:
         """The record ``[identifier, meta, offset, last_load]`` of an already validated
@@ -428,6 +488,8 @@ class EntryLookup:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + value
             self._interval[name] = self._interval.get(name, 0) + value
+        if self._live is not None:
+            self._live.add(name, value)
 
     def observe_load(self, seconds: float) -> None:
         with self._lock:
@@ -455,7 +517,9 @@ class EntryLookup:
         with self._lock:
             deltas, self._counters = self._counters, {}
             self._last_flush = now
-        if not deltas:
+        if not deltas or self._live is not None or getattr(self.store, "read_only", False):
+            # recorded in place already, or a read-only store that records nothing (the
+            # engine's metrics still do)
             return
         self._flush(deltas)
 

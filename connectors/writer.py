@@ -39,6 +39,8 @@ class EntryWriter:
         self._pending_bytes = 0
         self._pending = 0
         self.counters: dict[str, float] = {}
+        from .lookup import open_live_counters
+        self._live = open_live_counters(store, self.warn)  # survives SIGKILL (disk)
         self.saved: list[str] = []  # identifiers written by this writer (bounded)
         self.errors: dict[str, str] = {}
 
@@ -53,15 +55,22 @@ class EntryWriter:
             self._pending += 1
         self._pool.submit(self._write, identifier, data_fn, nbytes, meta)
 
-    def _current(self, identifier: str) -> bool:
-        """Whether the store already holds a usable entry for this producer."""
+    def _current(self, identifier: str, lora_digest: str = "") -> bool:
+        """Whether the store already holds a usable entry for this producer (same encoder
+        config and, for a stamped LoRA entry, the same adapter digest)."""
+        if lora_digest:
+            info = self.store.stat(identifier)
+            return (info is not None and info.meta is not None
+                    and (self.encoder_config is None
+                         or info.meta.encoder_config == self.encoder_config)
+                    and info.meta.lora_digest == lora_digest)
         if self.encoder_config is None:
             return self.store.contains(identifier)
         return holds(self.store, identifier, self.encoder_config)
 
     def _write(self, identifier, data_fn, nbytes, meta) -> None:
         try:
-            if self.skip_existing and self._current(identifier):
+            if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
                 self._count("skipped_existing")
                 return
             data, dtype, shape = data_fn()
@@ -87,13 +96,16 @@ class EntryWriter:
                 self._cond.notify_all()
 
     def _count(self, name: str, value: float = 1) -> None:
+        if self._live is not None:
+            self._live.add(name, value)
         with self._cond:
             self.counters[name] = self.counters.get(name, 0) + value
 
     def take_counters(self) -> dict[str, float]:
+        """Counter deltas the store has not recorded yet (none with live counters)."""
         with self._cond:
             out, self.counters = self.counters, {}
-        return out
+        return {} if self._live is not None else out
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted entry is written (or failed). True if drained."""

@@ -19,6 +19,9 @@ def test_stats_aggregate_and_reduce():
     mismatched = m.aggregate(EncacheStats(data={"config_mismatches": 3}))
     assert mismatched.reduce()["config_mismatches"] == 3 and not EncacheStats(
         data={"config_mismatches": 1}).is_empty()
+    stale = m.aggregate(EncacheStats(data={"lora_stale": 2, "misses_model": 5}))
+    assert stale.reduce()["lora_stale"] == 2 and stale.reduce()["misses_model"] == 5
+    assert not EncacheStats(data={"lora_stale": 1}).is_empty()
     m.reset()
     assert m.is_empty()
 

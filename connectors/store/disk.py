@@ -4,7 +4,8 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
 
     {root}/{name}/encoder_cache.safetensors   one entry; name = keys.to_name(identifier)
     {root}/.encache/config.json               store settings (capacity)
-    {root}/.encache/counters.json             consumer counters (flock-guarded)
+    {root}/.encache/counters.json             folded counter totals (flock-guarded)
+    {root}/.encache/counters/*.cnt            one in-place counter file per running process
     {root}/.encache/*.lock                    exclusive locks (precompute)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
@@ -64,11 +65,18 @@ class DiskStore(Store):
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
                  low_watermark: float = 0.9, load_mode: str = "auto"):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
+        #: the store's directory cannot be written (a read-only mount, a store synced
+        #: without its .encache/): serving reads and read-only commands still work
+        self.read_only = False
         if create:
             try:
                 (self.root / META_DIR).mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise StoreError(f"cannot create store at {self.root}: {e.strerror}") from None
+                if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not self.root.is_dir():
+                    raise StoreError(f"cannot create store at {self.root}: {e.strerror}") from None
+                self.read_only = True
+            else:
+                self.read_only = not os.access(self.root / META_DIR, os.W_OK)
         elif not self.root.is_dir():
             raise StoreError(f"no store at {self.root} (directory not found)")
         if eviction not in EVICTION_POLICIES:
@@ -89,7 +97,8 @@ class DiskStore(Store):
         self._config = self._read_config()
         if max_bytes is not None and max_bytes != self._config.get("max_bytes"):
             self._config["max_bytes"] = int(max_bytes) if max_bytes > 0 else None
-            self._write_config()
+            if not self.read_only:
+                self._write_config()
         self._lock = threading.Lock()
         self._used: int | None = None
         self._used_at = 0.0
@@ -182,6 +191,8 @@ class DiskStore(Store):
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # only if empty: leave no trace of a failed put
             if reserved:
                 with self._lock:
                     self._used -= total
@@ -336,37 +347,56 @@ class DiskStore(Store):
         _atomic_write_json(self._meta("config.json"), self._config)
 
     @contextlib.contextmanager
-    def _counters_locked(self):
+    def _counters_locked(self, shared: bool = False):
         self._meta("").mkdir(parents=True, exist_ok=True)
         with open(self._meta("counters.lock"), "a") as lk:
-            fcntl.flock(lk, fcntl.LOCK_EX)
+            fcntl.flock(lk, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lk, fcntl.LOCK_UN)
+
+    def live_counters(self):
+        """This process's in-place counter file (:mod:`encache.connectors.counters`):
+        counts written there survive SIGKILL. Folds dead processes' files first."""
+        from .. import counters
+
+        with self._counters_locked():
+            counters.compact(self._meta(""), _atomic_write_json)
+        return counters.live_counters(self._meta(""))
 
     def add_counters(self, deltas: dict[str, float]) -> None:
         deltas = {k: v for k, v in deltas.items() if v}
         if not deltas:
             return
         with self._counters_locked():
-            counters = self.read_counters()
+            from ..counters import read_json
+
+            counters = read_json(self._meta("counters.json"))
             for k, v in deltas.items():
                 counters[k] = counters.get(k, 0) + v
             counters["updated"] = time.time()
             _atomic_write_json(self._meta("counters.json"), counters)
 
     def read_counters(self) -> dict[str, float]:
+        """Folded totals + every running process's counter file. Folds the files of
+        processes that are gone (when the store is writable), so the directory does not
+        grow; a read-only store is read as it is."""
+        from .. import counters
+
+        meta = self._meta("")
         try:
-            data = json.loads(self._meta("counters.json").read_text())
-            return data if isinstance(data, dict) else {}
-        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-            return {}
+            with self._counters_locked():
+                counters.compact(meta, _atomic_write_json)
+                return counters.read_totals(meta)
+        except OSError:  # read-only or foreign store: no lock, no compaction
+            return counters.read_totals(meta)
 
     def reset_counters(self) -> None:
+        from .. import counters
+
         with self._counters_locked():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._meta("counters.json"))
+            counters.reset(self._meta(""), _atomic_write_json)
 
     def info(self) -> StoreInfo:
         extra = {"filesystem": self.fs_type,

@@ -15,6 +15,8 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
     checksum        ``xxh3_128:<hex>`` of the tensor bytes (``blake3:`` also verified)
     encoder_config  digest of the producer's non-default encoder settings
                     (:mod:`encache.connectors.encoder_config`); absent for the default
+    lora_digest     digest of the LoRA adapter's files (:mod:`encache.connectors.lora_stamp`);
+                    absent without a LoRA or for an adapter that is not a local directory
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.
@@ -43,7 +45,8 @@ MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
 _JSON = json.JSONDecoder()
 _KNOWN_METADATA = frozenset({"encache_format", "identifier", "lora", "model", "vllm_version",
-                             "hash_algo", "created", "checksum", "encoder_config"})
+                             "hash_algo", "created", "checksum", "encoder_config",
+                             "lora_digest"})
 
 # safetensors dtype codes -> item size in bytes
 DTYPE_SIZES = {
@@ -80,6 +83,8 @@ class EntryMeta:
     format_version: str | None = None
     #: digest of the producer's non-default encoder settings; "" = default (or unstamped)
     encoder_config: str = ""
+    #: digest of the LoRA adapter's files the entry was produced with; "" = unstamped
+    lora_digest: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -93,7 +98,7 @@ class EntryMeta:
             "vllm_version": self.vllm_version, "hash_algo": self.hash_algo,
             "created": self.created, "checksum": self.checksum,
             "format_version": self.format_version, "legacy": self.legacy,
-            "encoder_config": self.encoder_config,
+            "encoder_config": self.encoder_config, "lora_digest": self.lora_digest,
         }
 
 
@@ -122,7 +127,8 @@ def checksum_matches(data, recorded: str) -> bool:
 def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None = None,
                  lora: str | None = None, vllm_version: str | None = None,
                  hash_algo: str | None = None, created: float | None = None,
-                 encoder_config: str | None = None) -> tuple[bytes, object]:
+                 encoder_config: str | None = None,
+                 lora_digest: str | None = None) -> tuple[bytes, object]:
     """Return ``(header_bytes, data)``; the entry is their concatenation.
 
     ``data`` is any buffer (bytes, memoryview, numpy/torch uint8 view) of the tensor in
@@ -151,6 +157,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
     }
     if encoder_config:
         meta["encoder_config"] = str(encoder_config)
+    if lora_digest:
+        meta["lora_digest"] = str(lora_digest)
     header = {
         "__metadata__": meta,
         TENSOR_KEY: {"dtype": dtype, "shape": list(shape), "data_offsets": [0, nbytes]},
@@ -224,6 +232,7 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         vllm_version=md.get("vllm_version") or None, hash_algo=md.get("hash_algo") or None,
         created=created, checksum=md.get("checksum") or None, format_version=fmt,
         encoder_config=str(md.get("encoder_config") or ""),
+        lora_digest=str(md.get("lora_digest") or ""),
         extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA},
     )
     return meta, start + begin

@@ -113,6 +113,23 @@ def build_purge_plan(store: Store, flt: EntryFilter | None, *, display_url: str,
     return DeletePlan(display_url, items, "all entries" if everything else flt.describe())
 
 
+def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
+                          current: str | None = None,
+                          progress: Callable[[int], None] | None = None) -> DeletePlan:
+    """Entries of ``flt.lora`` stamped with another adapter digest than ``current`` (by
+    default: the digest of the LoRA's most recently written entries), i.e. made with an
+    adapter since retrained under the same name. Unstamped entries are never selected."""
+    from ..lora_stamp import is_stale, newest_digests
+
+    entries = list(scan(store, flt, progress))
+    digests = {flt.lora: current} if current else newest_digests(entries)
+    items = tuple(sorted((PlanItem.for_entry(e, "delete", "stale-lora") for e in entries
+                          if is_stale(e, digests)), key=lambda i: i.identifier))
+    what = f"adapter digest {current}" if current else "the newest adapter"
+    return DeletePlan(display_url, items, f"{flt.describe()}, made with another adapter than "
+                                          f"{what}")
+
+
 def build_repair_plan(store: Store, bad: Iterable[tuple[EntryInfo, str]],
                       strays: Iterable[Path] = (), *, display_url: str,
                       quarantine: bool = True) -> DeletePlan:

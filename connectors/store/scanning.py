@@ -132,6 +132,8 @@ class Summary:
     by_lora: dict[str | None, Group] = field(default_factory=dict)
     #: encoder-config digest ("" = default) -> group; None for unreadable headers
     by_encoder_config: dict[str | None, Group] = field(default_factory=dict)
+    #: (LoRA name, adapter digest) -> [entries, bytes, newest creation]: stale-LoRA view
+    lora_digests: dict[tuple[str, str], list] = field(default_factory=dict)
 
     def add(self, e: EntryInfo) -> None:
         size = e.size
@@ -162,6 +164,25 @@ class Summary:
                 g = groups[key] = Group()
             g.entries += 1
             g.bytes += size
+        if meta is not None and meta.lora_digest and e.lora:
+            d = self.lora_digests.setdefault((e.lora, meta.lora_digest), [0, 0, 0.0])
+            d[0] += 1
+            d[1] += size
+            d[2] = max(d[2], c or 0.0)
+
+    def stale_lora(self) -> dict[str, Group]:
+        """LoRA name -> entries stamped with an adapter digest other than the newest one
+        written under that name (a retrained adapter's predecessors)."""
+        from ..lora_stamp import newest_of
+
+        out: dict[str, Group] = {}
+        current = newest_of(self.lora_digests)
+        for (name, digest), (n, size, _) in self.lora_digests.items():
+            if digest != current[name]:
+                g = out.setdefault(name, Group())
+                g.entries += n
+                g.bytes += size
+        return out
 
     def merge(self, other: Summary) -> Summary:
         self.entries += other.entries
@@ -181,6 +202,11 @@ class Summary:
                 m = mine.setdefault(k, Group())
                 m.entries += g.entries
                 m.bytes += g.bytes
+        for k, (n, size, newest) in other.lora_digests.items():
+            d = self.lora_digests.setdefault(k, [0, 0, 0.0])
+            d[0] += n
+            d[1] += size
+            d[2] = max(d[2], newest)
         return self
 
 

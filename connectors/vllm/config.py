@@ -27,7 +27,9 @@ class ConnectorConfig:
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
-    counters_flush_s: float = 5.0
+    # Redis: batched counters are flushed this often (a SIGKILLed engine loses at most
+    # this much); disk stores count in place in a per-process file and never flush
+    counters_flush_s: float = 0.5
     store_stats_s: float = 30.0  # sample store-wide entries/bytes/evictions for metrics
     # both: an operator's label that enters the encoder-config digest (bump it when the
     # weights change in place); see encache.connectors.encoder_config

@@ -36,9 +36,12 @@ from vllm.distributed.ec_transfer.ec_connector.base import (
     ECConnectorRole,
 )
 
+from ..diagnosis import MissDiagnosis
 from ..encoder_config import encoder_config_digest
+from ..lora_stamp import adapter_digest
 from ..lookup import EntryLookup, State
 from ..store import open_store
+from ..store.keys import split_lora
 from ..writer import EntryWriter
 from .config import ConnectorConfig
 from .metrics import EncachePromMetrics, EncacheStats
@@ -93,6 +96,8 @@ class LoadItem:
 @dataclass
 class EncacheConnectorMetadata(ECConnectorMetadata):
     loads: list[LoadItem] = field(default_factory=list)
+    #: LoRA name -> adapter digest of the requests scheduled so far (producers stamp it)
+    lora_digests: dict[str, str] = field(default_factory=dict)
 
 
 class EncacheConnector(ECConnectorBase):
@@ -116,10 +121,17 @@ class EncacheConnector(ECConnectorBase):
         self._inline_budget = self.config.inline_wait_s
         self._need_loads: dict[str, Any] = {}
         self._worker_stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
+        # LoRA name -> digest of the adapter served under it (stale-LoRA guard)
+        self._lora_digests: dict[str, str] = {}
+        self._lora_checked: dict[tuple[str, str], float] = {}
+        self.diagnosis: MissDiagnosis | None = None
         if role == ECConnectorRole.SCHEDULER and self.is_consumer:
             self.lookup = EntryLookup(
                 self.store, **self.config.lookup_options(),
                 encoder_config=self.encoder_config if self.config.check_encoder_config else None)
+            self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
+            self.diagnosis = MissDiagnosis(self.store, self.model_id)
+            self.diagnosis.start()
         if role == ECConnectorRole.WORKER and self.is_producer:
             self.writer = EntryWriter(self.store, **self.config.writer_options(),
                                       encoder_config=self.encoder_config)
@@ -160,6 +172,7 @@ class EncacheConnector(ECConnectorBase):
         """Start background reads for this request's stored items; defer it while they run."""
         if self.lookup is None:
             return True
+        self._note_lora(request)
         pending = self._start_loads(request, num_computed_tokens)
         if pending and self._inline_budget > 0:
             # Most loads take well under a millisecond: wait for them here (a bounded
@@ -194,7 +207,27 @@ class EncacheConnector(ECConnectorBase):
                                        f"{staged.meta.shape[0]} embeddings stored, {want} expected")
         return pending
 
+    def _note_lora(self, request: Request) -> None:
+        """Remember the digest of the adapter this request's LoRA name stands for (files
+        re-checked at most every 10 s per name and path; hashed only when they change)."""
+        lr = getattr(request, "lora_request", None)
+        if lr is None:
+            return
+        name, path = lr.lora_name, getattr(lr, "lora_path", "") or ""
+        now = time.monotonic()
+        key = (name, path)
+        if now - self._lora_checked.get(key, -1e9) < 10.0 and name in self._lora_digests:
+            return
+        self._lora_checked[key] = now
+        digest = adapter_digest(path)
+        if digest:
+            self._lora_digests[name] = digest
+        else:
+            self._lora_digests.pop(name, None)
+
     def update_state_after_alloc(self, request: Request, index: int) -> None:
+        if self.is_producer:
+            self._note_lora(request)
         if self.lookup is None:
             return
         identifier = request.mm_features[index].identifier
@@ -203,6 +236,10 @@ class EncacheConnector(ECConnectorBase):
         staged = self._pinned.get(identifier)
         if staged is None:
             self.lookup.count("misses")
+            reason = self.lookup.miss_reason(identifier)
+            if self.diagnosis is not None:
+                reason = self.diagnosis.classify(reason)
+            self.lookup.count("misses_" + reason)
             return
         self._need_loads[identifier] = staged
         self.lookup.count("hits")
@@ -212,6 +249,8 @@ class EncacheConnector(ECConnectorBase):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> ECConnectorMetadata:
         meta = EncacheConnectorMetadata()
+        if self.is_producer and self._lora_digests:
+            meta.lora_digests = dict(self._lora_digests)
         for identifier, st in self._need_loads.items():
             meta.loads.append(LoadItem(identifier, st.blob, st.offset, st.meta.dtype, st.meta.shape))
         self._need_loads.clear()
@@ -242,6 +281,12 @@ class EncacheConnector(ECConnectorBase):
         return False, (items or None)
 
     # ============================== worker side =================================
+    def start_save_caches(self, **kwargs) -> None:
+        """Producers: learn the adapter digests of this step's LoRA requests."""
+        metadata = self._get_connector_metadata()
+        if isinstance(metadata, EncacheConnectorMetadata) and metadata.lora_digests:
+            self._lora_digests.update(metadata.lora_digests)
+
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs) -> None:
         metadata = self._get_connector_metadata()
         if not isinstance(metadata, EncacheConnectorMetadata) or not metadata.loads:
@@ -297,9 +342,11 @@ class EncacheConnector(ECConnectorBase):
             return host.reshape(-1).view(torch.uint8).numpy(), code, tuple(host.shape)
 
         from vllm import __version__ as vllm_version
+        lora_name = split_lora(mm_hash)[0]
         self.writer.submit(mm_hash, data, tensor.numel() * tensor.element_size(),
                            model=self.model_id, vllm_version=vllm_version,
-                           hash_algo=self.hash_algo, encoder_config=self.encoder_config)
+                           hash_algo=self.hash_algo, encoder_config=self.encoder_config,
+                           lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "")
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
         """Block until queued saves are written (precompute calls this before exiting)."""

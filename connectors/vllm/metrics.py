@@ -13,6 +13,10 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
     vllm:embedding_cache_load_errors_total    corrupt / unreadable / unusable entries (re-encoded)
     vllm:embedding_cache_config_mismatches_total  entries produced under another encoder
                                               config (re-encoded; see encoder_config)
+    vllm:embedding_cache_lora_stale_total     LoRA entries made with another adapter under
+                                              the served name (re-encoded; see lora_stamp)
+    vllm:embedding_cache_model_mismatch_misses_total  misses while the store holds entries
+                                              only for other --model strings (see diagnosis)
     vllm:embedding_cache_loaded_bytes_total   tensor bytes handed to the engine
     vllm:embedding_cache_load_latency_seconds read + verify time per loaded entry (histogram)
     vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
@@ -36,8 +40,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
     ECConnectorStats,
 )
 
-COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "bytes_loaded",
-            "store_evictions", "store_bytes_saved")
+COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
+            "misses_model", "bytes_loaded", "store_evictions", "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -74,6 +78,9 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
+        for key in ("lora_stale", "misses_model"):  # likewise (docs/operations.md)
+            if d.get(key):
+                out[key] = int(d[key])
         return out
 
     def is_empty(self) -> bool:
@@ -105,6 +112,12 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "config_mismatches": counter(
                 p + "config_mismatches",
                 "Entries produced under another encoder config (re-encoded)."),
+            "lora_stale": counter(
+                p + "lora_stale",
+                "LoRA entries made with another adapter under the served name (re-encoded)."),
+            "misses_model": counter(
+                p + "model_mismatch_misses",
+                "Misses while the store holds entries only for other model id strings."),
             "bytes_loaded": counter(p + "loaded_bytes", "Tensor bytes loaded from the encache store."),
             "store_evictions": counter(p + "evictions",
                                        "Store-wide capacity evictions (any writer on the store)."),

@@ -1,0 +1,91 @@
+"""Counters survive a server stop with its defaults.
+
+``python -m vllm.entrypoints.openai.api_server`` stops its engine-core process with
+SIGKILL (``--shutdown-timeout 0``): nothing at exit runs there. The connector counts in a
+per-process mapped file, so the hits served right before a plain ``SIGTERM`` to the server
+are in ``encache stats`` afterwards — with the connector's default settings (no
+``counters_flush_s``), and with the engine process gone and its file folded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine_support import PRECOMPUTE_KW
+from test_served import chat, free_port
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def start_server(model: str, config: dict, log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
+           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
+           "--ec-transfer-config", json.dumps(config)]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail("server did not start:\n" + log_path.read_text()[-3000:])
+            time.sleep(1)
+
+
+def stats_json(store: str) -> dict:
+    from typer.testing import CliRunner
+
+    from encache.cli.app import app
+    r = CliRunner().invoke(app, ["stats", "--store", store, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
+    from encache.cli.connector_config import build_config
+    from encache.cli.precompute import run_precompute
+    from make_demo_corpus import make_corpus
+
+    files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
+    store = str(tmp_path / "store")
+    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    assert summary.encoded == 4
+    config = build_config(store, "ec_consumer", {})  # the defaults users run
+    proc, base = start_server(tiny_model, config, tmp_path / "server.log")
+    try:
+        for path in files:
+            assert chat(base, tiny_model, path)["choices"][0]["message"]["content"] is not None
+        # stop it at once, as systemd/docker/Ctrl-C do: SIGTERM to the server process only;
+        # the server then SIGKILLs its engine core (--shutdown-timeout 0)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything left of the group
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    s = stats_json(store)
+    assert (s["hits"], s["misses"]) == (4, 0), s
+    assert s["bytes_loaded"] > 0 and s["load_seconds"] > 0
+    # the engine process is gone: its counter file was folded into the totals (what is
+    # left is this test process's own, from the in-process precompute)
+    left = list(Path(store, ".encache", "counters").glob("*.cnt"))
+    assert all(f"-{os.getpid()}-" in p.name for p in left), left
