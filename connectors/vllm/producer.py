@@ -106,11 +106,20 @@ class ProducerEngine:
             return [ItemResult(item[0], True) for item in items]
         except Exception as batch_error:  # retry one by one to isolate the bad item(s)
             if len(items) == 1:
-                return [ItemResult(items[0][0], False, _one_line(batch_error))]
+                kind = items[0][2] if len(items[0]) > 2 else "image"
+                return [ItemResult(items[0][0], False, self._explain(batch_error, kind))]
         results = []
         for item in items:
             results.extend(self.encode([item]))
         return results
+
+    def _explain(self, error: BaseException, kind: str) -> str:
+        """One line; names the model family when it takes no items of this kind."""
+        line = _one_line(error)
+        if f"At most 0 {kind}(s)" in line:
+            arch = getattr(getattr(self.llm, "model_config", None), "architecture", None)
+            return f"{arch or self.opts.model} takes no {kind} input ({line})"[:300]
+        return line
 
     def wait_for_saves(self, timeout: float | None = 300.0) -> bool:
         from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
