@@ -245,3 +245,28 @@ def test_corpus_walk_is_all_regular_files_and_sniffs_lazily(tmp_path, monkeypatc
     assert reasons["a.png"] is None and reasons["b"] is None and reasons["d.png/e.jpg"] is None
     assert "text" in reasons["c.txt"]
     assert sorted(os.path.basename(p) for p in sniffed) == ["b", "c.txt"]  # suffix: no read
+
+
+@pytest.mark.slow
+def test_video_frame_settings_change_the_identifier_on_every_path(clips):
+    """Why server video settings need no encoder-config stamp: even where the server's
+    media_io_kwargs are *not* a hash factor (``LLM.chat``), the frames they sample are
+    -- vLLM hashes the sampling metadata with each video. And video processor kwargs
+    are in the stamp."""
+    from encache.connectors.encoder_config import encoder_config_digest
+    from vllm.multimodal.media.connector import MediaConnector
+    from vllm.multimodal.parse import MultiModalDataParser
+    from vllm.multimodal.processing.inputs import ProcessorInputs
+
+    url = "data:video/mp4;base64," + base64.b64encode(clips["long"].read_bytes()).decode()
+
+    def unfactored_hash(load_kwargs):  # loaded with the settings, hashed without them
+        video = MediaConnector(load_kwargs).fetch_video(url)
+        items = MultiModalDataParser(video_needs_metadata=True).parse_mm_data({"video": [video]})
+        return ProcessorInputs(prompt=[], mm_data_items=items).get_mm_hashes(MODEL, "blake3")["video"][0]
+
+    hashes = {unfactored_hash(kw) for kw in (None, {"video": {"num_frames": 4}},
+                                             {"video": {"fps": 1}}, {"video": {"fps": 2}})}
+    assert len(hashes) == 4
+    assert len({encoder_config_digest(kw) for kw in (None, {"fps": 1.0},
+                {"videos_kwargs": {"max_pixels": 50176}}, {"min_pixels": 3136})}) == 4
