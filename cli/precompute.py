@@ -64,7 +64,7 @@ def _clean_error(e: BaseException) -> str:
 
 
 def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
-                     media_io_kwargs: dict | None) -> str:
+                     media_io_kwargs: dict | None, mm_processor_kwargs: dict | None = None) -> str:
     """``f``'s served identifier, or a marker: :data:`NON_MEDIA` + reason for a file that
     is not media (no media suffix, and its header is no image or video), or
     :data:`UNREADABLE` + error for media that cannot be read or decoded -- whatever the
@@ -77,7 +77,8 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
     from ..connectors.vllm.hashing import identify_file
     try:
         return identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
-                             media_io_kwargs=media_io_kwargs).identifier
+                             media_io_kwargs=media_io_kwargs,
+                             mm_processor_kwargs=mm_processor_kwargs).identifier
     except ImportError:
         raise
     except Exception as e:  # MediaError, OSError, and anything a decoder raises
@@ -213,7 +214,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
 
 
 def _hash_phase(files, manifest, store, summary: Summary, *, model: str, lora: str | None,
-                hash_algo: str, media_io_kwargs: dict | None, progress) -> dict:
+                hash_algo: str, media_io_kwargs: dict | None, progress,
+                mm_processor_kwargs: dict | None = None) -> dict:
     """Identifier of every file (manifest first, else read and hashed), counted into
     ``summary``; returns ``identifier -> CorpusFile`` of what must be encoded (first
     file wins)."""
@@ -227,7 +229,8 @@ def _hash_phase(files, manifest, store, summary: Summary, *, model: str, lora: s
         ident = manifest.lookup(f)
         if ident is None:
             ident = identify_or_mark(f, model, lora=lora, hash_algo=hash_algo,
-                                     media_io_kwargs=media_io_kwargs)
+                                     media_io_kwargs=media_io_kwargs,
+                                     mm_processor_kwargs=mm_processor_kwargs)
             manifest.record(f, ident)
             if not ident.startswith(NON_MEDIA):
                 summary.hashed += 1

@@ -474,8 +474,8 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt,
         images: Annotated[Optional[list[Path]], typer.Argument(
             metavar="IMAGE", exists=True, readable=True, show_default=False,
-            help="Only the entries of these images (directories are searched "
-                 "recursively); needs --model.")] = None,
+            help="Only the entries of these images or videos (directories are searched "
+                 "recursively, media found by content); needs --model.")] = None,
         source: Annotated[Optional[str], typer.Option(
             "--from", metavar="DISK_STORE",
             help="Copy entries from this disk store into --store (without it: read "
