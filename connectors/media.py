@@ -120,6 +120,8 @@ def _video_format(head: bytes) -> Sniffed | None:
         brand = head[8:12]
         if brand in _IMAGE_BRANDS:
             return None  # HEIF/AVIF still image: Pillow decides
+        if brand in (b"M4A ", b"M4B ", b"M4P ", b"F4A ", b"F4B "):
+            return Sniffed(None, "mp4", f"audio only ({brand.decode().strip()})")
         return Sniffed("video", "quicktime" if brand == b"qt  " else "mp4")
     if len(head) >= 8 and head[4:8] in (b"moov", b"mdat", b"wide", b"free", b"skip"):
         return Sniffed("video", "quicktime")  # QuickTime without an ftyp box

@@ -270,3 +270,10 @@ def test_video_frame_settings_change_the_identifier_on_every_path(clips):
     assert len(hashes) == 4
     assert len({encoder_config_digest(kw) for kw in (None, {"fps": 1.0},
                 {"videos_kwargs": {"max_pixels": 50176}}, {"min_pixels": 3136})}) == 4
+
+
+def test_iso_bmff_brands():
+    box = lambda brand: b"\x00\x00\x00\x18ftyp" + brand + b"\x00\x00\x00\x00isom"  # noqa: E731
+    assert sniff(box(b"isom")).kind == "video" and sniff(box(b"qt  ")).format == "quicktime"
+    assert sniff(box(b"M4A ")).kind is None and "audio" in sniff(box(b"M4A ")).reason
+    assert sniff(box(b"heic")).kind is None  # a HEIF still: Pillow cannot open it here
