@@ -111,7 +111,7 @@ def main() -> int:
     vals = [runs["A"]["refresh_s"], runs["B"]["refresh_s"]]
     bars = ax.barh(labels, vals, color=["#2a9d8f", "#e9c46a"])
     ax.bar_label(bars, labels=[f"{v:.2f} s" for v in vals], padding=3)
-    ax.set_xlabel("seconds for an unchanged-corpus `encache precompute` (cron refresh)")
+    ax.set_xlabel("seconds, unchanged-corpus precompute (cron refresh)")
     ax.set_title(f"refresh with non-media beside the images: "
                  f"{result['refresh_ratio_B_over_A']:.2f}x")
     ax.set_xlim(0, max(vals) * 1.3)
