@@ -1,4 +1,4 @@
-"""The identifier vLLM computes for an image file sent to ``vllm serve``.
+"""The identifier vLLM computes for an image or video file sent to ``vllm serve``.
 
 A served ``image_url`` (http(s) URL or base64 data URL) is loaded by
 ``ImageMediaIO(image_mode="RGB", **media_io_kwargs["image"]).load_bytes(file_bytes)``,
