@@ -1,11 +1,16 @@
-"""``encache hash IMAGE… --model M [--lora NAME]``: the identifier vLLM will use for each
-file when it is served, whether the store has it, and every input that went into it.
+"""``encache hash FILE… --model M [--lora NAME]``: the identifier vLLM will use for each
+image or video file when it is served, whether the store has it, and every input that
+went into it.
 
 This is the tool for "why does my consumer miss?": the identifier depends on the file's
 bytes, the model id string *exactly* as given to ``vllm serve --model`` (a trailing slash
 or a local path vs. a hub id makes a different hash), the hasher algorithm
 (``--mm-hasher-algorithm``), the image io config (set when vLLM converts the image, e.g.
 RGBA -> RGB), any ``--media-io-kwargs``, and the LoRA prefix (tower-connector LoRA).
+A video's identifier also covers which frames the server samples (the model's video
+processor picks the sampler; ``num_frames`` / ``fps`` change it): shown per file.
+Files are told apart by content; one that cannot be read or decoded (or is a directory)
+is that file's error, never the command's.
 
 It imports vLLM (its own hasher is used, never a re-implementation), as ``precompute`` and
 ``warm`` do when they hash new files or start an engine; the other commands never do.
@@ -68,8 +73,8 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
                                   mm_processor_kwargs=mm_processor_kwargs)
         except ImportError as e:  # vLLM is imported on first use
             raise no_vllm(e) from None
-        except ValueError as e:
-            rec["error"] = str(e)
+        except Exception as e:  # MediaError (any decoding error), OSError: this file's
+            rec["error"] = " ".join(str(e).split())[:300] or type(e).__name__
             out.append(rec)
             continue
         rec.update(ident.to_dict())
@@ -107,6 +112,23 @@ def _presence(rec: dict) -> str:
     return "yes" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def describe_media(rec: dict) -> str:
+    """One cell: an image's size and mode; for a video also what the server samples and
+    what the hasher digests (file bytes or decoded frames, plus the sampling metadata)."""
+    size = f"{rec.get('width')}×{rec.get('height')}"
+    fmt = rec.get("format") or ""
+    if rec.get("kind") != "video" or not rec.get("video"):
+        return f"image {fmt} {size} {rec.get('mode') or ''}".replace("  ", " ").strip()
+    v = rec["video"]
+    idx = v.get("frames_indices") or []
+    shown = ",".join(map(str, idx[:8])) + (",…" if len(idx) > 8 else "")
+    fps = v.get("source_fps")
+    return (f"video {fmt} {size}: {v['frames']} of {v.get('total_num_frames')} frames "
+            f"[{shown}] at {fps:g} fps, sampler {v.get('loader')}"
+            f"{' (' + v['video_processor'] + ')' if v.get('video_processor') else ''}; "
+            f"hashed: {v.get('hashed_content')} + sampling metadata")
+
+
 def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo: str,
                  media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
                  store_url: str | None, request_media_io_kwargs: dict | None = None) -> None:
@@ -134,12 +156,11 @@ def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo
         if r.get("error"):
             rows.append((r["path"], f"error: {r['error']}", "-", "-", "-"))
             continue
-        image = f"{r.get('width')}×{r.get('height')} {r.get('mode') or ''}".strip()
         io = json.dumps(r["io_config"], sort_keys=True) if r.get("io_config") else "-"
-        rows.append((r["path"], r["identifier"], _presence(r), f"{image}, {human_bytes(r['size'])}",
-                     io))
+        rows.append((r["path"], r["identifier"], _presence(r),
+                     f"{describe_media(r)}, {human_bytes(r['size'])}", io))
     body = table([("File", {"overflow": "fold"}), ("Identifier", {"overflow": "fold"}),
-                  "In store", "Image", "io_config"], rows)
+                  "In store", ("Media", {"overflow": "fold"}), "io_config"], rows)
     print_renderables(head, body)
     missing = sum(1 for r in records if r.get("in_store") is False)
     if missing and store_url:
@@ -151,8 +172,9 @@ def register(app: typer.Typer) -> None:
     @app.command("hash")
     def hash_images(
         images: Annotated[list[Path], typer.Argument(
-            metavar="IMAGE...", exists=True, dir_okay=False, readable=True,
-            help="Image files, as they will be sent to the server.")],
+            metavar="FILE...", exists=True,
+            help="Image or video files, as they will be sent to the server "
+                 "(image_url / video_url; told apart by content).")],
         model: Annotated[str, typer.Option(
             "--model", "-m", metavar="MODEL",
             help="Model id exactly as given to `vllm serve --model`.")],
@@ -175,8 +197,9 @@ def register(app: typer.Typer) -> None:
                  "--mm-processor-kwargs do not change identifiers.")] = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Show the identifier vLLM uses for each image, whether the store has it, and
-        the inputs that went into it (model id string, algorithm, io config, LoRA)."""
+        """Show the identifier vLLM uses for each image or video, whether the store has
+        it, and the inputs that went into it (model id string, algorithm, io config, LoRA;
+        for videos the frames sampled, fps and sampler)."""
         from encache.cli import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, progress

@@ -43,25 +43,52 @@ class Summary:
     skipped_capacity: int = 0  # missing, not encoded: no room without eviction (--over-capacity skip)
     over_capacity: str = "keep-served"
     capacity: dict | None = None  # the corpus needs more than max_bytes: numbers + message
+    skipped_non_media: int = 0  # files that are not images or videos (listed in non_media)
     bytes_written: int = 0
     engine_started: bool = False
     seconds: float = 0.0
     encode_seconds: float = 0.0
     failures: list = field(default_factory=list)  # [{path, error}]
+    non_media: list = field(default_factory=list)  # [{path, reason}]: skipped, not failed
 
     @property
     def images_per_second(self) -> float:
         return self.encoded / self.encode_seconds if self.encode_seconds > 0 else 0.0
 
 
-UNREADABLE = "!unreadable:"  # manifest marker: not an identifier (identifiers never contain "!")
+# manifest markers, not identifiers (identifiers never contain "!"): an unchanged file
+# carrying one is reported again without being read again
+UNREADABLE = "!unreadable:"  # media (by suffix or content) that does not decode: a failure
+NON_MEDIA = "!skip:"  # not an image or video: skipped and counted
 
 
 def _clean_error(e: BaseException) -> str:
     import re
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
-    return f"not a readable image ({text})"[:300]
+    return (text if text.startswith("not a") else f"not a readable image ({text})")[:300]
+
+
+def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
+                     media_io_kwargs: dict | None, mm_processor_kwargs: dict | None = None) -> str:
+    """``f``'s served identifier, or a marker: :data:`NON_MEDIA` + reason for a file that
+    is not media (no media suffix, and its header is no image or video), or
+    :data:`UNREADABLE` + error for media that cannot be read or decoded -- whatever the
+    error (a decompression bomb, truncated data, …): one file never stops a run."""
+    from ..connectors.corpus import non_media_reason
+
+    reason = non_media_reason(f)
+    if reason is not None:
+        return NON_MEDIA + reason
+    from ..connectors.vllm.hashing import identify_file
+    try:
+        return identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
+                             media_io_kwargs=media_io_kwargs,
+                             mm_processor_kwargs=mm_processor_kwargs).identifier
+    except ImportError:
+        raise
+    except Exception as e:  # MediaError, OSError, and anything a decoder raises
+        return UNREADABLE + _clean_error(e)
 
 
 def _parse_engine_args(pairs: list[str]) -> dict:
@@ -173,41 +200,9 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
         manifest = Manifest.load(Manifest.location(store, key), key)
         if not use_manifest:
             manifest.files = {}
-        present = set(store.identifiers())
-        todo: dict[str, object] = {}  # identifier -> CorpusFile (first file wins)
-        if progress:
-            progress.start("hashing", len(files))
-        for f in files:
-            ident = manifest.lookup(f)
-            if ident is None:
-                from ..connectors.vllm.hashing import identify_file
-                try:
-                    ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
-                                          media_io_kwargs=media_io_kwargs).identifier
-                except (ValueError, OSError) as e:
-                    ident = UNREADABLE + _clean_error(e)
-                manifest.record(f, ident)
-                summary.hashed += 1
-            else:
-                summary.from_manifest += 1
-            if ident.startswith(UNREADABLE):  # remembered, so an unchanged bad file is not re-read
-                summary.failed += 1
-                summary.failures.append({"path": f.rel, "error": ident[len(UNREADABLE):]})
-                if progress:
-                    progress.advance(1, failed=f.rel)
-                continue
-            why = _stored_state(store, ident, summary.encoder_config, lora_digest) \
-                if ident in present else "absent"
-            if why == "ok":
-                summary.present += 1
-            else:
-                if why == "config" and ident not in todo:
-                    summary.other_config += 1
-                elif why == "lora" and ident not in todo:
-                    summary.stale_lora += 1
-                todo.setdefault(ident, f)
-            if progress:
-                progress.advance(1)
+        todo = _hash_phase(files, manifest, store, summary, model=model, lora=lora,
+                           hash_algo=hash_algo, media_io_kwargs=media_io_kwargs,
+                           lora_digest=lora_digest, progress=progress)
         wanted = summary.present + len(todo)  # distinct identifiers the corpus needs
         if todo and not dry_run:
             evictions_before = store.read_counters().get("evictions", 0)
@@ -224,7 +219,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             still_used = {manifest.files[r][2] for r in manifest.files if r in current}
             for rel in gone:
                 ident = manifest.files[rel][2]
-                if ident.startswith(UNREADABLE):
+                if ident.startswith("!"):  # a marker (unreadable / not media)
                     manifest.drop(rel)
                     continue
                 if ident not in still_used and store.delete(ident):
@@ -276,10 +271,57 @@ def _check_capacity(store, summary: Summary, todo: dict, wanted: int) -> None:
     summary.capacity = capacity_note(wanted, mean, cap, summary.over_capacity)
 
 
+def _hash_phase(files, manifest, store, summary: Summary, *, model: str, lora: str | None,
+                hash_algo: str, media_io_kwargs: dict | None, progress,
+                lora_digest: str = "", mm_processor_kwargs: dict | None = None) -> dict:
+    """Identifier of every file (manifest first, else read and hashed), counted into
+    ``summary``; returns ``identifier -> CorpusFile`` of what must be encoded (first
+    file wins)."""
+    present = set(store.identifiers())
+    todo: dict[str, object] = {}
+    if progress:
+        progress.start("hashing", len(files))
+    for f in files:
+        ident = manifest.lookup(f)
+        if ident is None:
+            ident = identify_or_mark(f, model, lora=lora, hash_algo=hash_algo,
+                                     media_io_kwargs=media_io_kwargs,
+                                     mm_processor_kwargs=mm_processor_kwargs)
+            manifest.record(f, ident)
+            if not ident.startswith(NON_MEDIA):
+                summary.hashed += 1
+        elif not ident.startswith(NON_MEDIA):
+            summary.from_manifest += 1
+        if ident.startswith(NON_MEDIA):  # remembered: an unchanged file is not sniffed again
+            summary.skipped_non_media += 1
+            summary.non_media.append({"path": f.rel, "reason": ident[len(NON_MEDIA):]})
+        elif ident.startswith(UNREADABLE):  # remembered: an unchanged bad file is not re-read
+            summary.failed += 1
+            summary.failures.append({"path": f.rel, "error": ident[len(UNREADABLE):]})
+            if progress:
+                progress.advance(1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}")
+            continue
+        else:
+            why = _stored_state(store, ident, summary.encoder_config, lora_digest) \
+                if ident in present else "absent"
+            if why == "ok":
+                summary.present += 1
+            else:
+                if why == "config" and ident not in todo:
+                    summary.other_config += 1
+                elif why == "lora" and ident not in todo:
+                    summary.stale_lora += 1
+                todo.setdefault(ident, f)
+        if progress:
+            progress.advance(1)
+    return todo
+
+
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
                     lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
                     over_capacity="keep-served", progress=None) -> None:
-    from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
+    from ..connectors.media import sniff
+    from ..connectors.vllm.producer import EngineOptions, ProducerEngine
 
     budget = None
     if over_capacity == "skip" and getattr(store, "max_bytes", None):
@@ -289,12 +331,15 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
         if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
             summary.skipped_capacity += len(todo)
             return
+    # the kind of each item routes it to an image_url or a video_url part (a header read)
+    kinds = {ident: sniff(f.path, name=f.rel).kind or "image" for ident, f in todo.items()}
     # the engine's connector opens the store itself: give it the real URL (store.url is
     # redacted for display and would fail AUTH)
     opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
                          lora_name=lora, lora_path=lora_path, extra=engine_args,
                          store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
-                                        **({"tag": tag} if tag else {})} or None)
+                                        **({"tag": tag} if tag else {})} or None,
+                         modalities=tuple(sorted(set(kinds.values()))))
     if progress:
         progress.start("starting engine", None)
     try:
@@ -327,12 +372,12 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
                     continue
             payload = []
             for ident, f in chunk:
-                try:
-                    with open(f.path, "rb") as fh:
-                        payload.append((ident, data_url(fh.read(), f.path)))
-                except OSError as e:
+                item, error = _media_item(ident, f)
+                if item is None:
                     summary.failed += 1
-                    summary.failures.append({"path": f.rel, "error": f"cannot read: {e.strerror}"})
+                    summary.failures.append({"path": f.rel, "error": error})
+                else:
+                    payload.append(item)
             for res in engine.encode(payload) if payload else []:
                 if res.ok:
                     ok.append(res.identifier)
@@ -372,6 +417,23 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
             summary.bytes_written += info.size
 
 
+def _media_item(ident: str, f) -> tuple[tuple | None, str | None]:
+    """``((identifier, data URL, kind), None)`` for the engine, or ``(None, error)`` when
+    the file cannot be read or is no longer media (changed since it was hashed)."""
+    from ..connectors.media import mime_type, sniff
+    from ..connectors.vllm.producer import data_url
+
+    try:
+        with open(f.path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        return None, f"cannot read: {e.strerror}"
+    found = sniff(data, name=f.rel)
+    if not found:
+        return None, f"not a readable image or video ({found.reason})"
+    return (ident, data_url(data, mime=mime_type(found)), found.kind), None
+
+
 def _is_url(text: str) -> bool:
     from ..connectors.store.url import is_redis_url
     return is_redis_url(text)
@@ -402,7 +464,7 @@ class _RichProgress:
     def advance(self, n: int, failed: str | None = None):
         self.progress.advance(self.task, n)
         if failed:
-            self.console.print(f"[yellow]skipped[/] {failed}: not a readable image")
+            self.console.print(f"[yellow]failed[/] {failed}")
 
 
 def _render(summary: Summary, as_json: bool) -> None:
@@ -423,7 +485,10 @@ def _render(summary: Summary, as_json: bool) -> None:
             *([("other encoder config", summary.other_config)] if summary.other_config else []),
             *([("stale LoRA (other adapter)", summary.stale_lora)] if summary.stale_lora else []),
             ("encoded", summary.encoded),
-            ("failed", summary.failed), ("pruned", summary.pruned),
+            ("failed", summary.failed),
+            *([("not media (skipped)", summary.skipped_non_media)]
+              if summary.skipped_non_media else []),
+            ("pruned", summary.pruned),
             ("evicted (capacity)", summary.evicted),
             *([("skipped (capacity)", summary.skipped_capacity)]
               if summary.skipped_capacity else []),
@@ -440,12 +505,16 @@ def _render(summary: Summary, as_json: bool) -> None:
         console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
     if len(summary.failures) > 20:
         console.print(f"… and {len(summary.failures) - 20} more (see --json)")
+    if summary.non_media:
+        shown = ", ".join(n["path"] for n in summary.non_media[:5])
+        more = f" and {len(summary.non_media) - 5} more" if len(summary.non_media) > 5 else ""
+        console.print(f"[dim]not images or videos, skipped: {shown}{more} (reasons: --json)[/]")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("precompute")
     def precompute(
-        corpus: Annotated[str, typer.Argument(help="Image file or directory (searched recursively).")],
+        corpus: Annotated[str, typer.Argument(help="Image/video file or directory (searched recursively; media found by content).")],
         model: ModelOpt,
         store: StoreOpt,
         lora: LoraOpt = None,
@@ -469,7 +538,7 @@ def register(app: typer.Typer) -> None:
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Encode an image corpus with a real vLLM engine into the store."""
+        """Encode a corpus of images and videos with a real vLLM engine into the store."""
         from rich.console import Console
 
         if not os.environ.get("ENCACHE_DEBUG"):

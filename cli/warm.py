@@ -4,8 +4,9 @@ Two jobs, one command:
 
 * **Promote** (``--from DISK --store redis://…``): copy entries from a disk store into
   another store (typically the shared Redis) — all of them, one LoRA's (``--lora``), or
-  those of given images (``IMAGE…``, hashed with ``--model`` exactly as ``vllm serve``
-  hashes them) or identifiers (``--identifier``). Entries the destination already has
+  those of given images or videos (``IMAGE…``, hashed with ``--model`` exactly as
+  ``vllm serve`` hashes them; directories searched for media by content, other files
+  skipped and listed) or identifiers (``--identifier``). Entries the destination already has
   are skipped (``--overwrite`` to rewrite them); every entry is verified on the way
   (header, size, checksum) and a corrupt one is reported, never copied.
   ``--compute-missing`` encodes the given images that neither store has with a real
@@ -58,7 +59,9 @@ class WarmSummary:
     seconds: float = 0.0  # the copy / read phase
     total_seconds: float = 0.0  # including hashing and computing
     hashed: int = 0  # IMAGE files hashed
+    skipped_non_media: int = 0  # files in IMAGE directories that are not images or videos
     failures: list[dict] = field(default_factory=list)  # {identifier, path, reason}
+    non_media: list[dict] = field(default_factory=list)  # {path, reason}: skipped, not failed
 
     @property
     def failed(self) -> int:
@@ -80,14 +83,23 @@ class WarmSummary:
 
 # -- selection -----------------------------------------------------------------------
 
-def expand_images(paths: list[str]) -> list[str]:
-    """Files as given; directories searched recursively for images (like precompute)."""
-    from encache.connectors.corpus import walk
+def expand_images(paths: list[str], summary: WarmSummary | None = None) -> list[str]:
+    """Files as given; directories searched recursively for media by content, like
+    precompute (files there that are not images or videos are skipped and, with
+    ``summary``, counted and listed). A file given by name is always hashed: if it is
+    not media, that is its failure."""
+    from encache.connectors.corpus import non_media_reason, walk
 
     out: list[str] = []
     for p in paths:
         if os.path.isdir(p):
-            out.extend(f.path for f in walk(p))
+            for f in walk(p):
+                reason = non_media_reason(f)
+                if reason is None:
+                    out.append(f.path)
+                elif summary is not None:
+                    summary.skipped_non_media += 1
+                    summary.non_media.append({"path": f.path, "reason": reason})
         else:
             out.append(os.path.abspath(p))
     return out
@@ -114,7 +126,9 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
             try:
                 ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
                                       media_io_kwargs=media_io_kwargs).identifier
-            except (ValueError, OSError) as e:
+            except ImportError:
+                raise
+            except Exception as e:  # any decoding error (MediaError), OSError: this file's
                 summary.fail(None, _unreadable(e), path)
             else:
                 idents.setdefault(ident, path)
@@ -127,7 +141,7 @@ def _unreadable(e: BaseException) -> str:
 
     text = " ".join(str(e).split()) or type(e).__name__
     text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
-    return f"not a readable image ({text})"[:300]
+    return (text if text.startswith("not a") else f"not a readable image ({text})")[:300]
 
 
 # -- computing missing entries (producer engine) -------------------------------------
@@ -179,17 +193,16 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
     files. Returns the identifiers handled (computed or failed)."""
     from encache.cli.precompute import run_precompute
     from encache.cli.render import note
-    from encache.connectors.corpus import IMAGE_SUFFIXES
 
     if not os.environ.get("ENCACHE_DEBUG"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
     if not quiet:
-        note(f"Encoding {len(missing)} missing image(s) with {model!r} (vLLM producer engine)")
+        note(f"Encoding {len(missing)} missing item(s) with {model!r} (vLLM producer engine)")
     by_link: dict[str, tuple[str, str]] = {}  # link name -> (identifier, original path)
     with tempfile.TemporaryDirectory(prefix="encache-warm-") as tmp:
         for k, (ident, path) in enumerate(missing.items()):
-            suffix = os.path.splitext(path)[1].lower()
-            name = f"{k:06d}{suffix if suffix in IMAGE_SUFFIXES else '.png'}"
+            # the original suffix (or none): precompute tells images and videos by content
+            name = f"{k:06d}{os.path.splitext(path)[1].lower()}"
             os.symlink(os.path.abspath(path), os.path.join(tmp, name))
             by_link[name] = (ident, path)
         with _EngineProgress(quiet) as prog:
@@ -317,6 +330,8 @@ def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> N
         if summary.computed:
             rows.append(("computed (engine)", f"{summary.computed:,}"))
         rows += [("failed", f"{summary.failed:,}"), ("bytes written", human_bytes(summary.bytes))]
+        if summary.skipped_non_media:
+            rows.append(("not media (skipped)", f"{summary.skipped_non_media:,}"))
     else:
         title = "warm: page cache"
         rows = [("store", summary.store)]
@@ -328,6 +343,8 @@ def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> N
         if summary.computed:
             rows.append(("computed (engine)", f"{summary.computed:,}"))
         rows += [("failed", f"{summary.failed:,}"), ("bytes read", human_bytes(summary.bytes))]
+        if summary.skipped_non_media:
+            rows.append(("not media (skipped)", f"{summary.skipped_non_media:,}"))
     rows += [("time", human_duration(summary.seconds)), ("throughput", rate)]
     if summary.hashed or summary.computed:
         rows.append(("total (with hashing/encoding)", human_duration(summary.total_seconds)))
@@ -417,9 +434,9 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
         paths: dict[str, str] = {}  # identifier -> image path (for messages)
         explicit = bool(images or identifiers)
         if images:
-            files = expand_images(images)
+            files = expand_images(images, summary)
             if not files:
-                raise usage("no image files in the IMAGE arguments")
+                raise usage("no image or video files in the IMAGE arguments")
             paths = hash_images(files, model, lora, summary, engine_args=engine_args,
                                 quiet=quiet)
             summary.hashed = len(files)
@@ -457,8 +474,8 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt,
         images: Annotated[Optional[list[Path]], typer.Argument(
             metavar="IMAGE", exists=True, readable=True, show_default=False,
-            help="Only the entries of these images (directories are searched "
-                 "recursively); needs --model.")] = None,
+            help="Only the entries of these images or videos (directories are searched "
+                 "recursively, media found by content); needs --model.")] = None,
         source: Annotated[Optional[str], typer.Option(
             "--from", metavar="DISK_STORE",
             help="Copy entries from this disk store into --store (without it: read "

@@ -1,4 +1,10 @@
-"""Image corpora: walking them, and the manifest that makes cron refreshes cheap.
+"""Media corpora: walking them, and the manifest that makes cron refreshes cheap.
+
+:func:`walk` lists every regular (non-hidden) file; what is media is decided by content
+(:mod:`encache.connectors.media`), but lazily: a file whose suffix claims a media kind is
+handed to the hasher directly (which checks the content anyway), and only files with
+another suffix are sniffed -- a few header bytes -- by :func:`non_media_reason`, and only
+when the manifest does not already know them.
 
 The manifest maps each corpus file ``(relative path, size, mtime_ns)`` to the identifier
 it hashed to. A re-run over an unchanged corpus therefore stats files but never reads,
@@ -16,11 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+from .media import IMAGE_SUFFIXES, MEDIA_SUFFIXES, VIDEO_SUFFIXES, sniff, suffix_kind  # noqa: F401
+
 MANIFEST_VERSION = 1
 
 
@@ -31,9 +39,25 @@ class CorpusFile:
     size: int
     mtime_ns: int
 
+    @property
+    def claimed(self) -> str | None:
+        """The media kind its suffix claims ("image", "video") or None: sniff it."""
+        return suffix_kind(self.rel)
+
+
+def non_media_reason(f: CorpusFile | str) -> str | None:
+    """None when ``f`` is to be hashed as media (its suffix claims a kind, or its first
+    bytes are an image or video), else why it is not media. Reads a header at most."""
+    path = f if isinstance(f, str) else f.path
+    if suffix_kind(path) is not None:
+        return None
+    found = sniff(path)
+    return None if found else found.reason
+
 
 def walk(root: str | os.PathLike) -> list[CorpusFile]:
-    """Every image file under ``root`` (recursive, sorted, symlinked files followed).
+    """Every regular file under ``root`` (recursive, sorted, symlinked files followed;
+    names starting with "." skipped). Nothing is opened: see :func:`non_media_reason`.
 
     A single file may be given instead of a directory.
     """
@@ -56,11 +80,12 @@ def walk(root: str | os.PathLike) -> list[CorpusFile]:
                     continue
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
-                elif os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES:
-                    try:
-                        st = e.stat()
-                    except OSError:
-                        continue
+                    continue
+                try:
+                    st = e.stat()
+                except OSError:  # dangling symlink
+                    continue
+                if stat.S_ISREG(st.st_mode):  # not a FIFO, socket, device, linked dir
                     out.append(CorpusFile(e.path, e.path[cut:], st.st_size, st.st_mtime_ns))
     out.sort(key=lambda f: f.rel)
     return out

@@ -22,6 +22,14 @@ The digest covers what the engine knows about:
   --tag``) for what the engine cannot see, e.g. weights replaced in place at the same
   path: bump the tag and the old entries stop matching.
 
+Video settings need nothing more here: the server's ``--media-io-kwargs '{"video":
+{...}}'`` (``num_frames``, ``fps``, the decoder ``backend``) are hash factors on the OpenAI
+path, and on every path they change the sampling metadata vLLM hashes with each video
+(sampled frame indices, decoder name; see :mod:`encache.connectors.vllm.hashing`), so a
+different frame count or rate is a different identifier already; video keys of
+``--mm-processor-kwargs`` (``videos_kwargs``, ``fps``, ``min_pixels``/``max_pixels``, …)
+are covered by ``mm_processor_kwargs`` above.
+
 Entries written before this existed, or by producers with the default configuration,
 carry no digest and match the default configuration.  This module has no vLLM import:
 the CLI computes the same digest from its own arguments.

@@ -20,10 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 def main() -> int:
     corpus, model, store = sys.argv[1:4]
     from encache.cli.connector_config import build_config
-    from encache.connectors.corpus import walk
+    from encache.connectors.corpus import non_media_reason, walk
     from engine_support import EncoderCounter, chat_texts, make_llm, shutdown
 
-    paths = [f.path for f in walk(corpus)]
+    paths = [f.path for f in walk(corpus) if non_media_reason(f) is None]
     counter = EncoderCounter()
     llm = make_llm(model, build_config(store, "ec_consumer", {"counters_flush_s": 0.5}))
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The identifier vLLM computes for an image file sent to ``vllm serve``.
+"""The identifier vLLM computes for an image or video file sent to ``vllm serve``.
 
 A served ``image_url`` (http(s) URL or base64 data URL) is loaded by
 ``ImageMediaIO(image_mode="RGB", **media_io_kwargs["image"]).load_bytes(file_bytes)``,
@@ -12,19 +12,59 @@ changes ours with it (and the parity tests catch it).
 
 With tower-connector LoRA (``enable_tower_connector_lora``) vLLM prefixes the hash:
 ``{lora_name}:{hash}``.
+
+Videos (``video_url``): the server loads the bytes with ``MediaConnector.fetch_video`` --
+``VideoMediaIO`` with the merged ``--media-io-kwargs`` / request ``media_io_kwargs``
+``"video"`` settings and the frame sampler registered for the model's video processor
+(Qwen2-VL/Qwen2.5-VL: ``Qwen2VLVideoProcessor`` -> fps-based ``qwen2_vl`` sampling,
+fps 2 by default; other models: uniform ``opencv``). The hasher then hashes the pair
+*(media, metadata)*: the original file bytes -- or the decoded frames when those are
+smaller than the file -- *and* the sampling metadata (source fps, total frames, duration,
+the sampled frame indices, the decoder). So anything that changes which frames are
+sampled changes the identifier. :func:`identify_video_bytes` runs exactly these steps
+with vLLM's own classes (``ProcessorInputs.get_mm_hashes``).
+
+Any failure to read or decode one file (truncated data, a decompression bomb, a file
+that is not media) is raised as :class:`MediaError` (a ValueError), so callers can make
+it that file's failure and go on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from dataclasses import asdict, dataclass, field
+
+from ..media import sniff, suffix_kind
 
 DEFAULT_HASH_ALGO = "blake3"  # vLLM's default --mm-hasher-algorithm
 
 
+class MediaError(ValueError):
+    """One file cannot be read or decoded as the server would (message: one line)."""
+
+
+@contextlib.contextmanager
+def _decoding(kind: str):
+    """Turn *any* decoding error (Pillow's DecompressionBombError is not an OSError,
+    plugins raise SyntaxError, struct.error, …) into a one-line :class:`MediaError`."""
+    try:
+        yield
+    except MediaError:
+        raise
+    except ImportError:  # the environment, not the file: let the caller say so
+        raise
+    except Exception as e:
+        text = " ".join(str(e).split()) or type(e).__name__
+        import re
+        text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+        raise MediaError(f"not a readable {kind} ({type(e).__name__}: {text})"[:300]) from e
+
+
 @dataclass(frozen=True)
 class Identity:
-    """An image's identifier and every input that went into it."""
+    """A media item's identifier and every input that went into it."""
 
     identifier: str
     base_hash: str
@@ -38,6 +78,9 @@ class Identity:
     height: int | None = None
     mode: str | None = None
     hash_factors: dict = field(default_factory=dict)
+    kind: str = "image"  # or "video"
+    format: str | None = None  # what the content was recognised as (PNG, mp4, …)
+    video: dict | None = None  # frames sampled, metadata, loader (videos only)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +106,8 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
 
     image_kwargs = {**(media_io_kwargs or {}).get("image", {}),
                     **(request_media_io_kwargs or {}).get("image", {})}
-    media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
+    with _decoding("image"):
+        media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
     # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only
     # when non-empty, media_io_kwargs scoped to the modality.
     factors: dict = {}
@@ -76,28 +120,128 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
 
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as original:  # header only: size and source mode
-        width, height, mode = original.width, original.height, original.mode
+    with _decoding("image"), Image.open(io.BytesIO(data)) as original:  # header only
+        width, height, mode, fmt = original.width, original.height, original.mode, original.format
     return Identity(
         identifier=f"{lora}:{base}" if lora else base, base_hash=base, lora=lora or None,
         model=model, hash_algo=hash_algo, io_config=media.io_config, path=path,
         size=len(data), width=width, height=height, mode=mode,
-        hash_factors=factors,
+        hash_factors=factors, format=fmt,
     )
+
+
+@functools.lru_cache(maxsize=16)
+def video_processor_name(model: str, revision: str | None = None) -> str | None:
+    """The model's video processor class, as the server resolves it (it picks the frame
+    sampler): vLLM's own lookup in the model's (video_)preprocessor_config.json /
+    config.json. None when the model has none or cannot be read (uniform sampling).
+    Looked up once per model and process (a hub id may mean network round trips)."""
+    from vllm.transformers_utils.processor import get_video_processor_cls_name_from_config
+
+    try:
+        return get_video_processor_cls_name_from_config(model, revision=revision)
+    except Exception:  # unreadable/offline hub id: the server would fall back likewise
+        return None
+
+
+def identify_video_bytes(data: bytes, model: str, *, lora: str | None = None,
+                         hash_algo: str = DEFAULT_HASH_ALGO,
+                         media_io_kwargs: dict | None = None,
+                         request_media_io_kwargs: dict | None = None,
+                         mm_processor_kwargs: dict | None = None, path: str | None = None,
+                         mime: str = "video/mp4", video_processor: str | None = None,
+                         revision: str | None = None) -> Identity:
+    """Identity of a video file as ``vllm serve`` computes it for a ``video_url`` data URL
+    of these bytes. Every step is vLLM's: the server/request ``media_io_kwargs`` merge
+    (``merge_media_io_kwargs``), loading (``MediaConnector.fetch_video`` with the model's
+    video processor's sampler), parsing and hashing (``ProcessorInputs.get_mm_hashes``:
+    media + sampling metadata, modality-scoped factors). ``video_processor`` overrides
+    the class looked up from ``model``. Raises :class:`MediaError` if not a video."""
+    import base64
+
+    from vllm.multimodal.media.connector import MediaConnector, merge_media_io_kwargs
+    from vllm.multimodal.parse import MultiModalDataParser
+    from vllm.multimodal.processing.inputs import ProcessorInputs
+    from vllm.multimodal.video import get_video_loader_backend_for_processor
+
+    merged = merge_media_io_kwargs(media_io_kwargs, request_media_io_kwargs) or {}
+    if video_processor is None:
+        video_processor = video_processor_name(model, revision)
+    url = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+    with _decoding("video"):
+        media = MediaConnector(merged).fetch_video(url, video_processor=video_processor)
+        frames, metadata = media.media
+        items = MultiModalDataParser(video_needs_metadata=True).parse_mm_data({"video": [media]})
+        inputs = ProcessorInputs(prompt=[], mm_data_items=items,
+                                 hf_processor_mm_kwargs=dict(mm_processor_kwargs or {}),
+                                 media_io_kwargs=merged)
+        base = inputs.get_mm_hashes(model, hash_algo)["video"][0]
+    if len(frames) == 0:
+        raise MediaError("not a readable video (no frame could be decoded)")
+    factors: dict = {}
+    if merged.get("video"):
+        factors["media_io_kwargs"] = {"video": dict(merged["video"])}
+    if mm_processor_kwargs:
+        factors["mm_processor_kwargs"] = {k: v for k, v in mm_processor_kwargs.items()
+                                          if k not in ("images_kwargs", "audio_kwargs")}
+    video_kwargs = dict(merged.get("video") or {})
+    loader = (video_kwargs.get("video_backend")
+              or get_video_loader_backend_for_processor(video_processor)
+              or _env_video_loader())
+    shape = tuple(int(x) for x in frames.shape)
+    return Identity(
+        identifier=f"{lora}:{base}" if lora else base, base_hash=base, lora=lora or None,
+        model=model, hash_algo=hash_algo, io_config=None, path=path, size=len(data),
+        width=shape[2] if len(shape) > 2 else None, height=shape[1] if len(shape) > 1 else None,
+        mode=None, hash_factors=factors, kind="video",
+        format=sniff(data, name=path).format,
+        video={
+            "frames": shape[0],
+            "frames_indices": list(metadata.get("frames_indices") or []),
+            "total_num_frames": metadata.get("total_num_frames"),
+            "source_fps": metadata.get("fps"),
+            "duration": metadata.get("duration"),
+            "decoder": metadata.get("video_backend"),
+            "loader": loader,
+            "video_processor": video_processor,
+            # what the hasher fed the digest besides the metadata: vLLM hashes the
+            # decoded frames instead of the file when they are the smaller of the two
+            "hashed_content": "frames" if frames.nbytes < len(data) else "file bytes",
+        },
+    )
+
+
+def _env_video_loader() -> str:
+    from vllm import envs
+    return envs.VLLM_VIDEO_LOADER_BACKEND
 
 
 def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = None,
                   hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
                   request_media_io_kwargs: dict | None = None,
-                  mm_processor_kwargs: dict | None = None) -> Identity:
-    """Identity of an image file as ``vllm serve`` will compute it when sent that file."""
+                  mm_processor_kwargs: dict | None = None,
+                  video_processor: str | None = None) -> Identity:
+    """Identity of a media file as ``vllm serve`` will compute it when sent that file: an
+    image (``image_url``) or a video (``video_url``), told apart by content
+    (:func:`encache.connectors.media.sniff`). Raises :class:`MediaError` for a file that
+    cannot be read, is not media, or does not decode."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise MediaError("a directory, not a media file")
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror}") from None
-    return identify_bytes(data, model, lora=lora, hash_algo=hash_algo,
-                          media_io_kwargs=media_io_kwargs,
-                          request_media_io_kwargs=request_media_io_kwargs,
-                          mm_processor_kwargs=mm_processor_kwargs, path=path)
+        raise MediaError(f"cannot read {path}: {e.strerror}") from None
+    found = sniff(data, name=path)
+    kwargs = dict(lora=lora, hash_algo=hash_algo, media_io_kwargs=media_io_kwargs,
+                  request_media_io_kwargs=request_media_io_kwargs,
+                  mm_processor_kwargs=mm_processor_kwargs, path=path)
+    if found.kind == "video":
+        from ..media import mime_type
+        return identify_video_bytes(data, model, mime=mime_type(found),
+                                    video_processor=video_processor, **kwargs)
+    if found.kind is None:
+        claimed = suffix_kind(path) or "image"
+        raise MediaError(f"not a readable {claimed} ({found.reason})")
+    return identify_bytes(data, model, **kwargs)

@@ -4,8 +4,9 @@ The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: starts in seco
 lets us wait for the connector's background writes). Each image is sent exactly as a
 served request would carry it — a base64 data URL in a chat message, through the model's
 own chat template — with its precomputed identifier as the item's ``uuid``, so the entry
-lands under the key a ``vllm serve`` consumer computes for the same file. Generation is
-one token: only the encoder pass matters.
+lands under the key a ``vllm serve`` consumer computes for the same file. Videos go the
+same way as ``video_url`` parts (a base64 ``data:video/…`` URL). Generation is one token:
+only the encoder pass matters.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class EngineOptions:
     lora_path: str | None = None
     extra: dict | None = None  # any other vllm.LLM keyword arguments
     store_options: dict | None = None  # more ec_connector_extra_config keys (max_bytes, tag)
+    modalities: tuple[str, ...] = ("image",)  # media kinds the items will carry
 
 
 @dataclass
@@ -42,8 +44,8 @@ class ItemResult:
     error: str | None = None
 
 
-def data_url(data: bytes, path: str | None = None) -> str:
-    mime = (mimetypes.guess_type(path)[0] if path else None) or "image/png"
+def data_url(data: bytes, path: str | None = None, *, mime: str | None = None) -> str:
+    mime = mime or (mimetypes.guess_type(path)[0] if path else None) or "image/png"
     return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
@@ -56,7 +58,9 @@ class ProducerEngine:
         extra_config = {"store": opts.store, **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,
-            limit_mm_per_prompt={"image": 1},
+            # one item per prompt; video only when asked for (a model without video
+            # support then rejects video items one by one, never the image items)
+            limit_mm_per_prompt={kind: 1 for kind in ("image", *opts.modalities)},
             ec_transfer_config={
                 "ec_connector": "EncacheConnector",
                 "ec_role": "ec_producer",
@@ -79,29 +83,43 @@ class ProducerEngine:
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0)
 
     @staticmethod
-    def _conversation(url: str, identifier: str) -> list[dict]:
+    def _conversation(url: str, identifier: str, kind: str = "image") -> list[dict]:
+        """The chat message a served request carries for one image or video item."""
+        part = "video_url" if kind == "video" else "image_url"
         return [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}, "uuid": identifier},
-            {"type": "text", "text": "Describe the image."},
+            {"type": part, part: {"url": url}, "uuid": identifier},
+            {"type": "text", "text": f"Describe the {kind}."},
         ]}]
 
-    def encode(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
-        """Encode ``(identifier, data_url)`` pairs; one bad item does not sink the batch."""
+    def encode(self, items: Sequence[tuple[str, ...]]) -> list[ItemResult]:
+        """Encode ``(identifier, data_url[, kind])`` items (kind "image" by default or
+        "video"); one bad item does not sink the batch."""
         # vLLM prefixes the item's uuid with "{lora_name}:" itself under tower-connector
         # LoRA, so the engine is given the bare hash.
         prefix = f"{self.opts.lora_name}:" if self.lora_request is not None else ""
-        convs = [self._conversation(url, ident[len(prefix):] if prefix and ident.startswith(prefix)
-                                    else ident) for ident, url in items]
+        convs = [self._conversation(item[1], item[0][len(prefix):]
+                                    if prefix and item[0].startswith(prefix) else item[0],
+                                    item[2] if len(item) > 2 else "image")
+                 for item in items]
         try:
             self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request)
-            return [ItemResult(ident, True) for ident, _ in items]
+            return [ItemResult(item[0], True) for item in items]
         except Exception as batch_error:  # retry one by one to isolate the bad item(s)
             if len(items) == 1:
-                return [ItemResult(items[0][0], False, _one_line(batch_error))]
+                kind = items[0][2] if len(items[0]) > 2 else "image"
+                return [ItemResult(items[0][0], False, self._explain(batch_error, kind))]
         results = []
         for item in items:
             results.extend(self.encode([item]))
         return results
+
+    def _explain(self, error: BaseException, kind: str) -> str:
+        """One line; names the model family when it takes no items of this kind."""
+        line = _one_line(error)
+        if f"At most 0 {kind}(s)" in line:
+            arch = getattr(getattr(self.llm, "model_config", None), "architecture", None)
+            return f"{arch or self.opts.model} takes no {kind} input ({line})"[:300]
+        return line
 
     def wait_for_saves(self, timeout: float | None = 300.0) -> bool:
         from vllm.distributed.ec_transfer import get_ec_transfer, has_ec_transfer
