@@ -186,10 +186,10 @@ class EntryLookup:
         with self._lock:
             gauges["store_entries"] = len(self._index)
         try:
-            max_bytes = getattr(self.store, "max_bytes", None)
+            max_bytes = self.store.max_bytes
             if max_bytes:
                 gauges["store_capacity_bytes"] = max_bytes
-            used = getattr(self.store, "used_bytes", None)
+            used = self.store.used_bytes if self.store.supports_used_bytes else None
             if used is not None:
                 gauges["store_bytes"] = used()
             totals = self.store.read_counters()
@@ -271,7 +271,7 @@ class EntryLookup:
             return State.PENDING if now - inflight[1] < self.load_timeout_s else State.MISS
         if not self.known(identifier):
             return State.MISS
-        if inline and getattr(self.store, "mapped_loads", False):
+        if inline and self.store.mapped_loads:
             staged = self._load(identifier, inline=True)
             if staged is not _DEFER:
                 return State.READY if staged is not None else State.MISS

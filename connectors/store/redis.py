@@ -145,6 +145,9 @@ class RedisStore(Store):
 
     backend = "redis"
     local = False
+    supports_batch = True
+    supports_index_version = True
+    supports_capacity_warnings = True
     #: keyword options :func:`.url.open_store` passes through
     OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
                "ttl", "lock_ttl", "access_resolution")
