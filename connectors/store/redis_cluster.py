@@ -234,7 +234,8 @@ class RedisClusterStore(RedisStore):
         return res
 
     def _primaries(self) -> list:
-        return self._r.get_primaries()
+        with self._errors():  # (the first call may build the client: unreachable, auth…)
+            return self._r.get_primaries()
 
     def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
         """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
