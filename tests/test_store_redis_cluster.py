@@ -255,6 +255,19 @@ def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory
     assert replica is not None
     _wait_replicated(c, victim)
     c.kill(victim)  # SIGKILL by PID
+    writer = s.reopen()
+    wrote: dict = {}
+
+    def write_during_failover():  # a producer's write waits out the promotion
+        t = time.monotonic()
+        try:
+            writer.put(on_victim[-1], blobs["f000"])
+            wrote["seconds"] = time.monotonic() - t
+        except StoreError as e:
+            wrote["error"] = str(e)
+
+    th = threading.Thread(target=write_during_failover)
+    th.start()
     t0 = time.monotonic()
     failures, served = 0, None
     while time.monotonic() - t0 < 60:
@@ -273,8 +286,12 @@ def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory
     assert served is not None, "the replica was never promoted / picked up"
     assert failures > 0  # the dead primary was noticed (not silently served stale)
     assert c.role(replica) == "master"
+    th.join(30)
+    assert "error" not in wrote, wrote  # retried until the replica took over
+    blobs[on_victim[-1]] = blobs["f000"]
     for i, b in blobs.items():  # nothing lost: the replica had everything
         assert bytes(s.get(i)) == b
     s.put("after", blob("after"))
     assert set(s.identifiers()) == set(blobs) | {"after"}
-    print(f"\nfailover: {failures} failed reads, served again after {served:.1f}s")
+    print(f"\nfailover: {failures} failed reads, served again after {served:.1f}s; "
+          f"a write during it took {wrote['seconds']:.1f}s")

@@ -37,9 +37,11 @@ Consequences:
 * MOVED/ASK are followed by redis-py; a MULTI that meets a slot half-way through a
   migration (ASK / TRYAGAIN: its keys are on two nodes for a moment) is retried with a
   short backoff until the slot has moved (``redirect_wait`` seconds at most).
-* A dead primary: its slots fail fast (connection refused → StoreError → a miss for a
-  consumer) until the cluster promotes its replica; redis-py then picks up the new
-  topology on the next command.
+* A dead primary: reads of its slots fail fast (connection refused → StoreError → a miss
+  for a consumer, whose circuit breaker then backs off) until the cluster promotes its
+  replica; redis-py then picks up the new topology. Writes (a producer, ``precompute``)
+  retry for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and
+  are reported as failed after it (a second ``precompute`` run writes what is missing).
 * ``info()``/``capacity_warnings()`` report and check every primary: memory, maxmemory and
   policy per node (each primary evicts on its own; one full node fails writes to its
   slots even when the others have room).
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import binascii
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -57,15 +60,17 @@ from urllib.parse import unquote
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.connection import parse_url
-from redis.exceptions import (AskError, ClusterDownError, MovedError, SlotNotCoveredError,
-                              TryAgainError)
+from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
+                              MovedError, SlotNotCoveredError, TryAgainError)
 
 from .base import StoreError, StoreInfo
 from .redis import _ERRORS, RedisStore, _dec, _glob_escape, _wrapped
 from .url import redact
 
+log = logging.getLogger(__name__)
 SLOTS = 16384
-_REDIRECTS = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError)
+_RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
+                 RedisConnectionError)
 _TAGS: list[bytes] | None = None
 
 
@@ -213,8 +218,10 @@ class RedisClusterStore(RedisStore):
 
     # -- cluster plumbing -----------------------------------------------------------------------
     def _transact(self, build) -> list:
-        """One MULTI on the bucket's node; retried while its slot is being migrated (ASK,
-        TRYAGAIN) or the cluster reconfigures (CLUSTERDOWN), up to ``redirect_wait`` s."""
+        """One MULTI on the bucket's node, retried with backoff for up to ``redirect_wait``
+        s while its slot is being migrated (ASK, TRYAGAIN), the cluster reconfigures
+        (CLUSTERDOWN) or its primary is down and a replica is being promoted (connection
+        refused): writes wait out a reshard or a quick failover; reads never wait here."""
         deadline = time.monotonic() + self.redirect_wait
         delay = 0.02
         while True:
@@ -223,15 +230,27 @@ class RedisClusterStore(RedisStore):
                 build(pipe)
                 res = pipe.execute()
                 break
-            except _REDIRECTS:
+            except _RETRY_WRITES:
                 if time.monotonic() >= deadline:
                     raise
-                time.sleep(delay)
-                delay = min(0.25, delay * 2)
-                with contextlib.suppress(*_ERRORS):
-                    self._r.nodes_manager.initialize()  # learn where the slot is now
-        self._r.incr(self._gen_key)
+                delay = self._pause(delay)
+        while True:  # the entry is stored; a lost bump only delays consumers' rescans
+            try:
+                self._r.incr(self._gen_key)
+                break
+            except _RETRY_WRITES as e:
+                if time.monotonic() >= deadline:
+                    log.warning("encache: entry stored, but could not bump %s on %s: %s",
+                                self._gen_key, self.url, self._store_error(e))
+                    break
+                delay = self._pause(delay)
         return res
+
+    def _pause(self, delay: float) -> float:
+        time.sleep(delay)
+        with contextlib.suppress(*_ERRORS):
+            self._r.nodes_manager.initialize()  # learn where the slot is now
+        return min(0.25, delay * 2)
 
     def _primaries(self) -> list:
         with self._errors():  # (the first call may build the client: unreachable, auth…)
