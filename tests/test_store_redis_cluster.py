@@ -196,7 +196,23 @@ def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factor
                 problems.append(f"get {ident}: {e}")
             n += 1
 
-    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    scans = [0]
+
+    def scanner():  # listings while slots move: every entry listed is whole (may miss a few)
+        sc = s.reopen()
+        while not stop.is_set():
+            try:
+                infos = list(sc.scan())
+            except StoreError as e:
+                problems.append(f"scan: {e}")
+                continue
+            bad = [e.identifier for e in infos if e.error or e.meta is None]
+            if bad:
+                problems.append(f"scan listed unreadable entries {bad[:3]}")
+            scans[0] += 1
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader),
+               threading.Thread(target=scanner)]
     for t in threads:
         t.start()
     try:
@@ -212,7 +228,7 @@ def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factor
             t.join(60)
     assert c.slots_of(p0) == before - 1500 + 700
     assert not problems, problems[:5]
-    assert reads[0] > 0 and len(written) > 0
+    assert reads[0] > 0 and len(written) > 0 and scans[0] > 0
     everything = {**blobs, **written}
     fresh = s.reopen()
     assert set(fresh.identifiers()) == set(everything)

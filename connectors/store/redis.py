@@ -501,28 +501,13 @@ class RedisStore(Store):
             yield from (self._ident(k) for k in page)
 
     def scan(self) -> Iterator[EntryInfo]:
-        seen_sides: dict[bytes, int] = {}  # meta key -> entries found under it
+        sides: dict = {}  # (meta, atime) -> [entries seen under it, records it holds or 0]
         found: set = set()  # side-key pairs the key walk came across (cluster)
         for page in self._scan_pages(found):
             ids = [self._ident(k) for k in page]
             raw = [_enc(i) for i in ids]
             with self._errors():
-                groups = self._grouped(raw)
-                pipe = self._r.pipeline(transaction=False)
-                for (meta_key, atime_key), pos in groups.items():
-                    pipe.hmget(meta_key, [raw[n] for n in pos])
-                    for n in pos:
-                        pipe.zscore(atime_key, raw[n])
-                res = pipe.execute()
-                metas, atimes = [None] * len(raw), [None] * len(raw)
-                at = 0
-                for (meta_key, _), pos in groups.items():
-                    seen_sides[meta_key] = seen_sides.get(meta_key, 0) + len(pos)
-                    for n, value in zip(pos, res[at]):
-                        metas[n] = value
-                    for j, n in enumerate(pos):
-                        atimes[n] = res[at + 1 + j]
-                    at += 1 + len(pos)
+                metas, atimes = self._page_records(raw, sides)
                 missing = [n for n, m in enumerate(metas) if m is None]
                 repaired = self._read_heads([ids[n] for n in missing]) if missing else {}
             for n, ident in enumerate(ids):
@@ -531,16 +516,29 @@ class RedisStore(Store):
                     continue
                 yield self._info(ident, value, atimes[n])
         with contextlib.suppress(StoreError), self._errors():
-            pairs = self._side_pairs(found)
-            pipe = self._r.pipeline(transaction=False)
-            for meta_key, atime_key in pairs:
-                pipe.hlen(meta_key)
-                pipe.zcard(atime_key)
-            res = pipe.execute()
-            drift = [pair for n, pair in enumerate(pairs)
-                     if max(res[2 * n], res[2 * n + 1]) > seen_sides.get(pair[0], 0)]
+            drift = self._drifted(found, sides)
             if drift:
                 self.prune(drift)
+
+    def _page_records(self, raw: list[bytes], sides: dict) -> tuple[list, list]:
+        """Header records and access times of one SCAN page (one HMGET + ZSCOREs)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hmget(self._meta_key, raw)
+        for r in raw:
+            pipe.zscore(self._atime_key, r)
+        res = pipe.execute()
+        pair = (self._meta_key, self._atime_key)
+        sides.setdefault(pair, [0, 0])[0] += len(raw)
+        return res[0], res[1:]
+
+    def _drifted(self, found: set, sides: dict) -> list[tuple[bytes, bytes]]:
+        """Side-key pairs holding records of entries that are gone (evicted, expired)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hlen(self._meta_key)
+        pipe.zcard(self._atime_key)
+        held = max(pipe.execute())
+        pair = (self._meta_key, self._atime_key)
+        return [pair] if held > sides.get(pair, [0])[0] else []
 
     @_wrapped
     def stat(self, identifier: str) -> EntryInfo | None:
