@@ -123,3 +123,12 @@ def test_cluster_errors_are_one_line_store_errors(redis_cluster_factory):  # noq
     assert "Cli-pw-1" not in r.stdout + r.stderr and "wrong" not in r.stderr
     r = invoke("stats", "-s", c.url, "--json")
     assert r.exit_code == 0 and "Cli-pw-1" not in r.stdout
+
+
+def test_connector_config_keeps_the_cluster_url(redis_cluster):  # noqa: F811
+    url = redis_cluster.url_for(nodes=3) + "?prefix=llava:"
+    for role in ("ec_consumer", "ec_producer", "ec_both"):
+        r = invoke("connector-config", "--store", url, "--role", role)
+        assert r.exit_code == 0, r.output
+        cfg = json.loads(r.stdout)
+        assert cfg["ec_role"] == role and cfg["ec_connector_extra_config"]["store"] == url

@@ -199,3 +199,26 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
     assert counter.calls == 0, "the consumer did not hit the promoted replica's entries"
     print(f"\nfailover under a consumer: promoted and serving after {promoted:.1f}s")
     store.close()
+
+
+def test_ec_both_on_the_cluster_saves_then_loads_across_restarts(cluster, engines, corpus,
+                                                                 idents, reference, counter):
+    """The connector's third role on the cluster: an ec_both engine saves what it encodes,
+    and a restarted one loads it instead of encoding."""
+    url = cluster.url_for(nodes=6) + "?prefix=both:"
+    pages = corpus["pages"][:3]
+    llm = engines.get("both-1", url, role="ec_both", index_refresh_s=0.2)
+    counter.reset()
+    assert chat_texts(llm, pages) == [reference[p] for p in pages]
+    assert counter.items == len(pages)  # an empty store: everything encoded...
+    deadline = time.monotonic() + 30
+    store = open_store(url)
+    while set(store.identifiers()) != {idents[p] for p in pages}:  # ...and saved
+        assert time.monotonic() < deadline, "the ec_both engine did not save its entries"
+        time.sleep(0.2)
+    llm = engines.get("both-2", url, role="ec_both", index_refresh_s=0.2)
+    counter.reset()
+    assert chat_texts(llm, pages) == [reference[p] for p in pages]
+    assert counter.items == 0, "the restarted ec_both engine encoded instead of loading"
+    store.delete_many(list(store.identifiers()))
+    store.close()

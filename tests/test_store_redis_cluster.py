@@ -45,7 +45,10 @@ def test_open_store_picks_the_cluster_store(redis_cluster):  # noqa: F811
     s = open_store(f"{redis_cluster.url}?prefix={prefix}&ttl=60", socket_timeout=1.5,
                    max_bytes=10, fsync=False)
     assert isinstance(s, RedisClusterStore) and s.prefix == prefix and s.ttl == 60.0
-    assert s.backend == "redis-cluster" and s.socket_timeout == 1.5
+    assert s.backend == "redis-cluster" and s.socket_timeout == 1.5 and s.redirect_wait == 10
+    assert open_store(f"{redis_cluster.url}?redirect_wait=2.5").redirect_wait == 2.5
+    with pytest.raises(StoreError, match="redirect_wait"):
+        open_store(f"{redis_cluster.url}?redirect_wait=soon")
     one = open_store(redis_cluster.url_for(nodes=1) + f"/0?prefix={prefix}")  # one seed node
     b = blob("x")
     s.put("x", b)

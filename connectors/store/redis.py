@@ -164,8 +164,8 @@ class RedisStore(Store):
         if parts.scheme not in self.SCHEMES:
             raise StoreError(f"not a {self.__class__.__name__} URL: {redact(url)}")
         query = parse_qsl(parts.query, keep_blank_values=True)
-        own = {k: v for k, v in query if k in ("prefix", "ttl")}
-        rest = [(k, v) for k, v in query if k not in ("prefix", "ttl")]
+        own = {k: v for k, v in query if k in self.URL_OPTIONS}
+        rest = [(k, v) for k, v in query if k not in self.URL_OPTIONS]
         base = url.split("?", 1)[0]  # (urlunsplit would turn unix:///path into unix:/path)
         clean = base + ("?" + urlencode(rest) if rest else "")
         if prefix is None:
@@ -210,6 +210,8 @@ class RedisStore(Store):
         self._touched: dict[str, float] = {}
 
     SCHEMES = ("redis", "rediss", "unix")
+    #: query parameters encache reads itself (the others go to redis-py)
+    URL_OPTIONS = ("prefix", "ttl")
     #: one MULTI can hold the ``gen`` bump (single node); a cluster bumps it after the MULTI
     _GEN_IN_TX = True
 

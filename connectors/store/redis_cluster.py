@@ -2,7 +2,8 @@
 
 URLs (see :func:`.url.open_store`)::
 
-    redis+cluster://[[user]:password@]host:port[,host:port…][?prefix=NAME:&ttl=SECONDS]
+    redis+cluster://[[user]:password@]host:port[,host:port…][?prefix=NAME:&ttl=SECONDS
+                                                              &redirect_wait=SECONDS]
     rediss+cluster://…                                       (TLS; ssl_ca_certs=… etc.)
 
 The hosts are startup nodes: any one reachable node is enough, the client learns the
@@ -55,7 +56,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
@@ -171,7 +172,16 @@ class RedisClusterStore(RedisStore):
     OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
 
-    def __init__(self, url: str, *, redirect_wait: float = 10.0, **options):
+    URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
+
+    def __init__(self, url: str, *, redirect_wait: float | None = None, **options):
+        if redirect_wait is None:
+            query = dict(parse_qsl(url.partition("?")[2]))
+            try:
+                redirect_wait = float(query.get("redirect_wait", 10.0))
+            except ValueError:
+                raise StoreError(f"bad redirect_wait={query['redirect_wait']!r} in "
+                                 f"{redact(url)}") from None
         self.redirect_wait = float(redirect_wait)
         super().__init__(url, **options)
         self._options["redirect_wait"] = self.redirect_wait
