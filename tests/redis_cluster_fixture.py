@@ -12,8 +12,10 @@ Fixtures
     One shared 3 primaries + 3 replicas cluster. Tests sharing it must namespace their keys
     (``?prefix=t-…:``), and must not kill nodes, reshard or change settings.
 ``redis_cluster_factory`` (function scope)
-    ``redis_cluster_factory(primaries=3, replicas=1, password=None, config=None)`` — a
-    private cluster for tests that kill a primary, reshard, or need special settings.
+    ``redis_cluster_factory(primaries=3, replicas=1, password=None, config=None,
+    tls=False)`` — a private cluster for tests that kill a primary, reshard, or need special
+    settings (``tls=True``: TLS for clients, the bus and replication, one self-signed
+    certificate; ``url`` is then ``rediss+cluster://…?ssl_ca_certs=…``).
 
 :class:`LocalCluster`: ``url`` (``redis+cluster://host:port,host:port…``), ``nodes``
 (the RedisServer objects), ``client()`` (redis-py ``RedisCluster``), ``primaries()`` /
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import tempfile
 import time
 from urllib.parse import quote
 
@@ -43,10 +46,22 @@ class LocalCluster:
 
     def __init__(self, primaries: int = 3, replicas: int = 1, *, password: str | None = None,
                  config: dict | None = None, node_timeout_ms: int = NODE_TIMEOUT_MS,
-                 start_timeout: float = 60.0):
+                 start_timeout: float = 60.0, tls: bool = False):
         if REDIS_SERVER is None or REDIS_CLI is None:
             pytest.skip("redis-server / redis-cli not installed (scripts/setup installs them)")
         self.password = password
+        self.tls_cert: str | None = None
+        self._tls_dir = None
+        if tls:  # one self-signed certificate for every node: the bus verifies its peers
+            if shutil.which("openssl") is None:
+                pytest.skip("openssl command not available for a TLS cluster")
+            self._tls_dir = tempfile.mkdtemp(prefix="encache-cluster-tls-")
+            self.tls_cert = f"{self._tls_dir}/tls.crt"
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                            "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                            f"{self._tls_dir}/tls.key", "-out", self.tls_cert, "-days", "2",
+                            "-subj", f"/CN={HOST}", "-addext", f"subjectAltName=IP:{HOST}"],
+                           check=True, capture_output=True)
         self.expected = (primaries, primaries * replicas)
         self.nodes: list[RedisServer] = []
         try:
@@ -57,9 +72,15 @@ class LocalCluster:
                        "repl-diskless-sync-delay": "0", **(config or {})}
                 if password:
                     cfg["masterauth"] = password
+                if tls:
+                    cfg.update({"tls-port": str(free_port()), "tls-cluster": "yes",
+                                "tls-replication": "yes", "tls-cert-file": self.tls_cert,
+                                "tls-key-file": f"{self._tls_dir}/tls.key",
+                                "tls-ca-cert-file": self.tls_cert, "tls-auth-clients": "no"})
                 self.nodes.append(RedisServer(password=password, config=cfg))
-            addrs = [f"{HOST}:{n.port}" for n in self.nodes]
-            argv = [REDIS_CLI, *self._auth(), "--cluster", "create", *addrs,
+            addrs = [f"{HOST}:{self.client_port(n)}" for n in self.nodes]
+            tls_cli = ["--tls", "--cacert", self.tls_cert] if tls else []
+            argv = [REDIS_CLI, *self._auth(), *tls_cli, "--cluster", "create", *addrs,
                     "--cluster-replicas", str(replicas), "--cluster-yes"]
             if primaries < 3:  # redis-cli refuses fewer than 3 primaries: assign by hand
                 self._create_small(primaries, replicas)
@@ -77,13 +98,19 @@ class LocalCluster:
     def _auth(self) -> list[str]:
         return ["-a", self.password, "--no-auth-warning"] if self.password else []
 
-    def url_for(self, password: str | None | bool = True, nodes: int = 2,
-                scheme: str = "redis+cluster") -> str:
-        """``redis+cluster://[:pw@]host:port,host:port`` naming the first ``nodes`` nodes."""
+    def client_port(self, node: RedisServer) -> int:
+        """The port clients use: the TLS port of a TLS cluster."""
+        return int(node.config["tls-port"]) if self.tls_cert else node.port
+
+    def url_for(self, password: str | None | bool = True, nodes: int = 2) -> str:
+        """``redis+cluster://[:pw@]host:port,host:port`` naming the first ``nodes`` nodes
+        (``rediss+cluster://…?ssl_ca_certs=…`` for a TLS cluster)."""
         pw = self.password if password is True else (password or None)
         auth = f":{quote(pw, safe='')}@" if pw else ""
-        hosts = ",".join(f"{HOST}:{n.port}" for n in self.nodes[:nodes])
-        return f"{scheme}://{auth}{hosts}"
+        hosts = ",".join(f"{HOST}:{self.client_port(n)}" for n in self.nodes[:nodes])
+        if self.tls_cert:
+            return f"rediss+cluster://{auth}{hosts}?ssl_ca_certs={quote(self.tls_cert)}"
+        return f"redis+cluster://{auth}{hosts}"
 
     @property
     def url(self) -> str:
@@ -213,6 +240,8 @@ class LocalCluster:
         for n in self.nodes:
             with contextlib.suppress(Exception):
                 n.stop()
+        if self._tls_dir:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
 
     def __enter__(self):
         return self

@@ -81,6 +81,22 @@ def test_password_is_redacted_and_required(redis_cluster_factory):  # noqa: F811
         assert "\n" not in str(e.value)
 
 
+def test_tls_cluster(redis_cluster_factory):  # noqa: F811
+    c = redis_cluster_factory(3, 0, tls=True, password="tls-cl-pw")
+    url = c.url_for(nodes=3)
+    assert url.startswith("rediss+cluster://")
+    s = open_store(url)
+    blobs = {f"t{i}": blob(f"t{i}", seed=i) for i in range(30)}
+    for i, b in blobs.items():
+        s.put(i, b)
+    assert {i: bytes(s.get(i)) for i in blobs} == blobs and s.count() == 30
+    assert len(s.info().extra["nodes"]) == 3 and "tls-cl-pw" not in s.url
+    untrusted = open_store(url.split("?")[0])  # the system CAs do not know the certificate
+    with pytest.raises(StoreError, match="certificate") as e:
+        untrusted.get("t1")
+    assert "tls-cl-pw" not in str(e.value) and "\n" not in str(e.value)
+
+
 # -- layout -----------------------------------------------------------------------------------------
 def test_slot_tags_are_slot_aligned():
     tags = slot_tags()

@@ -201,6 +201,8 @@ class RedisClusterStore(RedisStore):
         opts = parse_url(single + ("?" + query if query else ""))
         for k in ("host", "port", "db"):
             opts.pop(k, None)
+        if opts.pop("connection_class", None) is not None and single.startswith("rediss:"):
+            opts["ssl"] = True  # (RedisCluster takes ssl=True, not an SSLConnection class)
         retry = kwargs.pop("retry")
         kwargs.pop("timeout", None)  # (a BlockingConnectionPool option)
         password = opts.get("password")
