@@ -331,11 +331,13 @@ class RedisClusterStore(RedisStore):
         the way go to ``found`` as ``(meta, atime)`` pairs."""
         seen: set[bytes] = set()
         plen = len(self.prefix.encode("utf-8"))
+        # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
+        match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
         for node in self._primaries():
             cursor = 0
             while True:
                 with self._errors():
-                    cursors, keys = self._r.scan(cursor, match=self._bucket_match, count=1000,
+                    cursors, keys = self._r.scan(cursor, match=match, count=1000,
                                                  target_nodes=node)
                 cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
                 page = []
