@@ -292,11 +292,12 @@ def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory
     c.kill(victim)  # SIGKILL by PID
     writer = s.reopen()
     wrote: dict = {}
+    rewrite = blob(on_victim[-1], seed=99)
 
     def write_during_failover():  # a producer's write waits out the promotion
         t = time.monotonic()
         try:
-            writer.put(on_victim[-1], blobs["f000"])
+            writer.put(on_victim[-1], rewrite)
             wrote["seconds"] = time.monotonic() - t
         except StoreError as e:
             wrote["error"] = str(e)
@@ -323,10 +324,13 @@ def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory
     assert c.role(replica) == "master"
     th.join(30)
     assert "error" not in wrote, wrote  # retried until the replica took over
-    blobs[on_victim[-1]] = blobs["f000"]
+    blobs[on_victim[-1]] = rewrite
     for i, b in blobs.items():  # nothing lost: the replica had everything
         assert bytes(s.get(i)) == b
     s.put("after", blob("after"))
     assert set(s.identifiers()) == set(blobs) | {"after"}
+    infos = list(s.scan())  # (the promoted replica has no scripts loaded: reloaded)
+    assert {e.identifier for e in infos} == set(blobs) | {"after"}
+    assert all(e.error is None and e.meta is not None for e in infos)
     print(f"\nfailover: {failures} failed reads, served again after {served:.1f}s; "
           f"a write during it took {wrote['seconds']:.1f}s")

@@ -4,7 +4,7 @@ Stores move *bytes* (whole encoded entries, see :mod:`.entry`) and keep the book
 store needs to be operable: usage counters written by serving engines, a capacity, an
 exclusive lock for batch jobs. They never import vLLM or torch.
 
-Semantics every backend honours (checked by ``tests/test_store_contract.py``):
+Semantics every backend honours (checked by ``tests/store_contract.py``):
 
 * ``put`` is atomic: a reader sees the previous entry, the new one, or nothing — never a
   partial blob. A failed ``put`` leaves no visible trace.

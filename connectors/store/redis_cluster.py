@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import binascii
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -170,9 +171,8 @@ class RedisClusterStore(RedisStore):
     backend = "redis-cluster"
     SCHEMES = ("redis+cluster", "rediss+cluster")
     OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
-    _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
-
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
+    _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
 
     def __init__(self, url: str, *, redirect_wait: float | None = None, **options):
         if redirect_wait is None:
@@ -188,7 +188,6 @@ class RedisClusterStore(RedisStore):
         p = self.prefix.encode("utf-8")
         self._bucket_match = _glob_escape(p) + b"{*"
         self._tags = slot_tags()
-        import hashlib
         self._page_sha = hashlib.sha1(_PAGE_LUA.encode()).hexdigest()
 
     def _check_prefix(self, prefix: str) -> None:
@@ -282,9 +281,8 @@ class RedisClusterStore(RedisStore):
         calls = [(pair, [raw[n] for n in pos]) for pair, pos in groups.items()]
         try:
             replies = self._per_node(calls)
-        except NoScriptError:
-            for node in self._primaries():  # (a promoted replica has an empty script cache)
-                node.redis_connection.script_load(_PAGE_LUA)
+        except NoScriptError:  # first scan, or a promoted replica (empty script cache)
+            self._r.script_load(_PAGE_LUA)  # (SCRIPT LOAD goes to every primary)
             replies = self._per_node(calls)
         metas, atimes = [None] * len(raw), [None] * len(raw)
         for (pair, pos), (hlen, zcard, mv, tv) in zip(groups.items(), replies):
