@@ -1,5 +1,9 @@
 """RedisStore: the shared backend — the same entry bytes as DiskStore, kept in Redis.
 
+(Longer than most modules on purpose: one backend whose key-layout hooks — ``key``,
+``_side``, ``_transact``, ``_scan_pages``, ``_page_records``, ``_drifted`` — are what
+:class:`.redis_cluster.RedisClusterStore` overrides; the entry logic stays written once.)
+
 URLs (see :func:`.url.open_store`)::
 
     redis://[[user]:password@]host:port/db[?prefix=NAME:&ttl=SECONDS]

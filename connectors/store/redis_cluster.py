@@ -38,11 +38,12 @@ Consequences:
 * MOVED/ASK are followed by redis-py; a MULTI that meets a slot half-way through a
   migration (ASK / TRYAGAIN: its keys are on two nodes for a moment) is retried with a
   short backoff until the slot has moved (``redirect_wait`` seconds at most).
-* A dead primary: reads of its slots fail fast (connection refused → StoreError → a miss
-  for a consumer, whose circuit breaker then backs off) until the cluster promotes its
-  replica; redis-py then picks up the new topology. Writes (a producer, ``precompute``)
-  retry for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and
-  are reported as failed after it (a second ``precompute`` run writes what is missing).
+* A dead primary: a consumer's loads of its slots fail fast (connection refused →
+  StoreError → a miss, and the consumer's circuit breaker backs off) until the cluster
+  promotes its replica; redis-py then picks up the new topology. Writes and header reads
+  (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
+  for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
+  reported as failed after it (a second ``precompute`` run writes what is missing).
 * ``info()``/``capacity_warnings()`` report and check every primary: memory, maxmemory and
   policy per node (each primary evicts on its own; one full node fails writes to its
   slots even when the others have room).
@@ -183,6 +184,7 @@ class RedisClusterStore(RedisStore):
                 raise StoreError(f"bad redirect_wait={query['redirect_wait']!r} in "
                                  f"{redact(url)}") from None
         self.redirect_wait = float(redirect_wait)
+        self._no_wait_until = 0.0
         super().__init__(url, **options)
         self._options["redirect_wait"] = self.redirect_wait
         p = self.prefix.encode("utf-8")
@@ -235,40 +237,53 @@ class RedisClusterStore(RedisStore):
         return sorted(found)
 
     # -- cluster plumbing -----------------------------------------------------------------------
-    def _transact(self, build) -> list:
-        """One MULTI on the bucket's node, retried with backoff for up to ``redirect_wait``
-        s while its slot is being migrated (ASK, TRYAGAIN), the cluster reconfigures
-        (CLUSTERDOWN) or its primary is down and a replica is being promoted (connection
-        refused): writes wait out a reshard or a quick failover; reads never wait here."""
+    def _waiting(self, op):
+        """``op()``, retried with backoff for up to ``redirect_wait`` s while its slot is
+        being migrated (ASK, TRYAGAIN), the cluster reconfigures (CLUSTERDOWN) or its
+        primary is down and a replica is being promoted (connection refused). Used by
+        writes and by the header reads of producers and management commands; a
+        consumer's loads (``get``/``read_entry``) never wait. After one wait ran out, calls
+        fail fast for ``redirect_wait`` s (a primary with no replica stays down)."""
+        if time.monotonic() < self._no_wait_until:
+            return op()
         deadline = time.monotonic() + self.redirect_wait
         delay = 0.02
         while True:
             try:
-                pipe = self._r.pipeline(transaction=True)
-                build(pipe)
-                res = pipe.execute()
-                break
+                return op()
             except _RETRY_WRITES:
                 if time.monotonic() >= deadline:
+                    self._no_wait_until = time.monotonic() + self.redirect_wait
                     raise
-                delay = self._pause(delay)
-        while True:  # the entry is stored; a lost bump only delays consumers' rescans
-            try:
-                self._r.incr(self._gen_key)
-                break
-            except _RETRY_WRITES as e:
-                if time.monotonic() >= deadline:
-                    log.warning("encache: entry stored, but could not bump %s on %s: %s",
-                                self._gen_key, self.url, self._store_error(e))
-                    break
-                delay = self._pause(delay)
+                time.sleep(delay)
+                delay = min(0.25, delay * 2)
+                with contextlib.suppress(*_ERRORS):
+                    self._r.nodes_manager.initialize()  # learn where the slot is now
+
+    def _transact(self, build) -> list:
+        """One MULTI on the bucket's node (waiting out a reshard or failover), then the
+        ``gen`` bump — best effort: the entry is stored, a lost bump only delays consumers'
+        index refreshes until the next write."""
+        def multi():
+            pipe = self._r.pipeline(transaction=True)
+            build(pipe)
+            return pipe.execute()
+
+        res = self._waiting(multi)
+        try:
+            self._waiting(lambda: self._r.incr(self._gen_key))
+        except _RETRY_WRITES as e:
+            log.warning("encache: entry stored, but could not bump %s on %s: %s",
+                        self._gen_key, self.url, self._store_error(e))
         return res
 
-    def _pause(self, delay: float) -> float:
-        time.sleep(delay)
-        with contextlib.suppress(*_ERRORS):
-            self._r.nodes_manager.initialize()  # learn where the slot is now
-        return min(0.25, delay * 2)
+    @_wrapped
+    def stat(self, identifier: str):
+        return self._waiting(lambda: RedisStore.stat.__wrapped__(self, identifier))
+
+    @_wrapped
+    def contains(self, identifier: str) -> bool:
+        return self._waiting(lambda: RedisStore.contains.__wrapped__(self, identifier))
 
     def _page_records(self, raw: list[bytes], sides: dict) -> tuple[list, list]:
         """Headers and access times of one SCAN page: one Lua call per bucket (HMGET +

@@ -281,7 +281,7 @@ def report(res: dict) -> str:
                       table(srows, ["store", "seconds", "entries/s", "x single"])])
 
 
-def plot(res: dict, name: str) -> None:
+def plot(res: dict, filename: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -327,7 +327,7 @@ def plot(res: dict, name: str) -> None:
     fig.suptitle(f"Redis Cluster vs one node — {m['cpus']} CPUs, loadavg "
                  f"{res['params']['loadavg'][0][0]} (shared machine: compare ratios)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(BENCH_DIR / name, dpi=110)
+    fig.savefig(BENCH_DIR / filename, dpi=110)
     plt.close(fig)
 
 
