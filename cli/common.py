@@ -43,7 +43,7 @@ def display_url(url: str, store=None) -> str:
     """The store URL safe to print (password redacted; disk paths made absolute)."""
     from encache.connectors.store import redact
 
-    if store is not None and getattr(store, "backend", None) == "disk":
+    if store is not None and store.supports_entry_path:
         return str(store.url)
     return redact(url)
 

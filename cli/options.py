@@ -17,7 +17,8 @@ import typer
 
 STORE_ENVVAR = "ENCACHE_STORE"
 
-STORE_HELP = "Store URL: PATH, file://PATH, redis://host:port/db, rediss://…, unix://…"
+STORE_HELP = ("Store URL: PATH, file://PATH, redis://host:port/db, rediss://…, unix://…, "
+              "redis+cluster://host:port[,host:port…]")
 
 
 def _age(value: str) -> float:

@@ -261,7 +261,7 @@ def _check_capacity(store, summary: Summary, todo: dict, wanted: int) -> None:
     """Compare what the corpus needs with the store's capacity; note it once (numbers)."""
     from ..connectors.capacity import capacity_note, mean_entry_bytes
 
-    cap = getattr(store, "max_bytes", None)
+    cap = store.max_bytes
     if not cap or not wanted:
         return
     if summary.encoded > summary.evicted_own and summary.bytes_written:
@@ -324,9 +324,9 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine
 
     budget = None
-    if over_capacity == "skip" and getattr(store, "max_bytes", None):
+    if over_capacity == "skip" and store.max_bytes:
         from ..connectors.capacity import RoomBudget, mean_entry_bytes
-        budget = RoomBudget(store, store.max_bytes, getattr(store, "low_watermark", 0.9),
+        budget = RoomBudget(store, store.max_bytes, store.low_watermark,
                             mean_entry_bytes(store, store.identifiers()))
         if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
             summary.skipped_capacity += len(todo)

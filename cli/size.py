@@ -15,9 +15,8 @@ def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
     from encache.connectors.store.scanning import summarize
 
     if by is None:
-        used = getattr(store, "used_bytes", None)
-        if callable(used):  # disk: file sizes only, no header read
-            return {"store": url, "bytes": int(used())}
+        if store.supports_used_bytes:  # disk: file sizes only, no header read
+            return {"store": url, "bytes": int(store.used_bytes())}
     s = summarize(store, progress=progress)
     data = {"store": url, "bytes": s.bytes, "entries": s.entries}
     if by is not None:

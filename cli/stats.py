@@ -106,7 +106,8 @@ def backend_rows(info: dict) -> list[tuple[str, str]]:
             except (TypeError, ValueError):
                 rows.append((label, str(value)))
         elif isinstance(value, (list, tuple)):
-            rows += [(label if i == 0 else "", str(v)) for i, v in enumerate(value)]
+            rows += [(label if i == 0 else "", _node_row(v) if isinstance(v, dict) else str(v))
+                     for i, v in enumerate(value)]
         elif isinstance(value, dict):
             rows.append((label, ", ".join(f"{k}={v}" for k, v in value.items())))
         else:
@@ -117,6 +118,18 @@ def backend_rows(info: dict) -> list[tuple[str, str]]:
 def _reasons(s: dict) -> str:
     parts = [f"{REASON_LABELS[r]} {n:,}" for r, n in s["misses_by_reason"].items() if n]
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def _node_row(node: dict) -> str:
+    """One cluster primary: ``host:port  used / maxmemory (policy), N keys, R replicas``."""
+    from encache.cli.render import human_bytes
+
+    def b(v):
+        return "-" if v is None else human_bytes(int(v))
+    limit = b(node.get("maxmemory")) if node.get("maxmemory") else "unbounded"
+    return (f"{node.get('node')}  {b(node.get('used_memory'))} / {limit} "
+            f"({node.get('maxmemory_policy') or '?'}), {node.get('keys', '?')} keys, "
+            f"{node.get('replicas', '?')} replicas")
 
 
 def render_table(s: dict) -> None:

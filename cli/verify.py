@@ -115,13 +115,12 @@ def read_untracked(store, identifier: str):
     On disk we read the entry file with ``O_NOATIME`` instead (falling back to a plain
     read where the kernel refuses it); other backends go through ``store.get``.
     """
-    entry_path = getattr(store, "entry_path", None)
-    if entry_path is None or getattr(store, "backend", None) != "disk":
+    if not store.supports_entry_path:
         return store.get(identifier)
     from encache.connectors.store.disk import open_untracked
 
     try:
-        fd = open_untracked(entry_path(identifier))
+        fd = open_untracked(store.entry_path(identifier))
     except (FileNotFoundError, NotADirectoryError):
         return None
     with os.fdopen(fd, "rb", buffering=0) as f:
@@ -185,12 +184,10 @@ def verify_store(store, url: str, *, model: str | None = None, threads: int | No
         mix = ", ".join(f"{k!r} ({n:,})" for k, n in rep.models.most_common() if k is not None)
         rep.info.append(Finding("", "info", "mixed-models",
                                 f"entries for {len(rep.models)} models: {mix}"))
-    strays = getattr(store, "stray_files", None)
-    if callable(strays):
-        for p in strays(older_than=grace):
-            rep.strays.append(p)
-            kind = "empty directory" if p.is_dir() else "temp file from an interrupted write"
-            rep.warnings.append(Finding(str(p), "warning", "stray", kind))
+    for p in store.stray_files(older_than=grace):
+        rep.strays.append(p)
+        kind = "empty directory" if p.is_dir() else "temp file from an interrupted write"
+        rep.warnings.append(Finding(str(p), "warning", "stray", kind))
     rep.problems.sort(key=lambda f: (f.reason, f.identifier))
     rep.warnings.sort(key=lambda f: (f.reason, f.identifier))
     return rep

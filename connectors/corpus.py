@@ -119,7 +119,7 @@ class Manifest:
     @classmethod
     def location(cls, store, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        root = getattr(store, "root", None)
+        root = store.root
         if root is not None:
             base = Path(root) / ".encache" / "manifests"
         else:

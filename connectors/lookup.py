@@ -110,11 +110,10 @@ def parse_verify(value) -> tuple[bool, bool]:
 def open_live_counters(store: Store, warn: RateLimitedLog):
     """The store's in-place per-process counters (:mod:`.counters`), or None: the store
     has none (Redis: batched flushes) or cannot be written (a read-only mount)."""
-    live = getattr(store, "live_counters", None)
-    if live is None or getattr(store, "read_only", False):
+    if not store.supports_live_counters or store.read_only:
         return None
     try:
-        return live()
+        return store.live_counters()
     except OSError as e:
         warn.warning("counters", "encache: cannot keep counters in %s (%s); they are only "
                      "reported in the engine's metrics", store.url, e)
@@ -207,10 +206,10 @@ class EntryLookup:
         with self._lock:
             gauges["store_entries"] = len(self._index)
         try:
-            max_bytes = getattr(self.store, "max_bytes", None)
+            max_bytes = self.store.max_bytes
             if max_bytes:
                 gauges["store_capacity_bytes"] = max_bytes
-            used = getattr(self.store, "used_bytes", None)
+            used = self.store.used_bytes if self.store.supports_used_bytes else None
             if used is not None:
                 gauges["store_bytes"] = used()
             totals = self.store.read_counters()
@@ -292,7 +291,7 @@ class EntryLookup:
             return State.PENDING if now - inflight[1] < self.load_timeout_s else State.MISS
         if not self.known(identifier):
             return State.MISS
-        if inline and getattr(self.store, "mapped_loads", False):
+        if inline and self.store.mapped_loads:
             staged = self._load(identifier, inline=True)
             if staged is not _DEFER:
                 return State.READY if staged is not None else State.MISS
@@ -517,7 +516,7 @@ class EntryLookup:
         with self._lock:
             deltas, self._counters = self._counters, {}
             self._last_flush = now
-        if not deltas or self._live is not None or getattr(self.store, "read_only", False):
+        if not deltas or self._live is not None or self.store.read_only:
             # recorded in place already, or a read-only store that records nothing (the
             # engine's metrics still do)
             return

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["redis_fixture"]  # redis_server / redis_factory: real redis-server per test session
+pytest_plugins = ["redis_fixture", "redis_cluster_fixture"]  # real redis-server(s) / a real local Redis Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,13 +1,18 @@
 """The store contract suite (zarr's StoreTests pattern): subclass per backend.
 
 A backend test module defines ``class TestXStore(StoreContract)`` with a ``store``
-fixture returning a fresh, empty store (and ``make_store`` for a second handle on the same
-data, used to check cross-process visibility).
+fixture returning a fresh, empty store (``make_store`` — by default ``store.reopen()`` —
+gives a second handle on the same data, used to check cross-process visibility).
+
+Every capability declared on :class:`encache.connectors.store.base.Store` is exercised
+here on every backend: a backend either does better than the ABC's default (and says so
+with its ``supports_*`` flag) or inherits the default, and both must honour the contract.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +29,9 @@ class StoreContract:
     @pytest.fixture
     def store(self):  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def make_store(self, store):
+        return store.reopen()
 
     def test_missing_is_none(self, store):
         assert store.get("nope") is None
@@ -147,3 +155,113 @@ class StoreContract:
     def test_info(self, store):
         info = store.info()
         assert info.backend == store.backend
+
+
+    # -- capabilities (declared on the ABC; defaults or backend versions) -----------------
+    def test_capability_flags_are_declared(self, store):
+        from encache.connectors.store.base import Store
+        assert isinstance(store, Store)
+        for flag in ("supports_entry_path", "supports_used_bytes", "supports_batch",
+                     "supports_index_version", "supports_capacity_warnings", "mapped_loads",
+                     "supports_live_counters", "local", "read_only"):
+            assert isinstance(getattr(store, flag), bool), flag
+        assert isinstance(store.url, str) and store.url
+        assert store.max_bytes is None or store.max_bytes > 0
+
+    def test_live_counters_are_read_back(self, store):
+        live = store.live_counters()
+        if not store.supports_live_counters:
+            assert live is None
+            return
+        before = store.read_counters().get("hits", 0)
+        live.add("hits", 3)
+        live.add_many({"misses": 2})
+        counters = store.read_counters()
+        assert counters.get("hits", 0) == before + 3
+        assert counters.get("misses", 0) >= 2
+
+    def test_get_many_keeps_order_and_misses(self, store):
+        blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}
+        for i, b in blobs.items():
+            store.put(i, b)
+        got = store.get_many(["c", "nope", "a", "c"])
+        assert [bytes(memoryview(g).cast("B")) if g is not None else None for g in got] == \
+            [blobs["c"], None, blobs["a"], blobs["c"]]
+        assert store.get_many([]) == []
+
+    def test_delete_many_counts_and_per_item(self, store):
+        ids = [f"dm{i}" for i in range(6)]
+        for i in ids:
+            store.put(i, blob(i))
+        assert store.delete_many(i for i in ids[:3]) == 3  # any iterable
+        assert store.delete_many([ids[0], "never-there"]) == 0
+        assert store.delete_many([ids[3], "never-there", ids[4]], per_item=True) == \
+            [True, False, True]
+        assert set(store.identifiers()) == {ids[5]}
+        assert all(store.get(i) is None and store.stat(i) is None for i in ids[:5])
+
+    def test_index_version_changes_on_put_and_delete(self, store):
+        v0 = store.index_version()
+        if not store.supports_index_version:
+            assert v0 is None
+            return
+        assert store.index_version() == v0  # reads do not change it
+        store.put("iv", blob("iv"))
+        v1 = store.index_version()
+        assert v1 != v0
+        store.get("iv"), store.contains("iv"), list(store.scan())
+        assert store.index_version() == v1
+        store.delete("iv")
+        v2 = store.index_version()
+        assert v2 != v1
+        store.delete_many(["iv2"])
+        store.put("iv3", blob("iv3"))
+        assert store.index_version() != v2
+
+    def test_used_bytes_and_count(self, store):
+        assert store.count() == 0 and store.used_bytes() == 0
+        sizes = [store.put(i, blob(i, n=16 * (k + 1))) for k, i in enumerate(("u1", "u2", "u3"))]
+        assert store.count() == 3
+        assert store.used_bytes() == sum(sizes) == sum(e.size for e in store.scan())
+        store.delete("u2")
+        assert store.count() == 2 and store.used_bytes() == sizes[0] + sizes[2]
+
+    def test_ping(self, store):
+        rtt = store.ping()
+        assert isinstance(rtt, float) and 0 <= rtt < 5
+
+    def test_capacity_warnings_are_strings(self, store):
+        warnings = store.capacity_warnings()
+        assert isinstance(warnings, list) and all(isinstance(w, str) and w for w in warnings)
+        if not store.supports_capacity_warnings:
+            assert warnings == []
+
+    def test_stray_files_and_prune(self, store):
+        store.put("sp", blob("sp"))
+        strays = store.stray_files(older_than=0.0)
+        assert isinstance(strays, list) and all(isinstance(p, Path) for p in strays)
+        assert strays == []  # nothing was interrupted
+        assert store.prune() == 0  # nothing was lost behind the store's back
+        assert store.contains("sp")
+
+    def test_entry_path(self, store):
+        from encache.connectors.store import StoreError
+        b = blob("ep")
+        store.put("ep", b)
+        if store.supports_entry_path:
+            path = store.entry_path("ep")
+            assert Path(path).read_bytes() == b and store.root is not None
+            assert Path(path).is_relative_to(store.root)
+        else:
+            assert store.root is None
+            with pytest.raises(StoreError):
+                store.entry_path("ep")
+
+    def test_reopen_is_an_independent_handle(self, store):
+        other = store.reopen()
+        assert other is not store and type(other) is type(store) and other.url == store.url
+        b = blob("ro")
+        other.put("ro", b)
+        assert bytes(memoryview(store.get("ro")).cast("B")) == b
+        other.close()
+        assert store.contains("ro")  # closing one handle leaves the other working

@@ -12,6 +12,30 @@ Semantics every backend honours (checked by ``tests/store_contract.py``):
   error. Integrity is checked by the caller with :func:`.entry.decode`.
 * ``delete`` removes an entry whole; concurrent readers see it or a miss.
 * Counters are additive across processes and hosts (``add_counters`` takes deltas).
+
+Capabilities (zarr's ``supports_*`` pattern): every optional ability has a working default
+here and a flag saying whether the backend does better than the default, so callers never
+probe with ``getattr``/``hasattr``. ``tests/store_contract.py`` checks each one on every
+backend:
+
+==========================  ==================================================================
+``supports_entry_path``     entries are files: ``root``, ``entry_path()`` (page-cache warming,
+                            quarantine, no-atime reads); default: ``entry_path`` raises
+``supports_used_bytes``     ``used_bytes()`` is cheap (no header read); default: sums a scan
+``supports_batch``          ``get_many``/``delete_many`` are native batches; default: loops
+``supports_index_version``  ``index_version()`` changes on every put/delete; default: None
+``supports_capacity_warnings``  ``capacity_warnings()`` inspects server settings; default: []
+``mapped_loads``            ``read_entry`` may return a read-only file mapping (mmap)
+``supports_live_counters``  ``live_counters()`` gives this process an in-place counter file
+                            that survives SIGKILL; default: None (counts are batched and
+                            flushed with ``add_counters``)
+==========================  ==================================================================
+
+Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
+``count()`` [counts ``identifiers()``], ``stray_files()`` [none], ``prune()`` [0],
+``reopen()`` (a second independent handle), ``max_bytes`` [None], ``low_watermark``
+[0.9: eviction stops at this fraction of ``max_bytes``], ``read_only`` [False: the store
+cannot be written, e.g. a read-only mount; serving reads still work], ``url``.
 """
 
 from __future__ import annotations
@@ -20,6 +44,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .entry import CorruptEntry, EntryMeta
 
@@ -80,6 +105,38 @@ class Store(ABC):
     #: True when ``contains`` is cheap enough for a scheduler hot path (a local stat)
     local: bool = False
 
+    # -- capabilities (see the module docstring; all False/None means "the defaults") ------
+    supports_entry_path: bool = False
+    supports_used_bytes: bool = False
+    supports_batch: bool = False
+    supports_index_version: bool = False
+    supports_capacity_warnings: bool = False
+    #: ``read_entry`` may hand out a mapping of a file rather than a private copy
+    mapped_loads: bool = False
+    #: the directory holding entry files (``supports_entry_path`` backends), else None
+    root: Path | None = None
+    #: capacity in bytes the store enforces itself, or None
+    max_bytes: int | None = None
+    #: eviction brings usage down to this fraction of ``max_bytes``
+    low_watermark: float = 0.9
+    #: the store cannot be written (a read-only mount): reads and read-only commands work
+    read_only: bool = False
+    supports_live_counters: bool = False
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """Where the store is, safe to print (passwords redacted)."""
+
+    @abstractmethod
+    def reopen(self) -> Store:
+        """A second, independent handle on the same data (own connections, own caches)."""
+
+    def live_counters(self):
+        """This process's in-place counters (``supports_live_counters`` backends), else
+        None: the caller batches deltas into ``add_counters``."""
+        return None
+
     # -- entries -----------------------------------------------------------------
     @abstractmethod
     def get(self, identifier: str) -> bytes | bytearray | None:
@@ -129,7 +186,46 @@ class Store(ABC):
         return None
 
     def get_many(self, identifiers: list[str]) -> list[bytes | bytearray | None]:
+        """Whole entries in order (None for a miss); one round trip per batch where
+        ``supports_batch``."""
         return [self.get(i) for i in identifiers]
+
+    def delete_many(self, identifiers: Iterable[str], *, per_item: bool = False):
+        """Delete many entries: how many existed, or with ``per_item=True`` one bool per
+        identifier, in order (did it exist)."""
+        existed = [self.delete(i) for i in identifiers]
+        return existed if per_item else sum(existed)
+
+    def entry_path(self, identifier: str) -> Path:
+        """The file holding an entry (``supports_entry_path`` backends only)."""
+        raise StoreError(f"a {self.backend} store keeps no entry files ({self.url})")
+
+    def used_bytes(self) -> int:
+        """Bytes of all entries (cheap where ``supports_used_bytes``; else a scan)."""
+        return sum(e.size for e in self.scan())
+
+    def count(self) -> int:
+        """Number of entries (no entry is read)."""
+        return sum(1 for _ in self.identifiers())
+
+    def ping(self) -> float:
+        """Round-trip time of one lookup in seconds (raises StoreError if unusable)."""
+        import time
+        t = time.perf_counter()
+        self.contains("~ping")
+        return time.perf_counter() - t
+
+    def capacity_warnings(self) -> list[str]:
+        """Human-readable problems with the backend's capacity settings (none known)."""
+        return []
+
+    def stray_files(self, older_than: float = 0.0) -> list[Path]:
+        """Leftovers of interrupted writes that ``verify --repair`` may remove."""
+        return []
+
+    def prune(self) -> int:
+        """Drop side records of entries the backend lost by itself; returns how many."""
+        return 0
 
     # -- bookkeeping ---------------------------------------------------------------
     @abstractmethod

@@ -60,6 +60,9 @@ _HEAD_READ = 4096
 class DiskStore(Store):
     backend = "disk"
     local = True
+    supports_entry_path = True
+    supports_used_bytes = True
+    supports_live_counters = True
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
@@ -111,6 +114,10 @@ class DiskStore(Store):
     @property
     def max_bytes(self) -> int | None:
         return self._config.get("max_bytes")
+
+    def reopen(self) -> DiskStore:
+        return DiskStore(self.root, create=False, fsync=self.fsync, eviction=self.eviction,
+                         low_watermark=self.low_watermark, load_mode=self.load_mode)
 
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE

@@ -147,7 +147,7 @@ def build_repair_plan(store: Store, bad: Iterable[tuple[EntryInfo, str]],
 # -- execute -------------------------------------------------------------------------
 
 def can_quarantine(store: Store) -> bool:
-    return hasattr(store, "root") and hasattr(store, "entry_path")
+    return store.supports_entry_path
 
 
 def quarantine_dir(store: Store) -> Path:
@@ -199,25 +199,15 @@ def execute(plan: DeletePlan, store: Store, *,
 
 
 def _delete_batch(store: Store, batch: list[PlanItem], res: PlanResult) -> None:
-    bulk = getattr(store, "delete_many", None)
-    if bulk is not None and len(batch) > 1:
-        ids = [i.identifier for i in batch]
+    if store.supports_batch and len(batch) > 1:
         try:
-            try:
-                out = bulk(ids, per_item=True)  # RedisStore: one bool per identifier
-            except TypeError:  # a delete_many without per_item: a count, or nothing
-                out = bulk(ids)
+            out = store.delete_many([i.identifier for i in batch], per_item=True)
         except Exception as e:
             for i in batch:
                 res.failed.append((i.identifier, str(e) or type(e).__name__))
             return
-        if isinstance(out, (list, tuple)) and len(out) == len(batch):
-            for item, existed in zip(batch, out):
-                _record_delete(item, bool(existed), res)
-            return
-        # a count (or nothing): per-item existence is unknown; count them all as deleted
-        for item in batch:
-            _record_delete(item, True, res)
+        for item, existed in zip(batch, out):
+            _record_delete(item, bool(existed), res)
         return
     for item in batch:
         try:

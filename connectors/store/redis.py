@@ -1,5 +1,9 @@
 """RedisStore: the shared backend — the same entry bytes as DiskStore, kept in Redis.
 
+(Longer than most modules on purpose: one backend whose key-layout hooks — ``key``,
+``_side``, ``_transact``, ``_scan_pages``, ``_page_records``, ``_drifted`` — are what
+:class:`.redis_cluster.RedisClusterStore` overrides; the entry logic stays written once.)
+
 URLs (see :func:`.url.open_store`)::
 
     redis://[[user]:password@]host:port/db[?prefix=NAME:&ttl=SECONDS]
@@ -55,8 +59,8 @@ import redis as _redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
                               ConnectionError as RedisConnectionError, NoPermissionError,
-                              OutOfMemoryError, ReadOnlyError, RedisError,
-                              TimeoutError as RedisTimeoutError)
+                              OutOfMemoryError, ReadOnlyError, RedisClusterException,
+                              RedisError, TimeoutError as RedisTimeoutError)
 from redis.retry import Retry
 
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
@@ -129,13 +133,17 @@ def _glob_escape(raw: bytes) -> bytes:
     return bytes(out)
 
 
+#: what redis-py raises (cluster topology errors are not RedisErrors)
+_ERRORS = (RedisError, RedisClusterException)
+
+
 def _wrapped(method):
     """Turn redis-py errors raised by a method into one-line StoreErrors."""
     @functools.wraps(method)
     def inner(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except RedisError as e:
+        except _ERRORS as e:
             raise self._store_error(e) from None
     return inner
 
@@ -145,6 +153,9 @@ class RedisStore(Store):
 
     backend = "redis"
     local = False
+    supports_batch = True
+    supports_index_version = True
+    supports_capacity_warnings = True
     #: keyword options :func:`.url.open_store` passes through
     OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
                "ttl", "lock_ttl", "access_resolution")
@@ -154,11 +165,11 @@ class RedisStore(Store):
                  max_connections: int | None = 64, ttl: float | None = None,
                  lock_ttl: float = 30.0, access_resolution: float = ACCESS_RESOLUTION_S):
         parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise StoreError(f"not a Redis URL: {redact(url)}")
+        if parts.scheme not in self.SCHEMES:
+            raise StoreError(f"not a {self.__class__.__name__} URL: {redact(url)}")
         query = parse_qsl(parts.query, keep_blank_values=True)
-        own = {k: v for k, v in query if k in ("prefix", "ttl")}
-        rest = [(k, v) for k, v in query if k not in ("prefix", "ttl")]
+        own = {k: v for k, v in query if k in self.URL_OPTIONS}
+        rest = [(k, v) for k, v in query if k not in self.URL_OPTIONS]
         base = url.split("?", 1)[0]  # (urlunsplit would turn unix:///path into unix:/path)
         clean = base + ("?" + urlencode(rest) if rest else "")
         if prefix is None:
@@ -174,6 +185,7 @@ class RedisStore(Store):
                              connect_timeout=connect_timeout, retries=retries,
                              max_connections=max_connections, ttl=ttl, lock_ttl=lock_ttl,
                              access_resolution=access_resolution)
+        self._check_prefix(prefix)
         self.prefix = prefix
         self.ttl = float(ttl) if ttl and float(ttl) > 0 else None
         self.socket_timeout = socket_timeout
@@ -193,15 +205,27 @@ class RedisStore(Store):
                       max_connections=max(1, int(max_connections or 64)),
                       timeout=socket_timeout)  # wait for a free pooled connection
         try:
-            self._pool = _redis.BlockingConnectionPool.from_url(clean, **kwargs)
-        except (ValueError, TypeError) as e:
+            self._r, self._password = self._connect(clean, kwargs)
+        except (ValueError, TypeError, RedisClusterException) as e:
             raise StoreError(f"bad Redis URL {self._redacted}: {self._scrub(str(e))}") from None
-        self._password = self._pool.connection_kwargs.get("password")
-        self._r = _redis.Redis(connection_pool=self._pool)
         self._prune_script = self._r.register_script(_PRUNE_LUA)
         self._unlock_script = self._r.register_script(_UNLOCK_LUA)
         self._renew_script = self._r.register_script(_RENEW_LUA)
         self._touched: dict[str, float] = {}
+
+    SCHEMES = ("redis", "rediss", "unix")
+    #: query parameters encache reads itself (the others go to redis-py)
+    URL_OPTIONS = ("prefix", "ttl")
+    #: one MULTI can hold the ``gen`` bump (single node); a cluster bumps it after the MULTI
+    _GEN_IN_TX = True
+
+    def _check_prefix(self, prefix: str) -> None:
+        return None
+
+    def _connect(self, clean_url: str, kwargs: dict):
+        """``(client, password)`` for the URL without encache's own query options."""
+        self._pool = _redis.BlockingConnectionPool.from_url(clean_url, **kwargs)
+        return _redis.Redis(connection_pool=self._pool), self._pool.connection_kwargs.get("password")
 
     # -- identity ------------------------------------------------------------------------
     @property
@@ -210,20 +234,50 @@ class RedisStore(Store):
         return self._redacted
 
     def __repr__(self) -> str:
-        return f"RedisStore({self._redacted!r}, prefix={self.prefix!r})"
+        return f"{self.__class__.__name__}({self._redacted!r}, prefix={self.prefix!r})"
 
     __str__ = __repr__
 
     def reopen(self) -> RedisStore:
         """A second, independent handle (own connection pool) on the same data."""
-        return RedisStore(self._url_raw, **self._options)
+        return self.__class__(self._url_raw, **self._options)
 
+    # -- key layout (RedisClusterStore overrides these four) --------------------------------
     def key(self, identifier: str) -> bytes:
         """The Redis key of an entry's blob."""
-        return self._entry_prefix + _enc(validate(identifier))
+        return self._entry_key(_enc(validate(identifier)))
+
+    def _entry_key(self, ident: bytes) -> bytes:
+        return self._entry_prefix + ident
 
     def _ident(self, key: bytes) -> str:
         return _dec(key[len(self._entry_prefix):])
+
+    def _side(self, ident: bytes) -> tuple[bytes, bytes]:
+        """``(meta hash, atime zset)``: the keys holding an entry's side records."""
+        return self._meta_key, self._atime_key
+
+    def _side_pairs(self, found: set | None = None) -> list[tuple[bytes, bytes]]:
+        """Every ``(meta, atime)`` pair to check for drift (``found``: pairs a scan saw)."""
+        return [(self._meta_key, self._atime_key)]
+
+    def _grouped(self, idents: list[bytes]) -> dict[tuple[bytes, bytes], list[int]]:
+        """Positions of ``idents`` grouped by their side keys (one group on one node)."""
+        groups: dict[tuple[bytes, bytes], list[int]] = {}
+        for n, ident in enumerate(idents):
+            groups.setdefault(self._side(ident), []).append(n)
+        return groups
+
+    def _transact(self, build) -> list:
+        """Run ``build(pipe)`` in one MULTI (plus the ``gen`` bump); its replies."""
+        pipe = self._r.pipeline(transaction=True)
+        build(pipe)
+        if self._GEN_IN_TX:
+            pipe.incr(self._gen_key)
+        res = pipe.execute()
+        if not self._GEN_IN_TX:
+            self._r.incr(self._gen_key)
+        return res
 
     # -- errors ----------------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -236,7 +290,8 @@ class RedisStore(Store):
         msg = " ".join(str(e).split()) or e.__class__.__name__
         low = msg.lower()
         if isinstance(e, (AuthenticationError, NoPermissionError)) or "noauth" in low \
-                or "wrongpass" in low or "invalid password" in low:
+                or "wrongpass" in low or "invalid password" in low \
+                or "invalid username-password" in low or "already authenticated" in low:
             if not self._password:
                 what = "authentication failed: the server requires a password (the URL has none)"
             elif "wrongpass" in low or "invalid" in low:
@@ -252,7 +307,7 @@ class RedisStore(Store):
             what = "the server is a read-only replica (point the URL at the primary)"
         elif isinstance(e, BusyLoadingError):
             what = "Redis is still loading its dataset; retry shortly"
-        elif isinstance(e, RedisConnectionError):
+        elif isinstance(e, RedisConnectionError) or "cannot be connected" in low:
             if "refused" in low:
                 what = "connection refused (is redis-server running there?)"
             elif "no such file" in low:
@@ -271,7 +326,7 @@ class RedisStore(Store):
     def _errors(self):
         try:
             yield
-        except RedisError as e:
+        except _ERRORS as e:
             raise self._store_error(e) from None
 
     @_wrapped
@@ -297,9 +352,10 @@ class RedisStore(Store):
         now = time.time()
         if not self._should_touch(identifier, now):
             return self._r.get(key)
+        ident = _enc(identifier)
         pipe = self._r.pipeline(transaction=False)
         pipe.get(key)
-        pipe.zadd(self._atime_key, {_enc(identifier): now}, xx=True)  # only live entries
+        pipe.zadd(self._side(ident)[1], {ident: now}, xx=True)  # only live entries
         value, _ = pipe.execute(raise_on_error=False)  # a failed ZADD (replica) is no miss
         if isinstance(value, Exception):
             raise value
@@ -341,33 +397,39 @@ class RedisStore(Store):
         except CorruptEntry:
             pass  # not an entry: keep the leading bytes; scan reports why
         now = time.time()
-        pipe = self._r.pipeline(transaction=True)
         px = int(self.ttl * 1000) if self.ttl else None
+        value = None
         if len(views) == 1 or total <= _JOIN_LIMIT:
             value = views[0] if len(views) == 1 else b"".join(views)
-            pipe.set(key, value, px=px)
-        else:  # large multi-part entry: no joined copy; atomic inside MULTI
-            pipe.set(key, views[0], px=px)
-            for v in views[1:]:
-                if v.nbytes:
-                    pipe.append(key, v)
         ident = _enc(identifier)
-        pipe.hset(self._meta_key, ident, _META.pack(total, now) + head)
-        pipe.zadd(self._atime_key, {ident: now})
-        pipe.incr(self._gen_key)
-        pipe.execute()
+        meta_key, atime_key = self._side(ident)
+
+        def build(pipe):
+            if value is not None:
+                pipe.set(key, value, px=px)
+            else:  # large multi-part entry: no joined copy; atomic inside MULTI
+                pipe.set(key, views[0], px=px)
+                for v in views[1:]:
+                    if v.nbytes:
+                        pipe.append(key, v)
+            pipe.hset(meta_key, ident, _META.pack(total, now) + head)
+            pipe.zadd(atime_key, {ident: now})
+
+        self._transact(build)
         self._touched[identifier] = now
         return total
 
     @_wrapped
     def delete(self, identifier: str) -> bool:
         key, ident = self.key(identifier), _enc(identifier)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.unlink(key)
-        pipe.hdel(self._meta_key, ident)
-        pipe.zrem(self._atime_key, ident)
-        pipe.incr(self._gen_key)
-        existed = pipe.execute()[0]
+        meta_key, atime_key = self._side(ident)
+
+        def build(pipe):
+            pipe.unlink(key)
+            pipe.hdel(meta_key, ident)
+            pipe.zrem(atime_key, ident)
+
+        existed = self._transact(build)[0]
         self._touched.pop(identifier, None)
         return bool(existed)
 
@@ -385,20 +447,24 @@ class RedisStore(Store):
             nonlocal removed
             keys = [self.key(i) for i in batch]
             idents = [_enc(i) for i in batch]
-            pipe = self._r.pipeline(transaction=True)
+            flags = [False] * len(batch)
+            for (meta_key, atime_key), pos in self._grouped(idents).items():
+                def build(pipe, pos=pos, meta_key=meta_key, atime_key=atime_key):
+                    if per_item:
+                        for n in pos:
+                            pipe.unlink(keys[n])
+                    else:
+                        pipe.unlink(*[keys[n] for n in pos])
+                    pipe.hdel(meta_key, *[idents[n] for n in pos])
+                    pipe.zrem(atime_key, *[idents[n] for n in pos])
+                res = self._transact(build)
+                if per_item:
+                    for n, x in zip(pos, res):
+                        flags[n] = bool(x)
+                else:
+                    removed += res[0]
             if per_item:
-                for k in keys:
-                    pipe.unlink(k)
-            else:
-                pipe.unlink(*keys)
-            pipe.hdel(self._meta_key, *idents)
-            pipe.zrem(self._atime_key, *idents)
-            pipe.incr(self._gen_key)
-            res = pipe.execute()
-            if per_item:
-                existed.extend(bool(x) for x in res[:len(keys)])
-            else:
-                removed += res[0]
+                existed.extend(flags)
             for i in batch:
                 self._touched.pop(i, None)
             batch.clear()
@@ -423,7 +489,8 @@ class RedisStore(Store):
     def contains(self, identifier: str) -> bool:
         return bool(self._r.exists(self.key(identifier)))  # EXISTS does not touch the LRU
 
-    def _scan_pages(self) -> Iterator[list[bytes]]:
+    def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
+        """Entry keys, a SCAN page at a time, each once (``found``: for cluster layouts)."""
         cursor, seen = 0, set()
         while True:
             with self._errors():
@@ -440,36 +507,53 @@ class RedisStore(Store):
             yield from (self._ident(k) for k in page)
 
     def scan(self) -> Iterator[EntryInfo]:
-        count = 0
-        for page in self._scan_pages():
+        sides: dict = {}  # (meta, atime) -> [entries seen under it, records it holds or 0]
+        found: set = set()  # side-key pairs the key walk came across (cluster)
+        for page in self._scan_pages(found):
             ids = [self._ident(k) for k in page]
             raw = [_enc(i) for i in ids]
             with self._errors():
-                pipe = self._r.pipeline(transaction=False)
-                pipe.hmget(self._meta_key, raw)
-                for r in raw:
-                    pipe.zscore(self._atime_key, r)
-                res = pipe.execute()
-                metas, atimes = res[0], res[1:]
+                metas, atimes = self._page_records(raw, sides)
                 missing = [n for n, m in enumerate(metas) if m is None]
                 repaired = self._read_heads([ids[n] for n in missing]) if missing else {}
             for n, ident in enumerate(ids):
                 value = metas[n] if metas[n] is not None else repaired.get(ident)
                 if value is None:  # deleted between SCAN and now
                     continue
-                count += 1
                 yield self._info(ident, value, atimes[n])
         with contextlib.suppress(StoreError), self._errors():
-            if self._r.hlen(self._meta_key) > count or self._r.zcard(self._atime_key) > count:
-                self.prune()
+            drift = self._drifted(found, sides)
+            if drift:
+                self.prune(drift)
+
+    def _page_records(self, raw: list[bytes], sides: dict) -> tuple[list, list]:
+        """Header records and access times of one SCAN page (one HMGET + ZSCOREs)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hmget(self._meta_key, raw)
+        for r in raw:
+            pipe.zscore(self._atime_key, r)
+        res = pipe.execute()
+        pair = (self._meta_key, self._atime_key)
+        sides.setdefault(pair, [0, 0])[0] += len(raw)
+        return res[0], res[1:]
+
+    def _drifted(self, found: set, sides: dict) -> list[tuple[bytes, bytes]]:
+        """Side-key pairs holding records of entries that are gone (evicted, expired)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hlen(self._meta_key)
+        pipe.zcard(self._atime_key)
+        held = max(pipe.execute())
+        pair = (self._meta_key, self._atime_key)
+        return [pair] if held > sides.get(pair, [0])[0] else []
 
     @_wrapped
     def stat(self, identifier: str) -> EntryInfo | None:
         key, ident = self.key(identifier), _enc(identifier)
+        meta_key, atime_key = self._side(ident)
         pipe = self._r.pipeline(transaction=False)
         pipe.exists(key)
-        pipe.hget(self._meta_key, ident)
-        pipe.zscore(self._atime_key, ident)
+        pipe.hget(meta_key, ident)
+        pipe.zscore(atime_key, ident)
         exists, value, accessed = pipe.execute()
         if not exists:
             return None
@@ -517,28 +601,34 @@ class RedisStore(Store):
                 pass
             out[ident] = _META.pack(size, now) + head
         if out:
-            with contextlib.suppress(RedisError):  # best effort (e.g. a read-only replica)
-                self._r.hset(self._meta_key, mapping={_enc(k): v for k, v in out.items()})
+            with contextlib.suppress(*_ERRORS):  # best effort (e.g. a read-only replica)
+                raw = [_enc(k) for k in out]
+                vals = list(out.values())
+                for (meta_key, _), pos in self._grouped(raw).items():
+                    self._r.hset(meta_key, mapping={raw[n]: vals[n] for n in pos})
         return out
 
     @_wrapped
-    def prune(self) -> int:
-        """Drop ``meta``/``atime`` records of entries Redis evicted or expired; returns count."""
+    def prune(self, pairs: list[tuple[bytes, bytes]] | None = None) -> int:
+        """Drop ``meta``/``atime`` records of entries Redis evicted or expired; returns count.
+
+        ``pairs``: which ``(meta, atime)`` keys to walk (default: all of them)."""
         removed = 0
-        for kind in ("meta", "atime"):
-            cursor = 0
-            while True:
-                if kind == "meta":
-                    cursor, page = self._r.hscan(self._meta_key, cursor, count=_BATCH)
-                    fields = list(page)
-                else:
-                    cursor, page = self._r.zscan(self._atime_key, cursor, count=_BATCH)
-                    fields = [m for m, _ in page]
-                if fields:
-                    keys = [self._meta_key, self._atime_key] + [self._entry_prefix + f for f in fields]
-                    removed += int(self._prune_script(keys=keys, args=fields))
-                if cursor == 0:
-                    break
+        for meta_key, atime_key in (self._side_pairs() if pairs is None else pairs):
+            for kind in ("meta", "atime"):
+                cursor = 0
+                while True:
+                    if kind == "meta":
+                        cursor, page = self._r.hscan(meta_key, cursor, count=_BATCH)
+                        fields = list(page)
+                    else:
+                        cursor, page = self._r.zscan(atime_key, cursor, count=_BATCH)
+                        fields = [m for m, _ in page]
+                    if fields:
+                        keys = [meta_key, atime_key] + [self._entry_key(f) for f in fields]
+                        removed += int(self._prune_script(keys=keys, args=fields))
+                    if cursor == 0:
+                        break
         return removed
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -573,14 +663,15 @@ class RedisStore(Store):
         """Number of entries (a SCAN over the key space; no entry is read)."""
         return sum(len(p) for p in self._scan_pages())
 
-    def _memory_info(self) -> dict:
-        """``maxmemory``/``maxmemory_policy``/``used_memory`` from INFO, else CONFIG GET."""
+    def _memory_info(self, **node) -> dict:
+        """``maxmemory``/``maxmemory_policy``/``used_memory`` from INFO, else CONFIG GET
+        (``node``: ``target_nodes=`` for one cluster node)."""
         mem: dict = {}
-        with contextlib.suppress(RedisError):
-            mem = dict(self._r.info("memory"))
+        with contextlib.suppress(*_ERRORS):
+            mem = dict(self._r.info("memory", **node))
         if "maxmemory" not in mem or "maxmemory_policy" not in mem:
-            with contextlib.suppress(RedisError):  # CONFIG may be renamed away (managed Redis)
-                cfg = self._r.config_get("maxmemory*")
+            with contextlib.suppress(*_ERRORS):  # CONFIG may be renamed away (managed Redis)
+                cfg = self._r.config_get("maxmemory*", **node)
                 if "maxmemory" in cfg:
                     mem.setdefault("maxmemory", int(cfg["maxmemory"]))
                 if "maxmemory-policy" in cfg:
@@ -590,7 +681,10 @@ class RedisStore(Store):
     @_wrapped
     def capacity_warnings(self, memory: dict | None = None) -> list[str]:
         """Human-readable problems with the server's memory settings for a cache."""
-        mem = self._memory_info() if memory is None else memory
+        return self._memory_warnings(self._memory_info() if memory is None else memory)
+
+    def _memory_warnings(self, mem: dict) -> list[str]:
+        """What is wrong with one server's ``maxmemory``/policy/usage for a cache."""
         warnings = []
         maxmemory, policy = mem.get("maxmemory"), mem.get("maxmemory_policy")
         if maxmemory is None or policy is None:

@@ -163,10 +163,10 @@ def warm_page_cache(store, identifiers: Iterable[str] | None = None, *,
     entry look recently used to LRU eviction. ``progress(identifier, nbytes)`` is called
     per entry. Returns a :class:`WarmReport` (entries, bytes, seconds, missing).
     """
-    entry_path = getattr(store, "entry_path", None)
-    if entry_path is None:
+    if not store.supports_entry_path:
         raise StoreError(f"warming the page cache needs a disk store, not {store.backend} "
-                         f"({getattr(store, 'url', '?')})")
+                         f"({store.url})")
+    entry_path = store.entry_path
     report = WarmReport()
     start = time.perf_counter()
     buf = bytearray(_CHUNK)

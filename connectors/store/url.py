@@ -1,5 +1,6 @@
 """Open a store from a URL: ``PATH`` / ``file://PATH`` (disk), ``redis://``,
-``rediss://`` (TLS) or ``unix://`` (Redis). Also redacts passwords for display."""
+``rediss://`` (TLS) or ``unix://`` (Redis), ``redis+cluster://host:port[,host:port…]`` or
+``rediss+cluster://`` (Redis Cluster). Also redacts passwords for display."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from urllib.parse import urlsplit
 
 from .base import Store, StoreError
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+REDIS_SCHEMES = ("redis", "rediss", "unix") + CLUSTER_SCHEMES
 
 
 def is_redis_url(url: str) -> bool:
@@ -37,15 +39,18 @@ def open_store(url: str, *, create: bool = True, **options) -> Store:
     scheme = urlsplit(url).scheme
     if scheme in REDIS_SCHEMES:
         try:
-            from .redis import RedisStore
+            if scheme in CLUSTER_SCHEMES:
+                from .redis_cluster import RedisClusterStore as cls
+            else:
+                from .redis import RedisStore as cls
         except ImportError as e:  # pragma: no cover - redis is a dependency
             raise StoreError(f"Redis support unavailable: {e}") from None
-        redis_opts = {k: v for k, v in options.items() if k in RedisStore.OPTIONS}
-        return RedisStore(url, **redis_opts)
+        return cls(url, **{k: v for k, v in options.items() if k in cls.OPTIONS})
     if scheme == "file":
         url = urlsplit(url).path
     elif scheme and len(scheme) > 1:
-        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://)")
+        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://, "
+                         "redis+cluster://, rediss+cluster://)")
     from .disk import DiskStore
 
     disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction", "load_mode")}

@@ -51,7 +51,7 @@ class ConnectorConfig:
                 break
         if not store:
             raise ValueError("encache connector: ec_connector_extra_config needs a 'store' "
-                             "(a directory or redis:// URL)")
+                             "(a directory, redis:// or redis+cluster:// URL)")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(extra) - names - set(cls.ALIASES))
         if unknown:

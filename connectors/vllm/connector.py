@@ -148,7 +148,7 @@ class EncacheConnector(ECConnectorBase):
 
     def _check_capacity(self) -> None:
         """Warn at start-up when the store can fill up badly (Redis maxmemory/policy)."""
-        check = getattr(self.store, "capacity_warnings", None)
+        check = self.store.capacity_warnings
         if check is None:
             return
         try:

@@ -1,0 +1,465 @@
+"""RedisClusterStore: the Redis store on a Redis Cluster (or Valkey cluster).
+
+URLs (see :func:`.url.open_store`)::
+
+    redis+cluster://[[user]:password@]host:port[,host:port…][?prefix=NAME:&ttl=SECONDS
+                                                              &redirect_wait=SECONDS]
+    rediss+cluster://…                                       (TLS; ssl_ca_certs=… etc.)
+
+The hosts are startup nodes: any one reachable node is enough, the client learns the
+rest (and every later change) from ``CLUSTER SLOTS``.
+
+Why a different key layout: one Redis primary caps the cache at one machine's RAM. Under
+Cluster every key lives in one of 16384 hash slots and a MULTI, a multi-key command or a
+Lua script may only touch keys of *one* slot, so :class:`.redis.RedisStore`'s single
+``meta`` hash / ``atime`` set (written in the same MULTI as every entry) would be
+cross-slot. Here the side records are split into one bucket per slot, and every key of a
+bucket carries the same hash tag::
+
+    P{T}:e:{identifier}   STRING  the entry (same bytes as DiskStore's file)
+    P{T}:m                HASH    identifier -> <u64 size><f64 put time> + header
+    P{T}:a                ZSET    identifier -> last load
+    P counters / P gen / P lock:{name}     (as for one node; each a single key)
+
+``T`` is the bucket's tag: the bucket is the slot the identifier itself hashes to
+(CRC16 mod 16384), and ``T`` is the shortest decimal string that hashes to that same slot.
+So the buckets are *slot-aligned* — exactly one bucket per slot — entries spread over all
+primaries as evenly as slots do, and ``redis-cli --cluster reshard`` moves whole buckets:
+an entry, its header and its access time always move together and live on one node.
+
+Consequences:
+
+* ``put``/``delete`` stay one MULTI on one node (blob + header + access time: never a
+  half-written entry). The ``gen`` counter (``index_version``) is a separate key bumped
+  right after the MULTI: a reader that sees the new value also sees the entry.
+* ``scan``/``identifiers``/``count`` walk every primary with ``SCAN`` (deduplicated:
+  during a reshard a key can be seen on two nodes), and fetch headers with one ``HMGET``
+  per bucket of a page, pipelined per node.
+* MOVED/ASK are followed by redis-py; a MULTI that meets a slot half-way through a
+  migration (ASK / TRYAGAIN: its keys are on two nodes for a moment) is retried with a
+  short backoff until the slot has moved (``redirect_wait`` seconds at most).
+* A dead primary: a consumer's loads of its slots fail fast (connection refused →
+  StoreError → a miss, and the consumer's circuit breaker backs off) until the cluster
+  promotes its replica; redis-py then picks up the new topology. Writes and header reads
+  (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
+  for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
+  reported as failed after it (a second ``precompute`` run writes what is missing).
+* ``info()``/``capacity_warnings()`` report and check every primary: memory, maxmemory and
+  policy per node (each primary evicts on its own; one full node fails writes to its
+  slots even when the others have room).
+"""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, unquote
+
+from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
+from redis.connection import parse_url
+from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
+                              MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
+
+from .base import StoreError, StoreInfo
+from .redis import _ERRORS, RedisStore, _dec, _glob_escape, _wrapped
+from .url import redact
+
+log = logging.getLogger(__name__)
+SLOTS = 16384
+_RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
+                 RedisConnectionError)
+_TAGS: list[bytes] | None = None
+# one bucket's part of a SCAN page: KEYS = meta, atime; ARGV = identifiers
+_PAGE_LUA = """
+return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]),
+        redis.call('HMGET', KEYS[1], unpack(ARGV)), redis.call('ZMSCORE', KEYS[2], unpack(ARGV))}
+"""
+
+
+def slot_tags() -> list[bytes]:
+    """``tags[slot]``: the smallest decimal string whose CRC16 lands in ``slot``.
+
+    Deterministic, so every process agrees; built once per process (~0.05 s)."""
+    global _TAGS
+    if _TAGS is None:
+        tags: list[bytes | None] = [None] * SLOTS
+        left, n = SLOTS, 0
+        while left:
+            t = b"%d" % n
+            s = binascii.crc_hqx(t, 0) & (SLOTS - 1)
+            if tags[s] is None:
+                tags[s] = t
+                left -= 1
+            n += 1
+        _TAGS = tags  # type: ignore[assignment]
+    return _TAGS  # type: ignore[return-value]
+
+
+def key_slot(raw: bytes) -> int:
+    """Redis Cluster's slot of a key without hash tag (CRC16-XMODEM mod 16384)."""
+    return binascii.crc_hqx(raw, 0) & (SLOTS - 1)
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str, str]:
+    """``(startup nodes, a redis[s]:// URL for the connection options, query)``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in RedisClusterStore.SCHEMES:
+        raise StoreError(f"not a Redis Cluster URL: {redact(url)}")
+    cut = min((rest.find(c) for c in "/?" if c in rest), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    if tail.startswith("/"):
+        path, _, query = tail[1:].partition("?")
+        if path not in ("", "0"):
+            raise StoreError(f"a Redis Cluster has only database 0, not /{path}: {redact(url)}")
+    else:
+        query = tail[1:]
+    userinfo, _, hosts = netloc.rpartition("@")
+    nodes = []
+    for h in hosts.split(","):
+        host, _, port = h.strip().rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit():
+            raise StoreError(f"bad node {h!r} in {redact(url)} (use host:port[,host:port…])")
+        nodes.append((host, int(port)))
+    base = "rediss" if scheme.startswith("rediss") else "redis"
+    auth = f"{userinfo}@" if userinfo else ""
+    h0, p0 = nodes[0]
+    return nodes, f"{base}://{auth}{h0}:{p0}/0", query
+
+
+class _LazyCluster:
+    """A ``RedisCluster`` client built on first use.
+
+    redis-py's client asks the startup nodes for the topology as it is constructed; done
+    lazily, opening a store never touches the network (like :class:`.redis.RedisStore`), so
+    a cluster that is down when an engine starts means misses, not a failed start-up, and
+    the first command after it is back builds the client."""
+
+    def __init__(self, factory):
+        self._factory = factory
+        self._client = None
+        self._lock = threading.Lock()
+
+    def _get(self):
+        client = self._client
+        if client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._factory()
+                client = self._client
+        return client
+
+    def register_script(self, script: str) -> Script:
+        return Script(self, script.encode())  # (bytes: no encoder, so no connection yet)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __getattr__(self, name):
+        return getattr(self._get(), name)
+
+
+class RedisClusterStore(RedisStore):
+    """Entries on a Redis Cluster in slot-aligned buckets (see the module docstring)."""
+
+    backend = "redis-cluster"
+    SCHEMES = ("redis+cluster", "rediss+cluster")
+    OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
+    URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
+    _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
+
+    def __init__(self, url: str, *, redirect_wait: float | None = None, **options):
+        if redirect_wait is None:
+            query = dict(parse_qsl(url.partition("?")[2]))
+            try:
+                redirect_wait = float(query.get("redirect_wait", 10.0))
+            except ValueError:
+                raise StoreError(f"bad redirect_wait={query['redirect_wait']!r} in "
+                                 f"{redact(url)}") from None
+        self.redirect_wait = float(redirect_wait)
+        self._no_wait_until = 0.0
+        super().__init__(url, **options)
+        self._options["redirect_wait"] = self.redirect_wait
+        p = self.prefix.encode("utf-8")
+        self._bucket_match = _glob_escape(p) + b"{*"
+        self._tags = slot_tags()
+        self._page_sha = hashlib.sha1(_PAGE_LUA.encode()).hexdigest()
+
+    def _check_prefix(self, prefix: str) -> None:
+        if "{" in prefix or "}" in prefix:
+            raise StoreError(f"a cluster store prefix may not contain braces: {prefix!r} "
+                             "(encache adds its own hash tags)")
+
+    def _connect(self, clean_url: str, kwargs: dict):
+        nodes, single, query = parse_cluster_url(clean_url)
+        opts = parse_url(single + ("?" + query if query else ""))
+        for k in ("host", "port", "db"):
+            opts.pop(k, None)
+        if opts.pop("connection_class", None) is not None and single.startswith("rediss:"):
+            opts["ssl"] = True  # (RedisCluster takes ssl=True, not an SSLConnection class)
+        retry = kwargs.pop("retry")
+        kwargs.pop("timeout", None)  # (a BlockingConnectionPool option)
+        password = opts.get("password")
+        self._pool = None
+        return _LazyCluster(lambda: RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry, **kwargs,
+            **opts)), (unquote(password) if password else password)
+
+    # -- key layout ---------------------------------------------------------------------------
+    def _tag(self, ident: bytes) -> bytes:
+        return self._tags[key_slot(ident)]
+
+    def _entry_key(self, ident: bytes) -> bytes:
+        return self._bucket(self._tag(ident)) + b":e:" + ident
+
+    def _bucket(self, tag: bytes) -> bytes:
+        return self.prefix.encode("utf-8") + b"{" + tag + b"}"
+
+    def _ident(self, key: bytes) -> str:
+        return _dec(key[key.index(b"}:e:", len(self.prefix.encode("utf-8"))) + 4:])
+
+    def _side(self, ident: bytes) -> tuple[bytes, bytes]:
+        b = self._bucket(self._tag(ident))
+        return b + b":m", b + b":a"
+
+    def _side_pairs(self, found: set | None = None) -> list[tuple[bytes, bytes]]:
+        if found is None:  # walk the key space for them
+            found = set()
+            for _ in self._scan_pages(found):
+                pass
+        return sorted(found)
+
+    # -- cluster plumbing -----------------------------------------------------------------------
+    def _waiting(self, op):
+        """``op()``, retried with backoff for up to ``redirect_wait`` s while its slot is
+        being migrated (ASK, TRYAGAIN), the cluster reconfigures (CLUSTERDOWN) or its
+        primary is down and a replica is being promoted (connection refused). Used by
+        writes and by the header reads of producers and management commands; a
+        consumer's loads (``get``/``read_entry``) never wait. After one wait ran out, calls
+        fail fast for ``redirect_wait`` s (a primary with no replica stays down)."""
+        if time.monotonic() < self._no_wait_until:
+            return op()
+        deadline = time.monotonic() + self.redirect_wait
+        delay = 0.02
+        while True:
+            try:
+                return op()
+            except _RETRY_WRITES:
+                if time.monotonic() >= deadline:
+                    self._no_wait_until = time.monotonic() + self.redirect_wait
+                    raise
+                time.sleep(delay)
+                delay = min(0.25, delay * 2)
+                with contextlib.suppress(*_ERRORS):
+                    self._r.nodes_manager.initialize()  # learn where the slot is now
+
+    def _transact(self, build) -> list:
+        """One MULTI on the bucket's node (waiting out a reshard or failover), then the
+        ``gen`` bump — best effort: the entry is stored, a lost bump only delays consumers'
+        index refreshes until the next write."""
+        def multi():
+            pipe = self._r.pipeline(transaction=True)
+            build(pipe)
+            return pipe.execute()
+
+        res = self._waiting(multi)
+        try:
+            self._waiting(lambda: self._r.incr(self._gen_key))
+        except _RETRY_WRITES as e:
+            log.warning("encache: entry stored, but could not bump %s on %s: %s",
+                        self._gen_key, self.url, self._store_error(e))
+        return res
+
+    @_wrapped
+    def stat(self, identifier: str):
+        return self._waiting(lambda: RedisStore.stat.__wrapped__(self, identifier))
+
+    @_wrapped
+    def contains(self, identifier: str) -> bool:
+        return self._waiting(lambda: RedisStore.contains.__wrapped__(self, identifier))
+
+    def _page_records(self, raw: list[bytes], sides: dict) -> tuple[list, list]:
+        """Headers and access times of one SCAN page: one Lua call per bucket (HMGET +
+        ZMSCORE + the bucket's HLEN/ZCARD for the drift check), sent as one plain pipeline
+        per node — redis-py's cluster pipeline spends ~100 µs of Python per command on
+        slot routing, and a sparse page touches one bucket per entry. If a slot moved
+        meanwhile (MOVED/ASK in a reshard), the page goes through the cluster client,
+        which follows redirects."""
+        groups = self._grouped(raw)
+        calls = [(pair, [raw[n] for n in pos]) for pair, pos in groups.items()]
+        try:
+            replies = self._per_node(calls)
+        except NoScriptError:  # first scan, or a promoted replica (empty script cache)
+            self._r.script_load(_PAGE_LUA)  # (SCRIPT LOAD goes to every primary)
+            replies = self._per_node(calls)
+        metas, atimes = [None] * len(raw), [None] * len(raw)
+        for (pair, pos), (hlen, zcard, mv, tv) in zip(groups.items(), replies):
+            seen = sides.setdefault(pair, [0, 0])
+            seen[0] += len(pos)
+            seen[1] = max(seen[1], int(hlen), int(zcard))
+            for j, n in enumerate(pos):
+                metas[n] = mv[j] or None
+                atimes[n] = float(tv[j]) if tv[j] else None
+        return metas, atimes
+
+    def _per_node(self, calls: list) -> list:
+        sha = self._page_sha
+        nm = self._r.nodes_manager
+        try:
+            by_node: dict[str, tuple] = {}
+            for n, ((meta_key, atime_key), members) in enumerate(calls):
+                node = nm.get_node_from_slot(self._r.keyslot(meta_key))
+                entry = by_node.get(node.name)
+                if entry is None:
+                    entry = by_node[node.name] = (node.redis_connection.pipeline(transaction=False), [])
+                entry[0].evalsha(sha, 2, meta_key, atime_key, *members)
+                entry[1].append(n)
+            out: list = [None] * len(calls)
+            for pipe, positions in by_node.values():
+                for n, value in zip(positions, pipe.execute()):
+                    out[n] = value
+            return out
+        except (*_RETRY_WRITES, AttributeError):  # (AttributeError: no connection yet)
+            return [self._r.evalsha(sha, 2, m, a, *members) for (m, a), members in calls]
+
+    def _drifted(self, found: set, sides: dict) -> list[tuple[bytes, bytes]]:
+        """Buckets holding more records than live entries, and side keys of buckets
+        without any entry left (all counted during the scan: no extra round trip)."""
+        return sorted([pair for pair, (seen, held) in sides.items() if held > seen] +
+                      [pair for pair in found if pair not in sides])
+
+    def _primaries(self) -> list:
+        with self._errors():  # (the first call may build the client: unreachable, auth…)
+            return self._r.get_primaries()
+
+    def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
+        """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
+        the way go to ``found`` as ``(meta, atime)`` pairs."""
+        seen: set[bytes] = set()
+        plen = len(self.prefix.encode("utf-8"))
+        # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
+        match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
+        for node in self._primaries():
+            cursor = 0
+            while True:
+                with self._errors():
+                    cursors, keys = self._r.scan(cursor, match=match, count=1000,
+                                                 target_nodes=node)
+                cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
+                page = []
+                for k in keys:
+                    close = k.find(b"}", plen)
+                    rest = k[close + 1:]
+                    if rest.startswith(b":e:"):
+                        if k not in seen:
+                            seen.add(k)
+                            page.append(k)
+                    elif found is not None and rest in (b":m", b":a"):
+                        found.add((k[:close + 1] + b":m", k[:close + 1] + b":a"))
+                if page:
+                    yield page
+                if cursor == 0:
+                    break
+
+    @_wrapped
+    def get_many(self, identifiers: list[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        now = time.time()
+        for start in range(0, len(identifiers), 256):
+            chunk = identifiers[start:start + 256]
+            raw = [i.encode("utf-8", "surrogatepass") for i in chunk]
+            keys = [self.key(i) for i in chunk]
+            pipe = self._r.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(k)
+            touched = 0
+            for (_, atime_key), pos in self._grouped(raw).items():
+                touch = {raw[n]: now for n in pos if self._should_touch(chunk[n], now)}
+                if touch:
+                    pipe.zadd(atime_key, touch, xx=True)
+                    touched += 1
+            values = pipe.execute(raise_on_error=False)[:len(keys)]
+            for v in values:
+                if isinstance(v, Exception):
+                    raise v
+            out.extend(values)
+        return out
+
+    @_wrapped
+    def ping(self) -> float:
+        """Round trip to every primary (the slowest; raises if any is unreachable)."""
+        t = time.perf_counter()
+        self._r.ping(target_nodes=RedisCluster.PRIMARIES)
+        return time.perf_counter() - t
+
+    # -- capacity, per primary ---------------------------------------------------------------
+    def _node_facts(self) -> list[dict]:
+        """Memory settings and usage of every primary (and its replica count)."""
+        facts = []
+        for node in self._primaries():
+            mem = self._memory_info(target_nodes=node)
+            keys = replicas = None
+            with contextlib.suppress(*_ERRORS):
+                keys = self._r.dbsize(target_nodes=node)
+            with contextlib.suppress(*_ERRORS):  # as the primary itself sees them
+                replicas = int(self._r.info("replication", target_nodes=node)
+                               .get("connected_slaves", 0))
+            facts.append({"node": node.name, "used_memory": mem.get("used_memory"),
+                          "maxmemory": mem.get("maxmemory"),
+                          "maxmemory_policy": mem.get("maxmemory_policy"),
+                          "keys": keys, "replicas": replicas,
+                          "_mem": mem})
+        return facts
+
+    @_wrapped
+    def capacity_warnings(self, facts: list[dict] | None = None) -> list[str]:
+        """Every primary's memory problems, each prefixed with the node."""
+        facts = self._node_facts() if facts is None else facts
+        out = []
+        for f in facts:
+            out += [f"primary {f['node']}: {w}" for w in self._memory_warnings(f["_mem"])]
+            if f["replicas"] == 0:
+                out.append(f"primary {f['node']}: no replica (if it fails, its slots are "
+                           "down until it is back, and its entries are lost)")
+        policies = {f["maxmemory_policy"] for f in facts if f["maxmemory_policy"]}
+        if len(policies) > 1:
+            out.append(f"primaries disagree on maxmemory-policy ({', '.join(sorted(policies))})")
+        return out
+
+    @_wrapped
+    def info(self) -> StoreInfo:
+        self._r.ping(target_nodes=RedisCluster.PRIMARIES)  # unreachable: the real reason
+        facts = self._node_facts()
+        version = None
+        with contextlib.suppress(*_ERRORS):
+            version = self._r.info("server", target_nodes=self._primaries()[0]).get("redis_version")
+        maxes = [int(f["maxmemory"] or 0) for f in facts]
+        total_max = sum(maxes) if maxes and all(maxes) else None
+        policies = sorted({str(f["maxmemory_policy"]) for f in facts if f["maxmemory_policy"]})
+        extra = {
+            "prefix": self.prefix,
+            "redis_version": version,
+            "primaries": len(facts),
+            "used_memory": sum(int(f["used_memory"] or 0) for f in facts),
+            "maxmemory": total_max or 0,
+            "maxmemory_policy": ", ".join(policies) or None,
+            "entries": self.count(),
+            "dbsize": sum(int(f["keys"] or 0) for f in facts),
+            "ttl": self.ttl,
+            "nodes": [{k: v for k, v in f.items() if not k.startswith("_")} for f in facts],
+            "warnings": self.capacity_warnings(facts),
+        }
+        return StoreInfo(url=self.url, backend=self.backend, max_bytes=total_max, extra=extra)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._r.close()
+
+

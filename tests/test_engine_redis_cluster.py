@@ -1,0 +1,303 @@
+"""Real vLLM engines on a real local Redis Cluster (3 primaries + 3 replicas):
+
+* ``precompute`` into ``redis+cluster://…`` while slots are being resharded back and forth:
+  every page written once, whole, and readable after;
+* a consumer on the cluster serving while slots move: it never runs the vision encoder and
+  matches a cache-less engine token for token;
+* a primary SIGKILLed under the serving consumer: requests keep being answered (its
+  entries are re-encoded: misses, no crash), and once the replica is promoted the consumer
+  hits that node's entries again, without a restart.
+
+Engines run in-process, one at a time (see test_engine_redis.EngineSlot).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from encache.connectors.store import decode, open_store
+from engine_support import (PRECOMPUTE_KW, EncoderCounter, chat_texts, make_llm, shutdown)
+from redis_cluster_fixture import LocalCluster
+from test_engine_redis import EngineSlot, _chat_within, manifest_home  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+PAGES = 10
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(3, 1)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from make_demo_corpus import make_corpus
+    root = tmp_path_factory.mktemp("ccorpus")
+    pages = make_corpus(str(root / "docs"), pages=PAGES, seed=23)
+    return {"root": str(root), "pages": pages}
+
+
+@pytest.fixture(scope="module")
+def idents(corpus, tiny_model) -> dict[str, str]:
+    from encache.connectors.vllm.hashing import identify_file
+    out = {p: identify_file(p, tiny_model).identifier for p in corpus["pages"]}
+    assert len(set(out.values())) == PAGES
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, corpus):
+    llm = make_llm(tiny_model)
+    texts = dict(zip(corpus["pages"], chat_texts(llm, corpus["pages"])))
+    shutdown(llm)
+    del llm
+    return texts
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model, reference):
+    slot = EngineSlot(tiny_model)
+    yield slot
+    slot.release()
+
+
+@pytest.fixture(scope="module")
+def counter():
+    return EncoderCounter()
+
+
+class Resharder:
+    """Moves slots back and forth between two primaries in a thread until stopped."""
+
+    def __init__(self, cluster: LocalCluster, slots: int = 300):
+        self.cluster, self.slots = cluster, slots
+        self.moves = 0
+        self.intervals: list[tuple[float, float]] = []  # (start, end) of each move
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        a, b = self.cluster.primaries()[:2]
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            out = self.cluster.reshard(a, b, self.slots)
+            self.intervals.append((t0, time.monotonic()))
+            if out.returncode != 0:
+                self.errors.append((out.stdout + out.stderr)[-500:])
+                return
+            self.moves += 1
+            a, b = b, a
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(300)
+        assert not self.errors, self.errors[0]
+        self.cluster.wait_ok()
+
+
+def cluster_url(cluster: LocalCluster) -> str:
+    return cluster.url_for(nodes=6) + "?prefix=eng:"
+
+
+def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engines):
+    from encache.cli.precompute import run_precompute
+    engines.release()
+    url = cluster_url(cluster)
+    with Resharder(cluster) as mover:
+        summary = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+        moves_during = mover.moves
+    assert (summary.files, summary.encoded, summary.failed) == (PAGES, PAGES, 0), summary.failures
+    assert moves_during >= 1, "no reshard completed while precompute ran"
+    store = open_store(url)
+    assert set(store.identifiers()) == set(idents.values())
+    for ident in idents.values():  # whole entries with their headers, after every move
+        meta, _ = decode(store.get(ident), identifier=ident, verify=True)
+        assert meta.model == tiny_model and store.stat(ident).meta is not None
+    r = cluster.client()
+    owners = {r.get_node_from_key(store.key(i)).name for i in idents.values()}
+    assert len(owners) >= 2  # spread over the primaries
+    store.close()
+
+
+def test_consumer_serves_while_slots_move(cluster, engines, corpus, reference, counter):
+    url = cluster_url(cluster)
+    llm = engines.get("cluster", url, index_refresh_s=0.2, load_timeout_s=5)
+    pages = corpus["pages"][:4]
+    counter.reset()
+    texts = []
+    with Resharder(cluster, slots=150) as mover:
+        t0 = time.monotonic()
+        for p in pages:  # one at a time, spread over the reshard
+            texts += chat_texts(llm, [p])
+        t1 = time.monotonic()
+    assert texts == [reference[p] for p in pages]
+    assert counter.calls == 0, f"the consumer ran the encoder {counter.calls} times"
+    assert any(a < t1 and b > t0 for a, b in mover.intervals), "no reshard overlapped the loads"
+
+
+def _wait_replicated(primary, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = primary.client().info("replication")
+        offs = [v["offset"] for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        if offs and min(offs) >= info["master_repl_offset"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("replica did not catch up")
+
+
+def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus, idents,
+                                                        reference, counter):
+    url = cluster_url(cluster)
+    llm = engines.get("cluster", url, index_refresh_s=0.2, load_timeout_s=5)
+    store = open_store(url)
+    r = cluster.client()
+    rest = corpus["pages"][4:]  # never served by this engine
+    by_node: dict[int, list[str]] = {}
+    for p in rest:
+        by_node.setdefault(r.get_node_from_key(store.key(idents[p])).port, []).append(p)
+    port, on_victim = max(by_node.items(), key=lambda kv: len(kv[1]))
+    if len(on_victim) < 2:
+        pytest.skip("the corpus put fewer than 2 unserved pages on any primary")
+    victim = next(n for n in cluster.nodes if n.port == port)
+    replica = cluster.replica_of(victim)
+    assert replica is not None
+    _wait_replicated(victim)
+    cluster.kill(victim)  # SIGKILL by PID
+    t0 = time.monotonic()
+    during = on_victim[0]
+    counter.reset()
+    [text] = _chat_within(llm, [during], 60, on_timeout=lambda: None)
+    assert text == reference[during]  # answered, by re-encoding: a miss, no crash
+    assert counter.calls == 1
+    deadline = time.monotonic() + 60
+    while cluster.role(replica) != "master" or cluster.slots_of(replica) == 0:
+        assert time.monotonic() < deadline, "the replica was not promoted"
+        time.sleep(0.2)
+    while True:  # the store serves that node's entries again
+        try:
+            if store.get(idents[on_victim[1]]) is not None:
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the promoted replica never served"
+        time.sleep(0.2)
+    promoted = time.monotonic() - t0
+    time.sleep(1.5)  # > index_refresh_s: the consumer's breaker probes and closes
+    after = on_victim[1:]
+    counter.reset()
+    texts = _chat_within(llm, after, 60, on_timeout=lambda: None)
+    assert texts == [reference[p] for p in after]
+    assert counter.calls == 0, "the consumer did not hit the promoted replica's entries"
+    print(f"\nfailover under a consumer: promoted and serving after {promoted:.1f}s")
+    store.close()
+
+
+def test_ec_both_on_the_cluster_saves_then_loads_across_restarts(cluster, engines, corpus,
+                                                                 idents, reference, counter):
+    """The connector's third role on the cluster: an ec_both engine saves what it encodes,
+    and a restarted one loads it instead of encoding."""
+    url = cluster.url_for(nodes=6) + "?prefix=both:"
+    pages = corpus["pages"][:3]
+    llm = engines.get("both-1", url, role="ec_both", index_refresh_s=0.2)
+    counter.reset()
+    assert chat_texts(llm, pages) == [reference[p] for p in pages]
+    assert counter.items == len(pages)  # an empty store: everything encoded...
+    deadline = time.monotonic() + 30
+    store = open_store(url)
+    while set(store.identifiers()) != {idents[p] for p in pages}:  # ...and saved
+        assert time.monotonic() < deadline, "the ec_both engine did not save its entries"
+        time.sleep(0.2)
+    llm = engines.get("both-2", url, role="ec_both", index_refresh_s=0.2)
+    counter.reset()
+    assert chat_texts(llm, pages) == [reference[p] for p in pages]
+    assert counter.items == 0, "the restarted ec_both engine encoded instead of loading"
+    store.delete_many(list(store.identifiers()))
+    store.close()
+
+
+def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, idents,
+                                                     tiny_model):
+    """A primary SIGKILLed while ``precompute`` writes: its writes wait until the replica
+    is promoted (``redirect_wait``). The run never claims a page it did not store (Redis
+    replication is asynchronous: a write acknowledged just before the kill can be lost,
+    and precompute's read-back then reports it), and a second run writes exactly what is
+    missing — every page stored whole."""
+    from encache.cli.precompute import run_precompute
+    engines.release()
+    for node in cluster.nodes:  # the previous test's dead primary rejoins as a replica
+        if not node.alive:
+            node.restart()
+    cluster.wait_ok()
+    url = cluster.url_for(nodes=6) + "?prefix=pf:"
+    store = open_store(url)
+    r = cluster.client()
+    killed: dict = {}
+
+    def kill_when_writing():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            present = set(store.identifiers())
+            if present:
+                pending: dict[int, list[str]] = {}
+                for ident in set(idents.values()) - present:
+                    port = r.get_node_from_key(store.key(ident)).port
+                    pending.setdefault(port, []).append(ident)
+                candidates = [n for n in cluster.primaries() if pending.get(n.port)
+                              and cluster.replica_of(n) is not None]
+                if not candidates:
+                    killed["none"] = True
+                    return
+                victim = max(candidates, key=lambda n: len(pending[n.port]))
+                killed.update(replica=cluster.replica_of(victim), pending=pending[victim.port])
+                cluster.kill(victim)
+                killed["node"] = victim
+                return
+            time.sleep(0.05)
+
+    th = threading.Thread(target=kill_when_writing, daemon=True)
+    th.start()
+    first = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+    th.join(30)
+    assert "node" in killed, f"no primary was killed while entries were pending: {killed}"
+    deadline = time.monotonic() + 60
+    while True:  # the replica takes over; every node agrees on the new topology
+        try:
+            if cluster.role(killed["replica"]) == "master":
+                present = set(open_store(url).identifiers())
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the replica was not promoted"
+        time.sleep(0.3)
+    by_ident = {v: k for k, v in idents.items()}
+    reported = {f["path"] for f in first.failures}
+    missing = set(idents.values()) - present
+    assert first.encoded + first.failed == PAGES
+    assert {os.path.relpath(by_ident[i], corpus["root"]) for i in missing} <= reported, \
+        "precompute claimed a page the store does not hold"
+    again = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+    assert (again.encoded, again.failed) == (len(missing), 0), again.failures
+    fresh = open_store(url)
+    assert set(fresh.identifiers()) == set(idents.values())
+    for ident in idents.values():  # including those written to the failed-over slots
+        meta, _ = decode(fresh.get(ident), identifier=ident, verify=True)
+        assert meta.model == tiny_model
+    print(f"\nprecompute through a failover: {len(killed['pending'])} pages pending on the "
+          f"killed primary; first run {first.encoded} stored / {first.failed} reported, "
+          f"second run {again.encoded}")
+    fresh.delete_many(list(fresh.identifiers()))
+    fresh.close()
+    store.close()
