@@ -94,13 +94,30 @@ def engine_encoder_config(engine_args: dict | None, tag: str | None) -> str:
 
 
 def manifest_key(corpus: str, model: str, lora: str | None, hash_algo: str,
-                 shard: str | None, media_io_kwargs: dict | None) -> dict:
+                 shard: str | None, media_io_kwargs: dict | None,
+                 request_mm_processor_kwargs: dict | None = None) -> dict:
     """What a manifest's identifiers depend on (a different key: a different manifest)."""
     key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
            "hash_algo": hash_algo, "shard": shard or ""}
     if media_io_kwargs:  # absent by default, so existing manifests keep their location
         key["media_io_kwargs"] = media_io_kwargs
+    if request_mm_processor_kwargs:
+        key["request_mm_processor_kwargs"] = request_mm_processor_kwargs
     return key
+
+
+def check_request_kwargs(request_mm_processor_kwargs, media_io_kwargs) -> dict | None:
+    """Validate ``--request-mm-processor-kwargs`` (a JSON object, not combinable yet with
+    server media_io_kwargs: LLM.chat does not hash those the way the server does)."""
+    if not request_mm_processor_kwargs:
+        return None
+    if not isinstance(request_mm_processor_kwargs, dict):
+        raise EncacheError("--request-mm-processor-kwargs expects a JSON object, e.g. "
+                           "'{\"max_pixels\": 200704}'", EXIT_USAGE)
+    if media_io_kwargs:
+        raise EncacheError("--request-mm-processor-kwargs cannot be combined with "
+                           "--engine-arg media_io_kwargs yet", EXIT_USAGE)
+    return dict(request_mm_processor_kwargs)
 
 
 def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
@@ -133,6 +150,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    max_model_len: int | None = None, dtype: str | None = None,
                    engine_args: dict | None = None, max_bytes: int | None = None,
                    hash_algo: str = "blake3", tag: str | None = None,
+                   request_mm_processor_kwargs: dict | None = None,
                    progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
@@ -146,6 +164,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                        else '{"image": {"rgba_background_color": [0, 0, 0]}}')
             raise EncacheError(f"--engine-arg {name}= expects a JSON object, e.g. "
                                f"{name}='{example}'", EXIT_USAGE)
+    request_kwargs = check_request_kwargs(request_mm_processor_kwargs,
+                                          hashing_settings(engine_args)[0])
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora)
     engine_args = dict(engine_args or {})
@@ -157,7 +177,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
         if shard_spec:
             files = [f for f in files if shard_of(f.rel, *shard_spec)]
         summary.files = len(files)
-        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs)
+        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs, request_kwargs)
         manifest = Manifest.load(Manifest.location(store, key), key)
         if not use_manifest:
             manifest.files = {}
@@ -171,7 +191,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                 from ..connectors.vllm.hashing import identify_file
                 try:
                     ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
-                                          media_io_kwargs=media_io_kwargs).identifier
+                                          media_io_kwargs=media_io_kwargs,
+                                          mm_processor_kwargs=request_kwargs).identifier
                 except (ValueError, OSError) as e:
                     ident = UNREADABLE + _clean_error(e)
                 manifest.record(f, ident)
@@ -196,7 +217,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
             _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
                             engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                            progress=progress)
+                            request_kwargs=request_kwargs, progress=progress)
         if prune_missing and not dry_run:
             current = {f.rel for f in files}
             gone = [rel for rel in list(manifest.files) if rel not in current]
@@ -217,7 +238,7 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
 
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
                     lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
-                    progress) -> None:
+                    progress, request_kwargs=None) -> None:
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine, data_url
 
     # the engine's connector opens the store itself: give it the real URL (store.url is
@@ -225,7 +246,8 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
     opts = EngineOptions(model=model, store=store_url if _is_url(store_url) else store.url, max_model_len=max_model_len, dtype=dtype,
                          lora_name=lora, lora_path=lora_path, extra=engine_args,
                          store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
-                                        **({"tag": tag} if tag else {})} or None)
+                                        **({"tag": tag} if tag else {})} or None,
+                         request_mm_processor_kwargs=request_kwargs)
     if progress:
         progress.start("starting engine", None)
     try:
@@ -363,6 +385,7 @@ def register(app: typer.Typer) -> None:
         engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
         max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
         tag: TagOpt = None,
+        request_mm_processor_kwargs: Annotated[str | None, typer.Option(help="JSON object: the mm_processor_kwargs the served requests carry (hashed into each identifier and applied by the producer), e.g. '{\"max_pixels\": 200704}'.")] = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
@@ -382,10 +405,22 @@ def register(app: typer.Typer) -> None:
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
-                engine_args=engine_args, max_bytes=max_bytes, tag=tag, progress=progress)
+                engine_args=engine_args, max_bytes=max_bytes, tag=tag,
+                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs),
+                progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
+
+
+def _request_kwargs(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EncacheError(f"--request-mm-processor-kwargs is not JSON: {e.msg}", EXIT_USAGE) from None
+    return check_request_kwargs(value, None)
 
 
 class _Null:

@@ -33,6 +33,9 @@ class EngineOptions:
     lora_path: str | None = None
     extra: dict | None = None  # any other vllm.LLM keyword arguments
     store_options: dict | None = None  # more ec_connector_extra_config keys (max_bytes, tag)
+    # a request's own mm_processor_kwargs (what the served requests carry): applied to each
+    # item, and a factor of the identifier -- see ProducerEngine.encode
+    request_mm_processor_kwargs: dict | None = None
 
 
 @dataclass
@@ -79,21 +82,28 @@ class ProducerEngine:
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0)
 
     @staticmethod
-    def _conversation(url: str, identifier: str) -> list[dict]:
-        return [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}, "uuid": identifier},
-            {"type": "text", "text": "Describe the image."},
-        ]}]
+    def _conversation(url: str, identifier: str | None) -> list[dict]:
+        item = {"type": "image_url", "image_url": {"url": url}}
+        if identifier is not None:
+            item["uuid"] = identifier
+        return [{"role": "user", "content": [item, {"type": "text", "text": "Describe the image."}]}]
 
     def encode(self, items: Sequence[tuple[str, str]]) -> list[ItemResult]:
         """Encode ``(identifier, data_url)`` pairs; one bad item does not sink the batch."""
         # vLLM prefixes the item's uuid with "{lora_name}:" itself under tower-connector
         # LoRA, so the engine is given the bare hash.
         prefix = f"{self.opts.lora_name}:" if self.lora_request is not None else ""
-        convs = [self._conversation(url, ident[len(prefix):] if prefix and ident.startswith(prefix)
+        # With request mm_processor_kwargs vLLM re-hashes a given uuid together with them, so
+        # the engine hashes the item itself instead: a data URL keeps the file's bytes, and
+        # LLM.chat hashes them with the kwargs exactly as the server does (precompute then
+        # checks the entry landed under the expected identifier).
+        request_kwargs = self.opts.request_mm_processor_kwargs or None
+        convs = [self._conversation(url, None if request_kwargs else
+                                    ident[len(prefix):] if prefix and ident.startswith(prefix)
                                     else ident) for ident, url in items]
         try:
-            self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request)
+            self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request,
+                          mm_processor_kwargs=request_kwargs)
             return [ItemResult(ident, True) for ident, _ in items]
         except Exception as batch_error:  # retry one by one to isolate the bad item(s)
             if len(items) == 1:
