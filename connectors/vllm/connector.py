@@ -40,6 +40,7 @@ from ..encoder_config import encoder_config_digest
 from ..lookup import EntryLookup, State
 from ..store import open_store
 from ..writer import EntryWriter
+from .compat import version_warning
 from .config import ConnectorConfig
 from .metrics import EncachePromMetrics, EncacheStats
 
@@ -53,6 +54,21 @@ log = logging.getLogger("encache.connector")
 # Connectors still alive at interpreter exit flush their writes and counters; a weak set
 # (not one atexit entry per instance) so engines built and dropped in one process are freed.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+_VERSION_CHECKED = False
+
+
+def _warn_if_unchecked_vllm() -> None:
+    """Once per process: a clear warning (not a failure) on an unchecked vLLM release."""
+    global _VERSION_CHECKED
+    if not _VERSION_CHECKED:
+        _VERSION_CHECKED = True
+        from vllm import __version__
+
+        message = version_warning(__version__)
+        if message:
+            log.warning(message)
 
 
 @atexit.register
@@ -98,6 +114,7 @@ class EncacheConnectorMetadata(ECConnectorMetadata):
 class EncacheConnector(ECConnectorBase):
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole):
         super().__init__(vllm_config=vllm_config, role=role)
+        _warn_if_unchecked_vllm()
         tc = vllm_config.ec_transfer_config
         self.config = ConnectorConfig.from_extra(tc.ec_connector_extra_config or {})
         self.store = open_store(self.config.store, **self.config.store_options())
