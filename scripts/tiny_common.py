@@ -44,11 +44,9 @@ def train(specials: list[str], vocab_size: int = 400, *, style: str = "bytelevel
         initial_alphabet=alphabet))
     if plain_tokens:
         tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in plain_tokens])
+    # The model's vocab_size is len(tokenizer) exactly: a padded vocabulary would let the
+    # random model rank ids that have no token (vLLM's logprobs detokenizer fails on them).
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=specials[0], **named_tokens)
-
-
-def padded_vocab(tokenizer, multiple: int = 64) -> int:
-    return (len(tokenizer) + multiple - 1) // multiple * multiple
 
 
 def hub_layout(out: str, tower: str = "vision_tower.", inner: str = "vision_model.") -> None:

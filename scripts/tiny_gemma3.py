@@ -78,7 +78,7 @@ def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int 
     )
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    from tiny_common import hub_layout, padded_vocab, train
+    from tiny_common import hub_layout, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -89,7 +89,7 @@ def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int 
                                       "image_token": "<image_soft_token>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     text = Gemma3TextConfig(
-        vocab_size=padded_vocab(tok), hidden_size=64, intermediate_size=128,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
         query_pre_attn_scalar=32, sliding_window=512,
         layer_types=["sliding_attention", "full_attention"],

@@ -58,7 +58,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         Qwen2VLImageProcessorPil,
     )
 
-    from tiny_common import padded_vocab, train
+    from tiny_common import train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -69,7 +69,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
                                       "vision_eos_token": "<|vision_end|>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     text = Qwen2_5_VLTextConfig(
-        vocab_size=padded_vocab(tok), hidden_size=64, intermediate_size=128,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,  # head_dim 32
         max_position_embeddings=max_len, max_window_layers=2,
         rope_parameters={"rope_type": "default", "mrope_section": [4, 6, 6],
