@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -95,15 +96,18 @@ class Server:
 
 
 def start_server(model: str, store_config: dict | None, root: Path, *extra_args: str,
-                 max_model_len: int = 256, images: int = 1, probe: str | None = None,
+                 max_model_len: int = 256, images: int | dict = 1, probe: str | None = None,
                  dump: bool = False) -> Server:
-    """Start ``api_server`` (with the encache connector when ``store_config``)."""
+    """Start ``api_server`` (with the encache connector when ``store_config``); returns at
+    once (:meth:`Server.wait_ready`). ``images``: the image limit per prompt, or the whole
+    ``--limit-mm-per-prompt`` dict."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
            "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
            "--max-num-batched-tokens", str(max_model_len),
-           "--limit-mm-per-prompt", json.dumps({"image": images}), *extra_args]
+           "--limit-mm-per-prompt",
+           json.dumps(images if isinstance(images, dict) else {"image": images}), *extra_args]
     if store_config is not None:
         cmd += ["--ec-transfer-config", json.dumps(store_config)]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
@@ -150,8 +154,11 @@ def chat(base: str, model: str, paths, *, max_tokens: int = 2, top_logprobs: int
         body["mm_processor_kwargs"] = mm_processor_kwargs
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # show the server's reason
+        raise AssertionError(f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
 
 
 def first_token_logprobs(reply: dict) -> dict[str, float]:
@@ -179,7 +186,7 @@ def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict
 
 
 def counter_deltas(store, before: dict, keys=("hits", "misses", "config_mismatches"),
-                   settle: float = 1.0) -> dict:
+                   settle: float = 0.5) -> dict:
     """Counter changes since ``before``, after the connector's periodic flush settled."""
     deadline = time.time() + 10
     last = None
@@ -202,3 +209,81 @@ def hits_and_misses_per_file(base: str, model: str, store: str, files) -> dict:
             after.get("hits", 0) - before.get("hits", 0),
             after.get("misses", 0) - before.get("misses", 0))
     return results
+
+
+def draw_images(folder: Path, sizes: dict[str, tuple[int, int]], seed: int) -> dict[str, str]:
+    """Distinct synthetic photos-like images (``name.jpg``/``name.png`` -> path), one per
+    ``name: (width, height)``; names ending in ``_png`` are saved as PNG."""
+    import random
+
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    out = {}
+    for name, (w, h) in sizes.items():
+        img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
+        draw = ImageDraw.Draw(img)
+        for _ in range(12):
+            x0, y0 = rng.randrange(w), rng.randrange(h)
+            x1, y1 = x0 + rng.randrange(20, w // 2 + 21), y0 + rng.randrange(20, h // 2 + 21)
+            shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+            shape([x0, y0, x1, y1], fill=tuple(rng.randrange(256) for _ in range(3)))
+        path = folder / (name + (".png" if name.endswith("_png") else ".jpg"))
+        img.save(path, quality=90) if path.suffix == ".jpg" else img.save(path)
+        out[name] = str(path)
+    return out
+
+
+def stored_tensor(store: str, identifier: str):
+    """The tensor a stored entry holds (None if absent)."""
+    import torch
+
+    from encache.connectors.store.entry import decode
+    from encache.connectors.vllm.connector import TORCH_DTYPES
+
+    blob = open_store(store).get(identifier)
+    if blob is None:
+        return None
+    meta, view = decode(blob, identifier=identifier)
+    return torch.frombuffer(bytearray(view), dtype=TORCH_DTYPES[meta.dtype]).view(meta.shape)
+
+
+class Reference:
+    """What a plain server (no connector, probe with dump) computes for single requests:
+    the first token's logprobs and the tower output of the request's one new image."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.replies: dict = {}
+
+    def single(self, path: str, mm_processor_kwargs: dict | None = None):
+        """(logprobs, tower output) of ``path`` alone; the first call per (image, kwargs)
+        encodes it (later ones are the engine's own cache: output None)."""
+        import torch
+
+        key = (path, json.dumps(mm_processor_kwargs, sort_keys=True))
+        if key not in self.replies:
+            log = self.server.encoder_log
+            before = log.count()
+            reply = self.server.chat(path, max_tokens=1, top_logprobs=5,
+                                     mm_processor_kwargs=mm_processor_kwargs)
+            new = log.items()[before:]
+            assert len(new) == 1, new  # the plain server encoded exactly this image
+            self.replies[key] = (first_token_logprobs(reply), torch.load(new[0][1]))
+        return self.replies[key]
+
+    def multi(self, paths, mm_processor_kwargs: dict | None = None) -> dict[str, float]:
+        reply = self.server.chat(paths, max_tokens=1, top_logprobs=5,
+                                 mm_processor_kwargs=mm_processor_kwargs)
+        return first_token_logprobs(reply)
+
+
+def served_request(server: Server, store: str, paths, **kw) -> tuple[dict, dict, int]:
+    """Send one request to a connector server: (first-token logprobs, counter deltas,
+    vision-encoder items run for it)."""
+    before_counters = open_store(store).read_counters()
+    before_items = server.encoder_log.count()
+    reply = server.chat(paths, max_tokens=1, top_logprobs=5, **kw)
+    deltas = counter_deltas(store, before_counters)
+    return first_token_logprobs(reply), deltas, server.encoder_log.count() - before_items

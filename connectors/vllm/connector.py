@@ -121,6 +121,8 @@ class EncacheConnector(ECConnectorBase):
         model_config = vllm_config.model_config
         self.model_id = model_config.model
         self.model_dtype = model_config.dtype
+        # named in diagnostics: entry shapes are family-specific (crops, dynamic resolution)
+        self.architecture = getattr(model_config, "architecture", None) or "this model"
         mm_config = getattr(model_config, "multimodal_config", None)
         self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
         # what vLLM's identifier leaves out but the encoder output depends on
@@ -208,7 +210,8 @@ class EncacheConnector(ECConnectorBase):
                 want = request.get_num_encoder_embeds(i)
                 if staged is not None and len(staged.meta.shape) == 2 and staged.meta.shape[0] != want:
                     self.lookup.reject(feature.identifier,
-                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected")
+                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected "
+                                       f"by {self.architecture}")
         return pending
 
     def update_state_after_alloc(self, request: Request, index: int) -> None:
