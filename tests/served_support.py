@@ -62,11 +62,25 @@ class EncoderLog:
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, base: str, log_path: Path, log,
-                 encoder_log: EncoderLog | None, model: str):
-        self.proc, self.base, self.log_path, self._log = proc, base, log_path, log
+    def __init__(self, cmd: list[str], env: dict, root: Path, encoder_log: EncoderLog | None,
+                 model: str):
+        self.cmd, self.env, self.root = cmd, env, root
         self.encoder_log = encoder_log
         self.model = model
+        self.attempts = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start on a free port (again, if another process took the port meanwhile: the
+        machine is shared)."""
+        self.attempts += 1
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = self.root / f"server-{port}.log"
+        self._log = open(self.log_path, "w")
+        cmd = [*self.cmd, "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> Server:
         deadline = time.time() + timeout
@@ -75,7 +89,13 @@ class Server:
                 urllib.request.urlopen(self.base + "/health", timeout=2)
                 return self
             except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
+                exited = self.proc.poll() is not None
+                if exited and self.attempts < 3 and "Address already in use" in \
+                        self.log_path.read_text():
+                    self._log.close()
+                    self._spawn()
+                    continue
+                if exited or time.time() > deadline:
                     self._log.flush()
                     self.stop()
                     pytest.fail("server did not start:\n" + self.log_path.read_text()[-3000:])
@@ -101,9 +121,8 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     """Start ``api_server`` (with the encache connector when ``store_config``); returns at
     once (:meth:`Server.wait_ready`). ``images``: the image limit per prompt, or the whole
     ``--limit-mm-per-prompt`` dict."""
-    port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+           "--host", "127.0.0.1", "--max-model-len", str(max_model_len),
            "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
            "--max-num-batched-tokens", str(max_model_len),
            "--limit-mm-per-prompt",
@@ -121,11 +140,7 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
         env["ENCACHE_TEST_ENCODER_LOG"] = str(encoder_log.path)
         if dump:
             env["ENCACHE_TEST_ENCODER_DUMP"] = str(probe_root)
-    log_path = root / f"server-{port}.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    return Server(proc, f"http://127.0.0.1:{port}", log_path, log, encoder_log, model)
+    return Server(cmd, env, root, encoder_log, model)
 
 
 @contextlib.contextmanager
