@@ -201,16 +201,23 @@ def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict
 
 
 def counter_deltas(store, before: dict, keys=("hits", "misses", "config_mismatches"),
-                   settle: float = 0.5) -> dict:
-    """Counter changes since ``before``, after the connector's periodic flush settled."""
-    deadline = time.time() + 10
-    last = None
+                   quiet: float = 3.0, stable: float = 1.0) -> dict:
+    """Counter changes since ``before``, once the connector's periodic flush settled: a
+    change seen and then ``stable`` seconds without another, or ``quiet`` seconds with
+    none at all (a loaded machine may delay the flush thread)."""
+    t0 = time.time()
+    last, last_change = None, None
     while True:
         now = open_store(store).read_counters()
-        if now == last or time.time() > deadline:
-            return {k: now.get(k, 0) - before.get(k, 0) for k in keys}
-        last = now
-        time.sleep(settle)
+        deltas = {k: now.get(k, 0) - before.get(k, 0) for k in keys}
+        if deltas != last:
+            last, last_change = deltas, time.time()
+        elapsed = time.time() - t0
+        changed = any(deltas.values())
+        if (changed and time.time() - last_change >= stable) or \
+                (not changed and elapsed >= quiet) or elapsed > 20:
+            return deltas
+        time.sleep(0.25)
 
 
 def hits_and_misses_per_file(base: str, model: str, store: str, files) -> dict:
