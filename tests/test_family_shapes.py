@@ -45,3 +45,24 @@ def test_gemma3_crop_count_mismatch_is_a_named_miss(tiny_gemma3, tmp_path, caplo
     [line] = [r.getMessage() for r in caplog.records if "unusable" in r.getMessage()]
     assert "16 embeddings stored, 64 expected by Gemma3ForConditionalGeneration" in line
     assert "\n" not in line
+
+
+def test_entries_of_another_dtype_hit_with_a_one_line_warning(tiny_gemma3, tmp_path, caplog):
+    """float32 entries on a bfloat16 engine: hits (cast), and one warning saying outputs
+    differ slightly from encoding there and which --dtype to precompute with."""
+    [square] = draw_images(tmp_path / "img", {"square": (300, 300)}, seed=6).values()
+    store = str(tmp_path / "store")
+    identifier = identify_file(square, tiny_gemma3).identifier
+    rows = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    open_store(store, create=True).put(identifier, encode(
+        identifier, rows.view(np.uint8), "F32", rows.shape, model=tiny_gemma3))
+    llm = make_llm(tiny_gemma3, consumer_config(store), max_model_len=2048,
+                   max_num_batched_tokens=2048, dtype="bfloat16")
+    try:
+        with caplog.at_level(logging.WARNING, logger="encache"):
+            chat_texts(llm, [square], max_tokens=1)
+    finally:
+        shutdown(llm)
+    assert open_store(store).read_counters().get("hits", 0) == 1
+    [line] = [r.getMessage() for r in caplog.records if "are cast to" in r.getMessage()]
+    assert "torch.float32" in line and "torch.bfloat16" in line and "--dtype bfloat16" in line

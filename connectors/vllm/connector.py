@@ -146,6 +146,7 @@ class EncacheConnector(ECConnectorBase):
             from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
             self._resolver = PlaceholderMetadataResolver(model_config)
         self._device = None
+        self._warned_dtype = False
         if role == ECConnectorRole.SCHEDULER:
             self._check_capacity()
         _LIVE.add(self)
@@ -288,6 +289,11 @@ class EncacheConnector(ECConnectorBase):
             t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
         t = t.view(item.shape)
         if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
+            if not self._warned_dtype:  # hits, but not what this engine's tower computes
+                self._warned_dtype = True
+                log.warning("encache: entries stored as %s are cast to this engine's %s: outputs "
+                            "differ slightly from encoding here; precompute with --dtype %s",
+                            t.dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
             t = t.to(self.model_dtype)
         device = self._target_device()
         if device.type != "cpu":
