@@ -127,13 +127,30 @@ def engine_encoder_config(engine_args: dict | None, tag: str | None) -> str:
 
 
 def manifest_key(corpus: str, model: str, lora: str | None, hash_algo: str,
-                 shard: str | None, media_io_kwargs: dict | None) -> dict:
+                 shard: str | None, media_io_kwargs: dict | None,
+                 request_mm_processor_kwargs: dict | None = None) -> dict:
     """What a manifest's identifiers depend on (a different key: a different manifest)."""
     key = {"corpus": os.path.abspath(corpus), "model": model, "lora": lora or "",
            "hash_algo": hash_algo, "shard": shard or ""}
     if media_io_kwargs:  # absent by default, so existing manifests keep their location
         key["media_io_kwargs"] = media_io_kwargs
+    if request_mm_processor_kwargs:
+        key["request_mm_processor_kwargs"] = request_mm_processor_kwargs
     return key
+
+
+def check_request_kwargs(request_mm_processor_kwargs, media_io_kwargs) -> dict | None:
+    """Validate ``--request-mm-processor-kwargs`` (a JSON object, not combinable yet with
+    server media_io_kwargs: LLM.chat does not hash those the way the server does)."""
+    if not request_mm_processor_kwargs:
+        return None
+    if not isinstance(request_mm_processor_kwargs, dict):
+        raise EncacheError("--request-mm-processor-kwargs expects a JSON object, e.g. "
+                           "'{\"max_pixels\": 200704}'", EXIT_USAGE)
+    if media_io_kwargs:
+        raise EncacheError("--request-mm-processor-kwargs cannot be combined with "
+                           "--engine-arg media_io_kwargs yet", EXIT_USAGE)
+    return dict(request_mm_processor_kwargs)
 
 
 def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
@@ -166,7 +183,9 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                    max_model_len: int | None = None, dtype: str | None = None,
                    engine_args: dict | None = None, max_bytes: int | None = None,
                    hash_algo: str = "blake3", tag: str | None = None,
-                   over_capacity: str = "keep-served", progress=None) -> Summary:
+                   over_capacity: str = "keep-served",
+                   request_mm_processor_kwargs: dict | None = None,
+                   progress=None) -> Summary:
     """The precompute job (no printing: ``progress`` is an optional callback object)."""
     from ..connectors.corpus import Manifest, shard_of, walk
     from ..connectors.store import open_store
@@ -183,6 +202,8 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
                        else '{"image": {"rgba_background_color": [0, 0, 0]}}')
             raise EncacheError(f"--engine-arg {name}= expects a JSON object, e.g. "
                                f"{name}='{example}'", EXIT_USAGE)
+    request_kwargs = check_request_kwargs(request_mm_processor_kwargs,
+                                          hashing_settings(engine_args)[0])
     store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
     summary = Summary(store=store.url, model=model, lora=lora, over_capacity=over_capacity)
     engine_args = dict(engine_args or {})
@@ -196,20 +217,22 @@ def run_precompute(corpus: str, model: str, store_url: str, *, lora: str | None 
         if shard_spec:
             files = [f for f in files if shard_of(f.rel, *shard_spec)]
         summary.files = len(files)
-        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs)
+        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs, request_kwargs)
         manifest = Manifest.load(Manifest.location(store, key), key)
         if not use_manifest:
             manifest.files = {}
         todo = _hash_phase(files, manifest, store, summary, model=model, lora=lora,
                            hash_algo=hash_algo, media_io_kwargs=media_io_kwargs,
-                           lora_digest=lora_digest, progress=progress)
+                           lora_digest=lora_digest, mm_processor_kwargs=request_kwargs,
+                           progress=progress)
         wanted = summary.present + len(todo)  # distinct identifiers the corpus needs
         if todo and not dry_run:
             evictions_before = store.read_counters().get("evictions", 0)
             _encode_missing(todo, model, store, store_url, summary, lora=lora, lora_path=lora_path,
                             batch=batch, max_model_len=max_model_len, dtype=dtype,
                             engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                            over_capacity=over_capacity, progress=progress)
+                            over_capacity=over_capacity, request_kwargs=request_kwargs,
+                            progress=progress)
             summary.evicted = max(summary.evicted_own, int(
                 store.read_counters().get("evictions", 0) - evictions_before))
         _check_capacity(store, summary, todo, wanted)
@@ -319,7 +342,7 @@ def _hash_phase(files, manifest, store, summary: Summary, *, model: str, lora: s
 
 def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summary, *, lora,
                     lora_path, batch, max_model_len, dtype, engine_args, max_bytes, tag,
-                    over_capacity="keep-served", progress=None) -> None:
+                    over_capacity="keep-served", progress=None, request_kwargs=None) -> None:
     from ..connectors.media import sniff
     from ..connectors.vllm.producer import EngineOptions, ProducerEngine
 
@@ -339,7 +362,8 @@ def _encode_missing(todo: dict, model: str, store, store_url: str, summary: Summ
                          lora_name=lora, lora_path=lora_path, extra=engine_args,
                          store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
                                         **({"tag": tag} if tag else {})} or None,
-                         modalities=tuple(sorted(set(kinds.values()))))
+                         modalities=tuple(sorted(set(kinds.values()))),
+                         request_mm_processor_kwargs=request_kwargs)
     if progress:
         progress.start("starting engine", None)
     try:
@@ -535,6 +559,7 @@ def register(app: typer.Typer) -> None:
             help="When the corpus needs more than the store's capacity: keep-served (encode "
                  "every missing image; the least recently served entries are evicted) or "
                  "skip (encode only into free room; evict nothing).")] = "keep-served",
+        request_mm_processor_kwargs: Annotated[str | None, typer.Option(help="JSON object: the mm_processor_kwargs the served requests carry (hashed into each identifier and applied by the producer), e.g. '{\"max_pixels\": 200704}'.")] = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
     ) -> None:
@@ -555,10 +580,22 @@ def register(app: typer.Typer) -> None:
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
                 engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                over_capacity=over_capacity, progress=progress)
+                over_capacity=over_capacity,
+                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs),
+                progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
+
+
+def _request_kwargs(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EncacheError(f"--request-mm-processor-kwargs is not JSON: {e.msg}", EXIT_USAGE) from None
+    return check_request_kwargs(value, None)
 
 
 class _Null:

@@ -1,7 +1,13 @@
 #!/usr/bin/env python
-"""Build a tiny random-weight LLaVA (CLIP vision tower + Llama LM) fully offline.
+"""Build a tiny random-weight multimodal model (LLaVA, Gemma 3 or Qwen2.5-VL) fully offline.
 
-    python scripts/build_tiny_model.py OUT_DIR [--image-size 32 --patch 8 ...]
+    python scripts/build_tiny_model.py OUT_DIR [--arch llava|gemma3|qwen2_5_vl]
+    python scripts/build_tiny_model.py OUT_DIR [--image-size 32 --patch 8 ...]   # LLaVA
+
+``--arch llava`` (the default) builds a CLIP vision tower + Llama LM, described below;
+``gemma3`` and ``qwen2_5_vl`` are built by scripts/tiny_gemma3.py and
+scripts/tiny_qwen2_5_vl.py (the families' real classes, processors, special tokens and
+chat templates; see their docstrings). LLaVA:
 
 Everything vLLM and transformers need is written (config, safetensors weights, a BPE
 tokenizer trained here on a few sentences, image processor, chat template); nothing is
@@ -21,6 +27,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+ARCHS = ("llava", "gemma3", "qwen2_5_vl")
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 CORPUS = [
     "USER: What is shown in this image? ASSISTANT: A picture of a cat.",
@@ -147,6 +154,8 @@ def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: fl
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
+    p.add_argument("--arch", choices=ARCHS, default="llava",
+                   help="model family (the size options below apply to llava)")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--patch", type=int, default=8)
     p.add_argument("--vision-hidden", type=int, default=32)
@@ -156,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
     p.add_argument("--lora", metavar="DIR", help="also write a projector LoRA adapter to DIR")
     a = p.parse_args(argv)
+    if a.arch != "llava":
+        if a.lora:
+            p.error("--lora is for --arch llava")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        module = __import__(f"tiny_{a.arch}")
+        module.build(a.out, seed=a.seed)
+        print(a.out)
+        return 0
     build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed,
           a.feature_strategy)
     if a.lora:

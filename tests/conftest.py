@@ -48,3 +48,23 @@ def tiny_lora_model() -> tuple[str, str]:
                         "--feature-strategy", "full", "--lora", str(adapter)],
                        check=True, capture_output=True)
     return str(model), str(adapter)
+
+
+def _tiny_family(arch: str) -> str:
+    path = ROOT / ".models" / f"tiny-{arch}"
+    if not (path / "encache_tiny_model.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
+                        "--arch", arch], check=True, capture_output=True)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3() -> str:
+    """Path of the tiny random-weight Gemma 3 (SigLIP 64 px tiles, 16 tokens per tile)."""
+    return _tiny_family("gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl() -> str:
+    """Path of the tiny random-weight Qwen2.5-VL (dynamic resolution, max 256 tokens/image)."""
+    return _tiny_family("qwen2_5_vl")

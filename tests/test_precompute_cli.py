@@ -176,6 +176,10 @@ def test_killed_holder_releases_the_lock(tmp_path, corpus):
     (["{corpus}", "--batch", "0"], 2),
     (["{corpus}", "--shard", "3/2"], 2),
     (["{corpus}", "--engine-arg", "novalue"], 2),
+    (["{corpus}", "--request-mm-processor-kwargs", "{nope"], 2),
+    (["{corpus}", "--request-mm-processor-kwargs", "[1]"], 2),
+    (["{corpus}", "--request-mm-processor-kwargs", '{"max_pixels": 50176}',
+      "--engine-arg", 'media_io_kwargs={"image": {"rgba_background_color": [0, 0, 0]}}'], 2),
 ])
 def test_usage_errors(tmp_path, corpus, args, code):
     args = [a.replace("{corpus}", str(corpus)) for a in args]
@@ -183,6 +187,25 @@ def test_usage_errors(tmp_path, corpus, args, code):
     assert r.exit_code == code
     assert r.output.strip().splitlines()[-1].startswith("Error:") or "Usage" in r.output
     assert "Traceback" not in r.output
+
+
+def test_request_mm_processor_kwargs_are_hashed_like_the_server(tmp_path, corpus):
+    """Requests carrying their own mm_processor_kwargs compute other identifiers: entries
+    for plain requests are not "present" for them, entries made for them are."""
+    from encache.connectors.corpus import walk
+    from encache.connectors.vllm.hashing import identify_file
+    kw = {"max_pixels": 50176}
+    fill(tmp_path / "s", corpus)  # entries for requests without kwargs
+    args = ("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--dry-run",
+            "--json", "-q", "--request-mm-processor-kwargs", json.dumps(kw))
+    assert json.loads(run(*args).stdout)["present"] == 0
+    store = open_store(str(tmp_path / "s"))
+    for f in walk(corpus):
+        ident = identify_file(f.path, MODEL, mm_processor_kwargs=kw).identifier
+        arr = np.zeros((4, 8), np.float16)
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=MODEL))
+    data = json.loads(run(*args).stdout)
+    assert data["present"] == 5 and data["encoded"] == 0 and data["engine_started"] is False
 
 
 def test_shards_partition_the_corpus(tmp_path, corpus):

@@ -10,68 +10,18 @@ which change every served identifier.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from encache.connectors.encoder_config import encoder_config_digest
 from encache.connectors.store import open_store
-from engine_support import PRECOMPUTE_KW, data_url
+from engine_support import PRECOMPUTE_KW
+from served_support import api_server, chat, counters_after, hits_and_misses_per_file
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def api_server(model: str, store_config: dict, root: Path, *extra_args: str):
-    """``python -m vllm.entrypoints.openai.api_server`` with the encache connector, as
-    users start it; yields its base URL and stops the whole process group afterwards."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
-           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
-           *extra_args, "--ec-transfer-config", json.dumps(store_config)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
-    log_path = root / f"server-{port}.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 240
-        while True:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    log.flush()
-                    pytest.fail("server did not start:\n" + log_path.read_text()[-3000:])
-                time.sleep(1)
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -101,38 +51,6 @@ def served(tiny_model, tmp_path_factory):
     del config["ec_connector_module_path"]
     with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw)) as base:
         yield {"base": base, "files": files, "store": store, "model": tiny_model}
-
-
-def chat(base: str, model: str, path: str) -> dict:
-    body = {"model": model, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(path)}},
-        {"type": "text", "text": "What is on this page?"}]}]}
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict:
-    deadline = time.time() + timeout
-    while True:
-        c = open_store(store).read_counters()
-        if c.get(key, 0) > above or time.time() > deadline:
-            return c
-        time.sleep(0.1)
-
-
-def hits_and_misses_per_file(base: str, model: str, store: str, files) -> dict:
-    results = {}
-    for path in files:
-        before = open_store(store).read_counters()
-        reply = chat(base, model, path)
-        assert reply["choices"][0]["message"]["content"] is not None
-        after = counters_after(store, "hits", before.get("hits", 0))
-        results[Path(path).suffix + ":" + str(len(results))] = (
-            after.get("hits", 0) - before.get("hits", 0),
-            after.get("misses", 0) - before.get("misses", 0))
-    return results
 
 
 def test_every_format_hits_through_vllm_serve(served):

@@ -43,6 +43,7 @@ from ..lookup import EntryLookup, State
 from ..store import open_store
 from ..store.keys import split_lora
 from ..writer import EntryWriter
+from .compat import version_warning
 from .config import ConnectorConfig
 from .metrics import EncachePromMetrics, EncacheStats
 
@@ -56,6 +57,21 @@ log = logging.getLogger("encache.connector")
 # Connectors still alive at interpreter exit flush their writes and counters; a weak set
 # (not one atexit entry per instance) so engines built and dropped in one process are freed.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+_VERSION_CHECKED = False
+
+
+def _warn_if_unchecked_vllm() -> None:
+    """Once per process: a clear warning (not a failure) on an unchecked vLLM release."""
+    global _VERSION_CHECKED
+    if not _VERSION_CHECKED:
+        _VERSION_CHECKED = True
+        from vllm import __version__
+
+        message = version_warning(__version__)
+        if message:
+            log.warning(message)
 
 
 @atexit.register
@@ -103,12 +119,15 @@ class EncacheConnectorMetadata(ECConnectorMetadata):
 class EncacheConnector(ECConnectorBase):
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole):
         super().__init__(vllm_config=vllm_config, role=role)
+        _warn_if_unchecked_vllm()
         tc = vllm_config.ec_transfer_config
         self.config = ConnectorConfig.from_extra(tc.ec_connector_extra_config or {})
         self.store = open_store(self.config.store, **self.config.store_options())
         model_config = vllm_config.model_config
         self.model_id = model_config.model
         self.model_dtype = model_config.dtype
+        # named in diagnostics: entry shapes are family-specific (crops, dynamic resolution)
+        self.architecture = getattr(model_config, "architecture", None) or "this model"
         mm_config = getattr(model_config, "multimodal_config", None)
         self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
         # what vLLM's identifier leaves out but the encoder output depends on
@@ -139,6 +158,7 @@ class EncacheConnector(ECConnectorBase):
             from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
             self._resolver = PlaceholderMetadataResolver(model_config)
         self._device = None
+        self._warned_dtype = False
         if role == ECConnectorRole.SCHEDULER:
             self._check_capacity()
         _LIVE.add(self)
@@ -204,7 +224,8 @@ class EncacheConnector(ECConnectorBase):
                 want = request.get_num_encoder_embeds(i)
                 if staged is not None and len(staged.meta.shape) == 2 and staged.meta.shape[0] != want:
                     self.lookup.reject(feature.identifier,
-                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected")
+                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected "
+                                       f"by {self.architecture}")
         return pending
 
     def _note_lora(self, request: Request) -> None:
@@ -313,6 +334,11 @@ class EncacheConnector(ECConnectorBase):
             t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
         t = t.view(item.shape)
         if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
+            if not self._warned_dtype:  # hits, but not what this engine's tower computes
+                self._warned_dtype = True
+                log.warning("encache: entries stored as %s are cast to this engine's %s: outputs "
+                            "differ slightly from encoding here; precompute with --dtype %s",
+                            t.dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
             t = t.to(self.model_dtype)
         device = self._target_device()
         if device.type != "cpu":

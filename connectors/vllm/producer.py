@@ -35,6 +35,9 @@ class EngineOptions:
     extra: dict | None = None  # any other vllm.LLM keyword arguments
     store_options: dict | None = None  # more ec_connector_extra_config keys (max_bytes, tag)
     modalities: tuple[str, ...] = ("image",)  # media kinds the items will carry
+    # a request's own mm_processor_kwargs (what the served requests carry): applied to each
+    # item, and a factor of the identifier -- see ProducerEngine.encode
+    request_mm_processor_kwargs: dict | None = None
 
 
 @dataclass
@@ -83,13 +86,14 @@ class ProducerEngine:
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0)
 
     @staticmethod
-    def _conversation(url: str, identifier: str, kind: str = "image") -> list[dict]:
-        """The chat message a served request carries for one image or video item."""
+    def _conversation(url: str, identifier: str | None, kind: str = "image") -> list[dict]:
+        """The chat message a served request carries for one image or video item (without
+        a uuid when the engine must hash the item itself)."""
         part = "video_url" if kind == "video" else "image_url"
-        return [{"role": "user", "content": [
-            {"type": part, part: {"url": url}, "uuid": identifier},
-            {"type": "text", "text": f"Describe the {kind}."},
-        ]}]
+        item = {"type": part, part: {"url": url}}
+        if identifier is not None:
+            item["uuid"] = identifier
+        return [{"role": "user", "content": [item, {"type": "text", "text": f"Describe the {kind}."}]}]
 
     def encode(self, items: Sequence[tuple[str, ...]]) -> list[ItemResult]:
         """Encode ``(identifier, data_url[, kind])`` items (kind "image" by default or
@@ -97,12 +101,19 @@ class ProducerEngine:
         # vLLM prefixes the item's uuid with "{lora_name}:" itself under tower-connector
         # LoRA, so the engine is given the bare hash.
         prefix = f"{self.opts.lora_name}:" if self.lora_request is not None else ""
-        convs = [self._conversation(item[1], item[0][len(prefix):]
-                                    if prefix and item[0].startswith(prefix) else item[0],
+        # With request mm_processor_kwargs vLLM re-hashes a given uuid together with them, so
+        # the engine hashes the item itself instead: a data URL keeps the file's bytes, and
+        # LLM.chat hashes them with the kwargs exactly as the server does (precompute then
+        # checks the entry landed under the expected identifier).
+        request_kwargs = self.opts.request_mm_processor_kwargs or None
+        convs = [self._conversation(item[1], None if request_kwargs else
+                                    item[0][len(prefix):] if prefix and item[0].startswith(prefix)
+                                    else item[0],
                                     item[2] if len(item) > 2 else "image")
                  for item in items]
         try:
-            self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request)
+            self.llm.chat(convs, self.sampling, use_tqdm=False, lora_request=self.lora_request,
+                          mm_processor_kwargs=request_kwargs)
             return [ItemResult(item[0], True) for item in items]
         except Exception as batch_error:  # retry one by one to isolate the bad item(s)
             if len(items) == 1:

@@ -1,0 +1,311 @@
+"""Helpers for tests that run real ``python -m vllm.entrypoints.openai.api_server`` servers.
+
+Servers run as users start them (worker processes, SIGKILL-free stop of the whole process
+group afterwards). :func:`start_server` returns at once so a module can start all its
+servers together and wait for them once (:meth:`Server.wait_ready`); :func:`api_server`
+is the one-server context manager. ``probe=DIR`` puts :mod:`encoder_probe` on the
+server's ``PYTHONPATH``: every vision-encoder run in any of its processes is logged
+(:class:`EncoderLog`), and with ``dump=True`` every encoded item's output is saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from encache.connectors.store import open_store
+from engine_support import data_url
+
+PROBE_DIR = Path(__file__).resolve().parent / "encoder_probe"
+START_TIMEOUT = 300  # the machine is shared: a server may take minutes to come up
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EncoderLog:
+    """The probe's record of encoder runs: one entry per encoded item (its shape)."""
+
+    def __init__(self, path: Path, dump: Path | None = None):
+        self.path = path
+        self.dump = dump
+
+    def records(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def items(self) -> list[tuple[list[int], str | None]]:
+        """(shape, dump file or None) of every item encoded so far, in order."""
+        out = []
+        for r in self.records():
+            files = r.get("files") or [None] * len(r["shapes"])
+            out.extend(zip(r["shapes"], files))
+        return out
+
+    def count(self) -> int:
+        return len(self.items())
+
+
+class Server:
+    def __init__(self, cmd: list[str], env: dict, root: Path, encoder_log: EncoderLog | None,
+                 model: str):
+        self.cmd, self.env, self.root = cmd, env, root
+        self.encoder_log = encoder_log
+        self.model = model
+        self.attempts = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start on a free port (again, if another process took the port meanwhile: the
+        machine is shared)."""
+        self.attempts += 1
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = self.root / f"server-{port}.log"
+        self._log = open(self.log_path, "w")
+        cmd = [*self.cmd, "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> Server:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(self.base + "/health", timeout=2)
+                return self
+            except OSError:
+                exited = self.proc.poll() is not None
+                if exited and self.attempts < 3 and "Address already in use" in \
+                        self.log_path.read_text():
+                    self._log.close()
+                    self._spawn()
+                    continue
+                if exited or time.time() > deadline:
+                    self._log.flush()
+                    self.stop()
+                    pytest.fail("server did not start:\n" + self.log_path.read_text()[-3000:])
+                time.sleep(1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+    def chat(self, paths, **kw) -> dict:
+        return chat(self.base, self.model, paths, **kw)
+
+
+def start_server(model: str, store_config: dict | None, root: Path, *extra_args: str,
+                 max_model_len: int = 256, images: int | dict = 1, probe: str | None = None,
+                 dump: bool = False) -> Server:
+    """Start ``api_server`` (with the encache connector when ``store_config``); returns at
+    once (:meth:`Server.wait_ready`). ``images``: the image limit per prompt, or the whole
+    ``--limit-mm-per-prompt`` dict."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--max-model-len", str(max_model_len),
+           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
+           "--max-num-batched-tokens", str(max_model_len),
+           "--limit-mm-per-prompt",
+           json.dumps(images if isinstance(images, dict) else {"image": images}), *extra_args]
+    if store_config is not None:
+        cmd += ["--ec-transfer-config", json.dumps(store_config)]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    encoder_log = None
+    if probe:
+        probe_root = root / f"probe-{probe}"
+        probe_root.mkdir(parents=True, exist_ok=True)
+        encoder_log = EncoderLog(probe_root / "encoder.jsonl", probe_root if dump else None)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(PROBE_DIR), *filter(None, [env.get("PYTHONPATH")])])
+        env["ENCACHE_TEST_ENCODER_LOG"] = str(encoder_log.path)
+        if dump:
+            env["ENCACHE_TEST_ENCODER_DUMP"] = str(probe_root)
+    return Server(cmd, env, root, encoder_log, model)
+
+
+@contextlib.contextmanager
+def api_server(model: str, store_config: dict | None, root: Path, *extra_args: str, **kw):
+    """``python -m vllm.entrypoints.openai.api_server`` with the encache connector, as
+    users start it; yields its base URL and stops the whole process group afterwards."""
+    server = start_server(model, store_config, root, *extra_args, **kw)
+    try:
+        server.wait_ready()
+        yield server.base
+    finally:
+        server.stop()
+
+
+def chat(base: str, model: str, paths, *, max_tokens: int = 2, top_logprobs: int = 0,
+         mm_processor_kwargs: dict | None = None, text: str = "What is on this page?") -> dict:
+    """One chat completion with the image file(s) ``paths`` as base64 data URLs."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    content = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths]
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]}
+    if top_logprobs:
+        body.update(logprobs=True, top_logprobs=top_logprobs)
+    if mm_processor_kwargs:
+        body["mm_processor_kwargs"] = mm_processor_kwargs
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # show the server's reason
+        raise AssertionError(f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
+
+
+def first_token_logprobs(reply: dict) -> dict[str, float]:
+    """{token: logprob} of the first generated token's top alternatives."""
+    first = reply["choices"][0]["logprobs"]["content"][0]
+    return {t["token"]: t["logprob"] for t in first["top_logprobs"]}
+
+
+def assert_logprobs_close(got: dict[str, float], want: dict[str, float], tol: float = 1e-3):
+    """Same distribution within float noise: the top alternatives agree (a near-tie at the
+    edge of the list may swap one) and every shared one has the same logprob."""
+    common = set(got) & set(want)
+    assert len(common) >= len(want) - 1, (got, want)
+    diffs = {t: abs(got[t] - want[t]) for t in common}
+    assert max(diffs.values()) < tol, diffs
+
+
+def counters_after(store, key: str, above: float, timeout: float = 10.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        c = open_store(store).read_counters()
+        if c.get(key, 0) > above or time.time() > deadline:
+            return c
+        time.sleep(0.1)
+
+
+def counter_deltas(store, before: dict, keys=("hits", "misses", "config_mismatches"),
+                   quiet: float = 3.0, stable: float = 1.0) -> dict:
+    """Counter changes since ``before``, once the connector's periodic flush settled: a
+    change seen and then ``stable`` seconds without another, or ``quiet`` seconds with
+    none at all (a loaded machine may delay the flush thread)."""
+    t0 = time.time()
+    last, last_change = None, None
+    while True:
+        now = open_store(store).read_counters()
+        deltas = {k: now.get(k, 0) - before.get(k, 0) for k in keys}
+        if deltas != last:
+            last, last_change = deltas, time.time()
+        elapsed = time.time() - t0
+        changed = any(deltas.values())
+        if (changed and time.time() - last_change >= stable) or \
+                (not changed and elapsed >= quiet) or elapsed > 20:
+            return deltas
+        time.sleep(0.25)
+
+
+def hits_and_misses_per_file(base: str, model: str, store: str, files) -> dict:
+    results = {}
+    for path in files:
+        before = open_store(store).read_counters()
+        reply = chat(base, model, path)
+        assert reply["choices"][0]["message"]["content"] is not None
+        after = counters_after(store, "hits", before.get("hits", 0))
+        results[Path(path).suffix + ":" + str(len(results))] = (
+            after.get("hits", 0) - before.get("hits", 0),
+            after.get("misses", 0) - before.get("misses", 0))
+    return results
+
+
+def draw_images(folder: Path, sizes: dict[str, tuple[int, int]], seed: int) -> dict[str, str]:
+    """Distinct synthetic photos-like images (``name.jpg``/``name.png`` -> path), one per
+    ``name: (width, height)``; names ending in ``_png`` are saved as PNG."""
+    import random
+
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    out = {}
+    for name, (w, h) in sizes.items():
+        img = Image.new("RGB", (w, h), tuple(rng.randrange(256) for _ in range(3)))
+        draw = ImageDraw.Draw(img)
+        for _ in range(12):
+            x0, y0 = rng.randrange(w), rng.randrange(h)
+            x1, y1 = x0 + rng.randrange(20, w // 2 + 21), y0 + rng.randrange(20, h // 2 + 21)
+            shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+            shape([x0, y0, x1, y1], fill=tuple(rng.randrange(256) for _ in range(3)))
+        path = folder / (name + (".png" if name.endswith("_png") else ".jpg"))
+        img.save(path, quality=90) if path.suffix == ".jpg" else img.save(path)
+        out[name] = str(path)
+    return out
+
+
+def stored_tensor(store: str, identifier: str):
+    """The tensor a stored entry holds (None if absent)."""
+    import torch
+
+    from encache.connectors.store.entry import decode
+    from encache.connectors.vllm.connector import TORCH_DTYPES
+
+    blob = open_store(store).get(identifier)
+    if blob is None:
+        return None
+    meta, view = decode(blob, identifier=identifier)
+    return torch.frombuffer(bytearray(view), dtype=TORCH_DTYPES[meta.dtype]).view(meta.shape)
+
+
+class Reference:
+    """What a plain server (no connector, probe with dump) computes for single requests:
+    the first token's logprobs and the tower output of the request's one new image."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.replies: dict = {}
+
+    def single(self, path: str, mm_processor_kwargs: dict | None = None):
+        """(logprobs, tower output) of ``path`` alone; the first call per (image, kwargs)
+        encodes it (later ones are the engine's own cache: output None)."""
+        import torch
+
+        key = (path, json.dumps(mm_processor_kwargs, sort_keys=True))
+        if key not in self.replies:
+            log = self.server.encoder_log
+            before = log.count()
+            reply = self.server.chat(path, max_tokens=1, top_logprobs=5,
+                                     mm_processor_kwargs=mm_processor_kwargs)
+            new = log.items()[before:]
+            assert len(new) == 1, new  # the plain server encoded exactly this image
+            self.replies[key] = (first_token_logprobs(reply), torch.load(new[0][1]))
+        return self.replies[key]
+
+    def multi(self, paths, mm_processor_kwargs: dict | None = None) -> dict[str, float]:
+        reply = self.server.chat(paths, max_tokens=1, top_logprobs=5,
+                                 mm_processor_kwargs=mm_processor_kwargs)
+        return first_token_logprobs(reply)
+
+
+def served_request(server: Server, store: str, paths, **kw) -> tuple[dict, dict, int]:
+    """Send one request to a connector server: (first-token logprobs, counter deltas,
+    vision-encoder items run for it)."""
+    before_counters = open_store(store).read_counters()
+    before_items = server.encoder_log.count()
+    reply = server.chat(paths, max_tokens=1, top_logprobs=5, **kw)
+    deltas = counter_deltas(store, before_counters)
+    return first_token_logprobs(reply), deltas, server.encoder_log.count() - before_items
