@@ -17,7 +17,8 @@ memory lookup, and "yes" is only ever said for bytes already read and verified:
   treated as a miss and re-encoded. A local store's entry may instead be read inline, in
   the caller's thread, within a per-step time budget the caller keeps.
 * **Verify once per stored version** — the checksum is computed on the first load of
-  each stored copy (for a disk file: device, inode, size, mtime, ctime); later loads of
+  each stored copy (for a disk file: device, inode, size, mtime_ns — access tracking
+  leaves these alone); later loads of
   the same unchanged file reuse the parsed header and skip the hash. Any rewrite or
   replacement changes the version and is verified again. ``verify="always"`` hashes
   every load; Redis values carry no version and are always verified.

@@ -329,3 +329,34 @@ def test_lookup_prefaults_verified_versions_idle_for_a_while(tmp_path, monkeypat
         assert len(calls) == 1 and isinstance(calls[0], mmap.mmap)
     finally:
         lk.close()
+
+
+def test_access_time_updates_do_not_force_a_rehash(tmp_path, counted):
+    """Idle past the access-time update interval: the LRU refresh (os.utime on the open
+    entry) must move atime but keep the verified version, so later loads skip the hash.
+    Uses the real mechanism with a short interval (the default is a minute)."""
+    store = DiskStore(tmp_path, access_resolution_s=0.2)
+    put(store, "idle", rows=8192)  # 256 KiB: mapped
+    put(store, "small", rows=16)  # read, not mapped
+    path = store.entry_path("idle")
+    lk = make(store)
+    try:
+        for ident in ("idle", "small"):
+            assert lk.load_now(ident) is not None
+        assert counted == [True, True]
+        before = os.stat(path)
+        for _ in range(3):
+            time.sleep(0.3)  # past the update interval
+            for ident in ("idle", "small"):
+                assert lk.load_now(ident) is not None
+        after = os.stat(path)
+        assert after.st_atime_ns > before.st_atime_ns  # the LRU clock did move
+        assert after.st_ctime_ns > before.st_ctime_ns  # (utime changes ctime)
+        assert after.st_mtime_ns == before.st_mtime_ns  # but not what a writer sets
+        assert counted == [True, True]  # and no entry was hashed again
+        time.sleep(0.02)
+        put(store, "idle", rows=8192, seed=5)  # a writer's new version still is
+        assert lk.load_now("idle") is not None
+        assert counted == [True, True, True]
+    finally:
+        lk.close()

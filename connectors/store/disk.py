@@ -17,7 +17,10 @@ those) is not an entry. A file that vanishes between lookup and read is a miss.
 Capacity: with ``max_bytes`` set, a write that would exceed it first evicts entries by
 policy (``lru``: oldest recorded access; ``fifo``: oldest creation) down to a low
 watermark, so eviction cost is amortised over many writes. Access times are the file
-atimes, which :meth:`DiskStore.get` refreshes (at most once a minute per entry).
+atimes, which :meth:`DiskStore.get` refreshes (at most once per ``access_resolution_s``,
+default a minute, per entry). That refresh keeps the file's mtime to the nanosecond (only
+writers set it), so the version a reader verified — (device, inode, size, mtime_ns) — is
+not changed by access tracking (it changes ctime, which the version leaves out).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class DiskStore(Store):
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
-                 low_watermark: float = 0.9, load_mode: str = "auto"):
+                 low_watermark: float = 0.9, load_mode: str = "auto",
+                 access_resolution_s: float = ACCESS_RESOLUTION_S):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         if create:
             try:
@@ -76,6 +80,7 @@ class DiskStore(Store):
         if load_mode not in LOAD_MODES:
             raise ValueError(f"load_mode must be one of {LOAD_MODES}")
         self.fsync = fsync
+        self.access_resolution_s = float(access_resolution_s)
         self.load_mode = load_mode
         self.fs_type = filesystem_type(self.root)
         # serving loads map entry files (no copy) where that is safe; see read_entry.
@@ -122,9 +127,11 @@ class DiskStore(Store):
         and deletes unlink it, and a mapping keeps the old inode readable — so a reader
         can never see a file shrink under its mapping. (A *foreign* program truncating an
         entry file in place could; use ``load_mode: read`` if anything does that.)
-        ``version`` = (device, inode, size, mtime_ns, ctime_ns): any replacement or
-        in-place write changes it, so a reader that verified one version need not
-        re-hash it.
+        ``version`` = (device, inode, size, mtime_ns): a replacement is a new inode and an
+        in-place write sets mtime, so a reader that verified one version need not re-hash
+        it. Access tracking (the atime refresh below) keeps mtime_ns exactly and only
+        changes ctime, which is deliberately not part of the version — otherwise every
+        entry would be re-hashed after each access-time update.
         """
         return self._open_entry(identifier, mapped=self.mapped_loads)
 
@@ -147,11 +154,11 @@ class DiskStore(Store):
                     if n == 0:  # shrank under us: impossible for renamed-in files; a miss
                         return None
                     got += n
-            now = time.time()
-            if now - st.st_atime > ACCESS_RESOLUTION_S:  # the LRU clock, once a minute
-                with contextlib.suppress(OSError):
-                    os.utime(fd, (now, st.st_mtime))
-            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+            now = time.time_ns()
+            if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
+                with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
+                    os.utime(fd, ns=(now, st.st_mtime_ns))
+            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns)
         finally:
             os.close(fd)
 
