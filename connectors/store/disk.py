@@ -49,7 +49,11 @@ TEMP_PREFIX = ".tmp-"
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
-MMAP_MIN_BYTES = 64 << 10  # below this a read() is as cheap as setting up a mapping
+# Below this a read() into a fresh buffer beats mapping: setting up and tearing down a
+# mapping and faulting its pages in costs more than the copy for small entries
+# (benchmarks/load.json: read 0.69x vs mapped 0.49x readinto at 0.25 MB, even at 2.75 MB,
+# mapped ahead at 10 MB -- each figure including the engine's copy of the tensor).
+MMAP_MIN_BYTES = 1 << 20
 # Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
 # unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
 # no such promise (another client's delete can turn a page fault into SIGBUS), so
@@ -378,7 +382,7 @@ class DiskStore(Store):
     def info(self) -> StoreInfo:
         extra = {"filesystem": self.fs_type,
                  # how a consumer with the default load_mode reads entries here
-                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 10} KiB+)"
+                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 20} MiB+)"
                                    if self.fs_type in LOCAL_FILESYSTEMS else "read")}
         with contextlib.suppress(OSError):
             extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free

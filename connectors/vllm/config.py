@@ -26,6 +26,7 @@ class ConnectorConfig:
     inline_wait_s: float = 0.01  # per scheduler step: wait this long for loads before deferring
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
+    verify_ahead: bool = True  # hash entries that appear while serving, before a request
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
     counters_flush_s: float = 5.0
     store_stats_s: float = 30.0  # sample store-wide entries/bytes/evictions for metrics
@@ -66,7 +67,8 @@ class ConnectorConfig:
     def lookup_options(self) -> dict:
         return {"load_threads": self.load_threads, "staging_bytes": self.staging_bytes,
                 "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
-                "verify": self.verify, "counters_flush_s": self.counters_flush_s,
+                "verify": self.verify, "verify_ahead": self.verify_ahead,
+                "counters_flush_s": self.counters_flush_s,
                 "store_stats_s": self.store_stats_s}
 
     def writer_options(self) -> dict:
