@@ -153,8 +153,9 @@ class Summary:
         if a is not None and (self.last_access is None or a > self.last_access):
             self.last_access = a
         meta = e.meta
+        lora = meta.lora if meta is not None and meta.lora else split_lora(e.identifier)[0]
         for groups, key in ((self.by_model, meta.model if meta is not None else None),
-                            (self.by_lora, e.lora),
+                            (self.by_lora, lora),
                             (self.by_encoder_config,
                              meta.encoder_config if meta is not None else None)):
             g = groups.get(key)
