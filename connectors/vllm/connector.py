@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import pickle
 import time
 import warnings
 import weakref
@@ -77,17 +78,25 @@ class LoadItem:
     dtype: str
     shape: tuple[int, ...]
 
-    def __getstate__(self):
+    def __reduce_ex__(self, protocol):
         # Shipped to worker processes only with a multiprocess executor: send just the
-        # tensor bytes, as plain bytes (buffers like memoryview do not pickle).
+        # tensor bytes. With pickle protocol 5 (vLLM's shared-memory message queue) they
+        # go as an out-of-band PickleBuffer: written once from the staged buffer (often the
+        # page cache itself) into the queue, instead of a tobytes() copy that the pickler
+        # then copies again into its stream (tests/test_connector_pickle.py, issue #11).
         view = memoryview(self.blob).cast("B")
         nbytes = DTYPE_BYTES[self.dtype]
         for s in self.shape:
             nbytes *= s
-        state = dict(self.__dict__)
-        state["blob"] = view[self.offset:self.offset + nbytes].tobytes()
-        state["offset"] = 0
-        return state
+        part = view[self.offset:self.offset + nbytes]
+        payload = pickle.PickleBuffer(part) if protocol >= 5 else part.tobytes()
+        return (_rebuild_load_item, (self.identifier, payload, self.dtype, tuple(self.shape)))
+
+
+def _rebuild_load_item(identifier, payload, dtype, shape) -> LoadItem:
+    if not isinstance(payload, (bytes, bytearray)):
+        payload = memoryview(payload)  # an out-of-band buffer (a zmq frame, a PickleBuffer)
+    return LoadItem(identifier, payload, 0, dtype, shape)
 
 
 @dataclass
@@ -260,7 +269,9 @@ class EncacheConnector(ECConnectorBase):
         numel = 1
         for s in item.shape:
             numel *= s
-        if isinstance(item.blob, bytes):  # read-only (Redis, a worker process's copy)
+        blob = item.blob
+        if isinstance(blob, bytes) or (isinstance(blob, memoryview) and blob.readonly):
+            # read-only (Redis, a worker process's copy)
             with warnings.catch_warnings():  # the cache never writes to it
                 warnings.simplefilter("ignore", UserWarning)
                 t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
