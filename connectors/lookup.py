@@ -64,6 +64,8 @@ class Staged:
     blob: bytearray | bytes
     offset: int
     load_seconds: float
+    #: the stored version these bytes were verified as (a disk file's identity), or None
+    version: object = None
 
     @property
     def nbytes(self) -> int:
@@ -386,7 +388,8 @@ class EntryLookup:
                 if self.encoder_config is not None and meta.encoder_config != self.encoder_config:
                     self._mismatch(identifier, meta.encoder_config)
                 else:
-                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
+                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
+                                    version)
         except CorruptEntry as e:
             with self._lock:
                 self._bad[identifier] = time.monotonic() + 60.0

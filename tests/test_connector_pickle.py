@@ -4,6 +4,7 @@ the worker's tensor is the stored one either way."""
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -58,3 +59,56 @@ def test_in_band_pickles_carry_only_the_tensor(staged, protocol):
     assert arr.nbytes <= len(data) < arr.nbytes + 1024  # no header or file padding
     got = pickle.loads(data)
     assert torch.equal(worker()._to_tensor(got), torch.from_numpy(arr))
+
+
+def _child_load(data: bytes, conn) -> None:
+    try:
+        item = pickle.loads(data)
+        assert item.blob is None and item.ref is not None
+        t = worker()._to_tensor(item)
+        conn.send(t.numpy().tobytes())
+    except Exception as e:  # pragma: no cover - reported to the parent
+        conn.send(repr(e))
+    finally:
+        conn.close()
+
+
+def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
+    """worker_loads=files: the metadata carries a pinned file; a worker process reads the
+    exact version the scheduler verified, even after the entry was rewritten and purged."""
+    import multiprocessing as mp
+
+    from encache.connectors.vllm.connector import pin_entry
+
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
+    store.put("p", encode("p", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    try:
+        st = lk.load_now("p")
+        assert st.version is not None
+        fd, ref = pin_entry(store, "p", st.version)
+        item = LoadItem("p", st.blob, st.offset, st.meta.dtype, st.meta.shape, ref)
+        data = pickle.dumps(item, protocol=5)
+        assert len(data) < 1024  # no tensor bytes in the message
+        other = np.zeros_like(arr)
+        store.put("p", encode("p", other.view(np.uint8), "F16", other.shape, model="m"))
+        assert pin_entry(store, "p", st.version) is None  # a new version: ship bytes instead
+        store.delete("p")
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_load, args=(data, child))
+        proc.start()
+        got = parent.recv()
+        proc.join(30)
+        os.close(fd)
+        assert got == arr.tobytes()
+    finally:
+        lk.close()
+
+
+def test_worker_loads_setting_is_checked():
+    from encache.connectors.vllm.config import ConnectorConfig
+    assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
+    with pytest.raises(ValueError, match="worker_loads"):
+        ConnectorConfig.from_extra({"store": "/x", "worker_loads": "maybe"})

@@ -381,8 +381,9 @@ def test_verify_ahead_hashes_new_entries_before_their_first_load(tmp_path, count
                                (64, 16), model="m"))
         bad[-1] ^= 0xFF
         store.put("bad", bytes(bad))
-        deadline = time.time() + 10
-        while time.time() < deadline and lk.verified_count(["new"]) < 1:
+        deadline = time.time() + 30  # both checked in the background (order unknown)
+        while time.time() < deadline and (lk.verified_count(["new"]) < 1
+                                          or counted.count(True) < 2):
             time.sleep(0.02)
         assert lk.verified_count(["new", "bad", "old"]) == 1
         assert counted.count(True) == 2  # "new" and "bad" were checked ahead

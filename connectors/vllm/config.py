@@ -27,6 +27,10 @@ class ConnectorConfig:
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
     verify_ahead: bool = True  # hash entries that appear while serving, before a request
+    # how entries reach workers in other processes (multiprocess executor): "auto" =
+    # workers read a pinned disk entry themselves when they can, else the bytes ride in
+    # the step's metadata; "bytes" / "files" force one
+    worker_loads: str = "auto"
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
     counters_flush_s: float = 5.0
     store_stats_s: float = 30.0  # sample store-wide entries/bytes/evictions for metrics
@@ -39,6 +43,12 @@ class ConnectorConfig:
     skip_existing: bool = True
 
     ALIASES = ("store", "path", "shared_storage_path", "url")
+    WORKER_LOADS = ("auto", "bytes", "files")
+
+    def __post_init__(self):
+        if self.worker_loads not in self.WORKER_LOADS:
+            raise ValueError(f"encache connector: worker_loads must be one of "
+                             f"{self.WORKER_LOADS}, not {self.worker_loads!r}")
 
     @classmethod
     def from_extra(cls, extra: dict) -> ConnectorConfig:
