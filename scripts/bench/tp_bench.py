@@ -74,8 +74,7 @@ def _worker(handle, rank, store_root, shapes, results):
     import torch
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    from encache.connectors.store.disk import DiskStore
-    from encache.connectors.vllm.connector import EncacheConnector, LoadItem
+    from encache.connectors.vllm.connector import EncacheConnector
 
     torch.set_num_threads(1)
     mq = MessageQueue.create_from_handle(handle, rank)
