@@ -28,8 +28,8 @@ class ConnectorConfig:
     verify: bool | str = True  # checksum each stored version once; "always": every load
     verify_ahead: bool = True  # hash entries that appear while serving, before a request
     # how entries reach workers in other processes (multiprocess executor): "auto" =
-    # workers read a pinned disk entry themselves when they can, else the bytes ride in
-    # the step's metadata; "bytes" / "files" force one
+    # workers read pinned disk entries of 1 MiB+ themselves when they can, smaller ones
+    # (and Redis entries) ride in the step's metadata; "bytes" / "files" force one
     worker_loads: str = "auto"
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
     counters_flush_s: float = 5.0

@@ -73,6 +73,10 @@ DTYPE_CODES = {v: k for k, v in TORCH_DTYPES.items()}
 DTYPE_BYTES = {k: torch.empty(0, dtype=v).element_size() for k, v in TORCH_DTYPES.items()}
 
 
+#: entries at least this big reach multiprocess workers as pinned files (worker_loads auto)
+WORKER_READS_MIN_BYTES = 1 << 20
+
+
 @dataclass
 class LoadItem:
     identifier: str
@@ -293,7 +297,10 @@ class EncacheConnector(ECConnectorBase):
         fds = []
         for identifier, st in self._need_loads.items():
             ref = None
-            if self._worker_reads:  # workers in other processes read the pinned file
+            # workers in other processes read a pinned file for large entries; small ones
+            # ride in the metadata (cheaper than a file open per worker: benchmarks/tp.json)
+            if self._worker_reads and (self.config.worker_loads == "files"
+                                       or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
                 pinned = pin_entry(self.store, identifier, st.version)
                 if pinned is not None:
                     fds.append(pinned[0])

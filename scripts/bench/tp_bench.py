@@ -14,8 +14,9 @@ preallocated buffer (the engine's merge). Designs, interleaved step by step:
                  pickle stream (a copy, then another into the stream, then the queue)
   bytes.oob      the current ``LoadItem``: protocol-5 out-of-band PickleBuffer (written
                  once from the staged buffer into the queue; each worker gets a copy)
-  worker.reads   the current default with the multiprocess executor on a local disk store
-                 (``worker_loads: auto``): the metadata carries a pinned file (scheduler
+  worker.reads   ``worker_loads: files`` (``auto`` does this for entries of 1 MiB+ with
+                 the multiprocess executor on a local disk store, and ships smaller ones
+                 as bytes.oob): the metadata carries a pinned file (scheduler
                  pid + open fd + verified version, ``pin_entry``); each worker opens
                  ``/proc/<pid>/fd/<n>``, checks the version, maps (1 MiB+) or reads it,
                  and copies (``EncacheConnector._to_tensor`` / ``open_pinned``)
