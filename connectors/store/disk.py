@@ -266,7 +266,7 @@ class DiskStore(Store):
                     st = stat(name + tail, dir_fd=root_fd)
                 except (FileNotFoundError, NotADirectoryError):
                     continue
-                version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                version = (st.st_ino, st.st_size, st.st_mtime_ns)
                 rec = known.get(name)
                 if rec is not None and rec[0] == version:
                     info = rec[1]
@@ -288,6 +288,41 @@ class DiskStore(Store):
             os.close(root_fd)
         if changed or len(fresh) != len(known):
             header_index.save(meta_dir, fresh)
+
+    def summary_if_unchanged(self):
+        """The store's :class:`~.scanning.Summary` straight from the header index when
+        every entry file still has the version the index recorded — one ``stat`` per
+        entry, no header or record loaded (``encache stats``); None when anything was
+        added, removed or rewritten since (then the caller scans)."""
+        from .scanning import Summary
+
+        versions, state = header_index.load_summary(self.root / META_DIR)
+        if state is None:
+            return None
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return None
+        stat, tail, get = os.stat, "/" + ENTRY_FILE, versions.get
+        n, last = 0, None
+        try:
+            for d in self._entry_dirs():
+                try:
+                    st = stat(d.name + tail, dir_fd=root_fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if get(d.name) != (st.st_ino, st.st_size, st.st_mtime_ns):
+                    return None
+                n += 1
+                if last is None or st.st_atime > last:
+                    last = st.st_atime
+        finally:
+            os.close(root_fd)
+        if n != len(versions):
+            return None
+        summary = Summary.from_state(state)
+        summary.last_access = last  # atimes move without changing a version
+        return summary
 
     def stat(self, identifier: str) -> EntryInfo | None:
         name = to_name(identifier)
@@ -316,7 +351,7 @@ class DiskStore(Store):
             info = EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
                              info.error or "wrong-identifier")
         if with_version:
-            return info, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            return info, (st.st_ino, st.st_size, st.st_mtime_ns)
         return info
 
     # -- maintenance helpers (verify --repair, capacity) ---------------------------------

@@ -3,10 +3,11 @@
 ``encache list`` / ``stats`` / ``verify`` scan every entry's header. Reading and parsing
 100,000 headers costs seconds (an open, a read and a JSON parse each); the headers rarely
 change. The index keeps, per entry directory name, the parsed header together with the
-version of the file it was read from — (inode, size, mtime_ns, ctime_ns): a replacement
-is a new inode (writers rename a new file over the entry), and any write to the file,
-even one that restores its mtime (``cp -p`` over it), moves ctime. Access tracking moves
-ctime too (at most once a minute per served entry), which costs one header re-read.
+version of the file it was read from — (inode, size, mtime_ns), the same version the
+serving lookup trusts to skip re-hashing (:mod:`..lookup`): a replacement is a new inode
+(writers rename a new file over the entry), an in-place write sets mtime, and access-time
+tracking keeps mtime exactly. It also keeps the store's summary (``encache stats``) as of
+that index, used only when every entry still has its recorded version.
 
 It is a cache, never the source of truth: every scan still lists the directories and
 stats every entry file, and uses a record only when the file's version matches it — so a
@@ -26,13 +27,14 @@ header, as without an index).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import tempfile
 from pathlib import Path
 
 INDEX_FILE = "header-index.pickle"
-FORMAT = 3
+FORMAT = 4
 
 
 class _Unpickler(pickle.Unpickler):
@@ -50,33 +52,57 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed here") from None
 
 
-def load(meta_dir: Path) -> dict:
-    """``name -> (file_version, EntryInfo)``; {} when absent,
-    unreadable or written by another format."""
+def _read(meta_dir: Path) -> dict | None:
     try:
         with open(meta_dir / INDEX_FILE, "rb") as f:
             if os.fstat(f.fileno()).st_uid != os.geteuid():
-                return {}
+                return None
             data = _Unpickler(f).load()
     except FileNotFoundError:
-        return {}
+        return None
     except Exception:  # truncated, corrupt, or from an incompatible version: rebuild
-        return {}
+        return None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    return data
+
+
+def load(meta_dir: Path) -> dict:
+    """``name -> (file_version, EntryInfo)``; {} when absent, unreadable or written by
+    another format."""
+    data = _read(meta_dir)
+    if data is None:
         return {}
-    records = data.get("records")
+    try:
+        records = _Unpickler(io.BytesIO(data["records"])).load()
+    except Exception:
+        return {}
     return records if isinstance(records, dict) else {}
 
 
+def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
+    """``(name -> file_version, summary state)`` without building the records."""
+    data = _read(meta_dir)
+    if data is None or not isinstance(data.get("versions"), dict):
+        return {}, None
+    return data["versions"], data.get("summary")
+
+
 def save(meta_dir: Path, records: dict) -> bool:
-    """Write the index atomically; False (and nothing changed) if the store's metadata
-    directory is not writable."""
+    """Write the index atomically (records, versions, summary); False (and nothing
+    changed) if the store's metadata directory is not writable."""
+    from .scanning import summarize_entries
+
+    state = summarize_entries(rec[1] for rec in records.values()).to_state()
+    blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    versions = {name: rec[0] for name, rec in records.items()}
     tmp = None
     try:
         meta_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=meta_dir)
         with os.fdopen(fd, "wb") as f:
-            pickle.dump({"format": FORMAT, "records": records}, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump({"format": FORMAT, "versions": versions, "summary": state,
+                         "records": blob}, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, meta_dir / INDEX_FILE)
         return True
     except OSError:

@@ -164,6 +164,22 @@ class Summary:
             g.entries += 1
             g.bytes += size
 
+    def to_state(self) -> dict:
+        """Plain builtins (for the disk store's header index)."""
+        state = {k: getattr(self, k) for k in ("entries", "bytes", "legacy", "legacy_bytes",
+                                                "unreadable", "unreadable_bytes", "oldest",
+                                                "newest", "last_access")}
+        for name in ("by_model", "by_lora", "by_encoder_config"):
+            state[name] = {k: (g.entries, g.bytes) for k, g in getattr(self, name).items()}
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> Summary:
+        groups = {name: {k: Group(*v) for k, v in state[name].items()}
+                  for name in ("by_model", "by_lora", "by_encoder_config")}
+        plain = {k: v for k, v in state.items() if k not in groups}
+        return cls(**plain, **groups)
+
     def merge(self, other: Summary) -> Summary:
         self.entries += other.entries
         self.bytes += other.bytes
@@ -255,6 +271,13 @@ def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None =
     """Summarise a store. With ``workers > 1`` and ``url`` given, header reads are split
     across that many processes (each re-opens ``url``); small stores are scanned inline.
     """
+    if flt is None or not flt.active:
+        fast = getattr(store, "summary_if_unchanged", None)  # disk: from the header index
+        summary = fast() if fast is not None else None
+        if summary is not None:
+            if progress is not None:
+                progress(summary.entries)
+            return summary
     if workers <= 1 or url is None:
         return summarize_entries(scan(store, flt, progress))
     identifiers = list(store.identifiers())
