@@ -36,7 +36,7 @@ def child(mode: str, store: str, corpus: str, out: str) -> None:
 
     from encache.connectors.store import open_store
 
-    files = sorted(str(p) for p in Path(corpus).iterdir() if p.is_file())
+    files = sorted(str(p) for p in Path(corpus).rglob("*") if p.is_file())
     cfg = None if mode == "none" else consumer_config(store, worker_loads=mode)
     t0 = time.time()
     llm = make_llm(str(ROOT / ".models" / "tiny-llava"), cfg, tensor_parallel_size=2,
