@@ -112,3 +112,42 @@ def test_worker_loads_setting_is_checked():
     assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
     with pytest.raises(ValueError, match="worker_loads"):
         ConnectorConfig.from_extra({"store": "/x", "worker_loads": "maybe"})
+
+
+def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
+    """build_connector_meta (worker_loads auto): entries of 1 MiB+ go as pinned files,
+    smaller ones as bytes; pins are closed once old enough, and capped."""
+    import collections
+
+    from encache.connectors.vllm.config import ConnectorConfig
+
+    store = DiskStore(tmp_path)
+    big = np.ones((1024, 640), np.float16)  # 1.25 MiB
+    small = np.ones((64, 64), np.float16)
+    store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
+    store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    c = object.__new__(EncacheConnector)
+    c.config = ConnectorConfig.from_extra({"store": str(tmp_path)})
+    c.store, c.lookup, c._worker_reads = store, lk, True
+    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
+    c._step, c._pinned_fds = 0, 0
+    try:
+        c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
+        meta = c.build_connector_meta(None)
+        refs = {i.identifier: i.ref for i in meta.loads}
+        assert refs["small"] is None and refs["big"] is not None
+        fd = refs["big"][1]
+        os.fstat(fd)  # open while workers may read it
+        monkeypatch.setattr(EncacheConnector, "PIN_SECONDS", 0.0)
+        for _ in range(EncacheConnector.PIN_STEPS + 1):
+            c.build_connector_meta(None)
+        with pytest.raises(OSError):
+            os.fstat(fd)  # released
+        assert c._pinned_fds == 0
+        monkeypatch.setattr(EncacheConnector, "PIN_MAX_FDS", 0)
+        c._need_loads = {"big": lk.load_now("big")}
+        assert c.build_connector_meta(None).loads[0].ref is None  # capped: bytes
+    finally:
+        c._release_pins(everything=True)
+        lk.close()

@@ -206,6 +206,7 @@ class EncacheConnector(ECConnectorBase):
         self._device = None
         self._step = 0
         self._pins: collections.deque = collections.deque()
+        self._pinned_fds = 0
         self._worker_reads = False
         if role == ECConnectorRole.SCHEDULER:
             self._check_capacity()
@@ -299,8 +300,9 @@ class EncacheConnector(ECConnectorBase):
             ref = None
             # workers in other processes read a pinned file for large entries; small ones
             # ride in the metadata (cheaper than a file open per worker: benchmarks/tp.json)
-            if self._worker_reads and (self.config.worker_loads == "files"
-                                       or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
+            if self._worker_reads and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
+                    self.config.worker_loads == "files"
+                    or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
                 pinned = pin_entry(self.store, identifier, st.version)
                 if pinned is not None:
                     fds.append(pinned[0])
@@ -309,6 +311,7 @@ class EncacheConnector(ECConnectorBase):
                                        st.meta.shape, ref))
         if fds:
             self._pins.append((self._step, time.monotonic(), fds))
+            self._pinned_fds += len(fds)
         self._release_pins()
         self._need_loads.clear()
         self._pinned.clear()
@@ -316,13 +319,16 @@ class EncacheConnector(ECConnectorBase):
         return meta
 
     PIN_STEPS = 16  # a pinned entry stays open this many scheduler steps…
-    PIN_SECONDS = 10.0  # …and at least this long (workers read it within their step)
+    PIN_SECONDS = 1.0  # …and at least this long (workers read it within their step)
+    PIN_MAX_FDS = 1024  # more pinned at once: ship bytes (never crowd the fd limit)
 
     def _release_pins(self, everything: bool = False) -> None:
         now = time.monotonic()
         while self._pins and (everything or (self._step - self._pins[0][0] > self.PIN_STEPS
                                              and now - self._pins[0][1] > self.PIN_SECONDS)):
-            for fd in self._pins.popleft()[2]:
+            fds = self._pins.popleft()[2]
+            self._pinned_fds -= len(fds)
+            for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
