@@ -197,7 +197,10 @@ class EntryLookup:
         for n, identifier in enumerate(identifiers):
             if n >= self.VERIFY_AHEAD_MAX or self._closed.is_set():
                 break
-            self._pool.submit(self._verify_one, identifier)
+            try:
+                self._pool.submit(self._verify_one, identifier)
+            except RuntimeError:  # the pool was shut down (close() raced us)
+                break
 
     def _verify_one(self, identifier: str) -> None:
         """Background: validate the stored version (remembered, not staged). Errors are
