@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from encache.connectors.store.keys import split_lora  # light: pure Python, no I/O
 from encache.cli.options import (JsonOpt, LimitOpt, LoraOpt, ModelOpt, OlderThanOpt,
                                  StoreOpt)
 
@@ -46,7 +47,8 @@ def entry_dict(e) -> dict:
     m = e.meta
     return {
         "identifier": e.identifier,
-        "lora": e.lora,
+        # EntryInfo.lora, without its per-call import (100,000 calls for a big store)
+        "lora": m.lora if m is not None and m.lora else split_lora(e.identifier)[0],
         "model": m.model if m else None,
         "shape": list(m.shape) if m else None,
         "dtype": m.dtype if m else None,
@@ -84,7 +86,11 @@ def render_json(url: str, entries: list, total: int | None = None) -> None:
     from encache.cli.render import emit_json
 
     emit_json({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
-               "entries": [entry_dict(e) for e in entries]})
+               "entries": entry_dicts(entries)})
+
+
+def entry_dicts(entries) -> list[dict]:
+    return [entry_dict(e) for e in entries]
 
 
 def render_table(url: str, entries: list, filtered: str) -> None:

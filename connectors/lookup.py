@@ -17,10 +17,15 @@ memory lookup, and "yes" is only ever said for bytes already read and verified:
   treated as a miss and re-encoded. A local store's entry may instead be read inline, in
   the caller's thread, within a per-step time budget the caller keeps.
 * **Verify once per stored version** — the checksum is computed on the first load of
-  each stored copy (for a disk file: device, inode, size, mtime, ctime); later loads of
+  each stored copy (for a disk file: device, inode, size, mtime_ns — access tracking
+  leaves these alone); later loads of
   the same unchanged file reuse the parsed header and skip the hash. Any rewrite or
   replacement changes the version and is verified again. ``verify="always"`` hashes
   every load; Redis values carry no version and are always verified.
+* **Verify ahead** — an entry that appears while the engine runs (a producer wrote it) is
+  verified by the background threads as soon as the index refresh sees it, so its first
+  request-path load already finds a verified version (no checksum on the request path).
+  Entries present at start are not hashed ahead (that would read the whole store).
 * **Staging** — validated payloads wait in a byte-bounded LRU until the scheduler hands them
   to the worker, and stay there as a small hot tier for popular images.
 
@@ -59,6 +64,8 @@ class Staged:
     blob: bytearray | bytes
     offset: int
     load_seconds: float
+    #: the stored version these bytes were verified as (a disk file's identity), or None
+    version: object = None
 
     @property
     def nbytes(self) -> int:
@@ -88,7 +95,7 @@ class RateLimitedLog:
 
 
 VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
-INLINE_VERIFY_MAX = 256 << 10  # larger unverified entries are checked in the background
+INLINE_VERIFY_MAX = 1 << 20  # larger unverified entries are checked in the background
 PREFAULT_AFTER_S = 10.0  # a verified mapping not loaded for this long gets readahead
 _DEFER = object()
 
@@ -124,7 +131,8 @@ class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
                  verify: bool | str = True, counters_flush_s: float = 5.0,
-                 store_stats_s: float = 30.0, encoder_config: str | None = None):
+                 store_stats_s: float = 30.0, encoder_config: str | None = None,
+                 verify_ahead: bool = True):
         self.store = store
         # the engine's encoder-config digest: entries stamped otherwise are misses
         # (None: accept any; :mod:`encache.connectors.encoder_config`)
@@ -133,6 +141,10 @@ class EntryLookup:
         self._store_gauges: dict[str, float] = {}  # latest store-wide facts (metrics)
         self._store_totals: dict[str, float] | None = None  # last seen store counters
         self.verify, self.verify_always = parse_verify(verify)
+        # versions only help when checksums run once: nothing to do ahead otherwise
+        # (and only a local store has versions: Redis values are verified on every load)
+        self.verify_ahead = (verify_ahead and self.verify and not self.verify_always
+                             and store.local)
         # stored version -> (identifier, meta, offset) of a copy already validated
         self._verified: OrderedDict[object, list] = OrderedDict()
         self.load_timeout_s = load_timeout_s
@@ -181,7 +193,9 @@ class EntryLookup:
                     if version is None or version != last_version:
                         ids = set(self.store.identifiers())
                         with self._lock:
-                            self._index = ids
+                            old, self._index = self._index, ids
+                        if self.verify_ahead and self._index_ready.is_set():
+                            self._verify_new(ids - old)
                         last_version = version
                     self._store_up()
                 except Exception as e:  # store down: keep the old index, retry later
@@ -195,6 +209,38 @@ class EntryLookup:
                 next_stats = now + self.store_stats_s
             self.maybe_flush()
             self._closed.wait(tick)
+
+    VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
+
+    def _verify_new(self, identifiers) -> None:
+        """Queue checksum passes for entries that appeared since the last refresh."""
+        for n, identifier in enumerate(identifiers):
+            if n >= self.VERIFY_AHEAD_MAX or self._closed.is_set():
+                break
+            try:
+                self._pool.submit(self._verify_one, identifier)
+            except RuntimeError:  # the pool was shut down (close() raced us)
+                break
+
+    def _verify_one(self, identifier: str) -> None:
+        """Background: validate the stored version (remembered, not staged). Errors are
+        left to the request-path load, which counts and reports them."""
+        try:
+            got = self.store.read_entry(identifier)
+            if got is None:
+                return
+            blob, version = got
+            if version is not None and self._known(identifier, version) is None:
+                self._validate(identifier, blob, version)
+            del blob
+        except Exception:
+            return
+
+    def verified_count(self, identifiers) -> int:
+        """How many of ``identifiers`` have a verified version on record (tests, benchmarks)."""
+        with self._lock:
+            seen = {rec[0] for rec in self._verified.values()}
+        return sum(1 for i in identifiers if i in seen)
 
     STORE_COUNTERS = ("evictions", "bytes_saved")  # exported as store_* counters
 
@@ -368,7 +414,8 @@ class EntryLookup:
                 elif self.lora_digests and self._lora_stale(identifier, meta):
                     pass
                 else:
-                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0)
+                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
+                                    version)
         except CorruptEntry as e:
             with self._lock:
                 self._bad[identifier] = time.monotonic() + 60.0

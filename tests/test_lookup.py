@@ -46,7 +46,8 @@ def counted(monkeypatch):
 
 
 def make(store, **kw) -> EntryLookup:
-    return EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1, **kw)
+    kw.setdefault("index_refresh_s", 3600)
+    return EntryLookup(store, counters_flush_s=3600, load_threads=1, **kw)
 
 
 def tensor_bytes(staged) -> bytes:
@@ -57,14 +58,16 @@ def tensor_bytes(staged) -> bytes:
 def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
     store = DiskStore(tmp_path)
     assert store.mapped_loads  # tmp_path is on a local filesystem here
-    big = put(store, "big", rows=4096)  # 128 KiB
+    big = put(store, "big", rows=MMAP_MIN_BYTES // 32 + 64)  # just over the threshold
     put(store, "small", rows=16)  # 512 B
     assert len(big) >= MMAP_MIN_BYTES
+    put(store, "under", rows=MMAP_MIN_BYTES // 32 - 64)  # just under: read
     lk = make(store)
     try:
         assert isinstance(lk.load_now("big").blob, mmap.mmap)
         assert not isinstance(lk.load_now("small").blob, mmap.mmap)
-        assert tensor_bytes(lk.load_now("big")) == big[-4096 * 16 * 2:]
+        assert not isinstance(lk.load_now("under").blob, mmap.mmap)
+        assert tensor_bytes(lk.load_now("big")) == big[-(MMAP_MIN_BYTES // 32 + 64) * 16 * 2:]
     finally:
         lk.close()
     read_only = DiskStore(tmp_path, load_mode="read")
@@ -318,7 +321,7 @@ def test_lookup_prefaults_verified_versions_idle_for_a_while(tmp_path, monkeypat
     monkeypatch.setattr(lookup_mod, "prefault", lambda buf: calls.append(buf))
     monkeypatch.setattr(lookup_mod, "PREFAULT_AFTER_S", 0.2)
     store = DiskStore(tmp_path)
-    put(store, "p")
+    put(store, "p", rows=MMAP_MIN_BYTES // 32 + 64)  # mapped
     lk = make(store)
     try:
         lk.load_now("p")  # first load: verified by hashing every page, no readahead
@@ -329,3 +332,73 @@ def test_lookup_prefaults_verified_versions_idle_for_a_while(tmp_path, monkeypat
         assert len(calls) == 1 and isinstance(calls[0], mmap.mmap)
     finally:
         lk.close()
+
+
+def test_access_time_updates_do_not_force_a_rehash(tmp_path, counted):
+    """Idle past the access-time update interval: the LRU refresh (os.utime on the open
+    entry) must move atime but keep the verified version, so later loads skip the hash.
+    Uses the real mechanism with a short interval (the default is a minute)."""
+    store = DiskStore(tmp_path, access_resolution_s=0.2)
+    put(store, "idle", rows=MMAP_MIN_BYTES // 16)  # 2 MiB: mapped
+    put(store, "small", rows=16)  # read, not mapped
+    path = store.entry_path("idle")
+    lk = make(store)
+    try:
+        for ident in ("idle", "small"):
+            assert lk.load_now(ident) is not None
+        assert counted == [True, True]
+        before = os.stat(path)
+        for _ in range(3):
+            time.sleep(0.3)  # past the update interval
+            for ident in ("idle", "small"):
+                assert lk.load_now(ident) is not None
+        after = os.stat(path)
+        assert after.st_atime_ns > before.st_atime_ns  # the LRU clock did move
+        assert after.st_ctime_ns > before.st_ctime_ns  # (utime changes ctime)
+        assert after.st_mtime_ns == before.st_mtime_ns  # but not what a writer sets
+        assert counted == [True, True]  # and no entry was hashed again
+        time.sleep(0.02)
+        put(store, "idle", rows=MMAP_MIN_BYTES // 16, seed=5)  # a writer's new version still is
+        assert lk.load_now("idle") is not None
+        assert counted == [True, True, True]
+    finally:
+        lk.close()
+
+
+def test_verify_ahead_hashes_new_entries_before_their_first_load(tmp_path, counted):
+    """An entry written while the consumer runs is verified by the background index
+    refresh, so its first request-path load does no checksum; entries present at start
+    are not hashed ahead; a corrupt new entry is still a miss when loaded."""
+    store = DiskStore(tmp_path)
+    put(store, "old")
+    lk = make(store, index_refresh_s=0.05)
+    try:
+        assert lk.wait_index(5)
+        time.sleep(0.3)
+        assert counted == []  # nothing hashed ahead at start
+        put(store, "new", seed=3)
+        bad = bytearray(encode("bad", np.ones((64, 16), np.float16).view(np.uint8), "F16",
+                               (64, 16), model="m"))
+        bad[-1] ^= 0xFF
+        store.put("bad", bytes(bad))
+        deadline = time.time() + 30  # both checked in the background (order unknown)
+        while time.time() < deadline and (lk.verified_count(["new"]) < 1
+                                          or counted.count(True) < 2):
+            time.sleep(0.02)
+        assert lk.verified_count(["new", "bad", "old"]) == 1
+        assert counted.count(True) == 2  # "new" and "bad" were checked ahead
+        assert lk.load_now("new") is not None
+        assert counted.count(True) == 2  # first load: no checksum on the request path
+        assert lk.load_now("bad") is None  # the bad one is hashed again and refused
+        assert lk.take_interval().get("load_errors") == 1
+        assert lk.load_now("old") is not None and counted.count(True) == 4
+    finally:
+        lk.close()
+    off = make(store, index_refresh_s=0.05, verify_ahead=False)
+    try:
+        assert off.wait_index(5)
+        put(store, "later", seed=4)
+        time.sleep(0.4)
+        assert off.verified_count(["later"]) == 0
+    finally:
+        off.close()

@@ -145,8 +145,8 @@ class Store(ABC):
     def read_entry(self, identifier: str) -> tuple[object, object] | None:
         """``(buffer, version)`` for the serving path, or None if absent.
 
-        ``version`` identifies this exact stored copy (for a file: device, inode, size,
-        mtime and ctime) so a reader can skip re-verifying bytes it has already checked;
+        ``version`` identifies this exact stored copy (for a file: device, inode, size and
+        mtime, which only writers set) so a reader can skip re-verifying bytes it has already checked;
         None when the backend cannot tell (then every load is verified). The buffer may be
         a read-only-backed mapping: callers must not assume it is a private copy.
         """

@@ -6,6 +6,7 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/config.json               store settings (capacity)
     {root}/.encache/counters.json             folded counter totals (flock-guarded)
     {root}/.encache/counters/*.cnt            one in-place counter file per running process
+    {root}/.encache/header-index.pickle       parsed headers by file version (scan cache)
     {root}/.encache/*.lock                    exclusive locks (precompute)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
@@ -18,7 +19,10 @@ those) is not an entry. A file that vanishes between lookup and read is a miss.
 Capacity: with ``max_bytes`` set, a write that would exceed it first evicts entries by
 policy (``lru``: oldest recorded access; ``fifo``: oldest creation) down to a low
 watermark, so eviction cost is amortised over many writes. Access times are the file
-atimes, which :meth:`DiskStore.get` refreshes (at most once a minute per entry).
+atimes, which :meth:`DiskStore.get` refreshes (at most once per ``access_resolution_s``,
+default a minute, per entry). That refresh keeps the file's mtime to the nanosecond (only
+writers set it), so the version a reader verified — (device, inode, size, mtime_ns) — is
+not changed by access tracking (it changes ctime, which the version leaves out).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
 from .keys import from_name, is_entry_name, name_for, to_name
@@ -47,7 +52,11 @@ TEMP_PREFIX = ".tmp-"
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
-MMAP_MIN_BYTES = 64 << 10  # below this a read() is as cheap as setting up a mapping
+# Below this a read() into a fresh buffer beats mapping: setting up and tearing down a
+# mapping and faulting its pages in costs more than the copy for small entries
+# (benchmarks/load.json: read 0.69x vs mapped 0.49x readinto at 0.25 MB, even at 2.75 MB,
+# mapped ahead at 10 MB -- each figure including the engine's copy of the tensor).
+MMAP_MIN_BYTES = 1 << 20
 # Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
 # unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
 # no such promise (another client's delete can turn a page fault into SIGBUS), so
@@ -66,7 +75,8 @@ class DiskStore(Store):
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
-                 low_watermark: float = 0.9, load_mode: str = "auto"):
+                 low_watermark: float = 0.9, load_mode: str = "auto",
+                 access_resolution_s: float = ACCESS_RESOLUTION_S):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         #: the store's directory cannot be written (a read-only mount, a store synced
         #: without its .encache/): serving reads and read-only commands still work
@@ -87,6 +97,7 @@ class DiskStore(Store):
         if load_mode not in LOAD_MODES:
             raise ValueError(f"load_mode must be one of {LOAD_MODES}")
         self.fsync = fsync
+        self.access_resolution_s = float(access_resolution_s)
         self.load_mode = load_mode
         self.fs_type = filesystem_type(self.root)
         # serving loads map entry files (no copy) where that is safe; see read_entry.
@@ -138,9 +149,11 @@ class DiskStore(Store):
         and deletes unlink it, and a mapping keeps the old inode readable — so a reader
         can never see a file shrink under its mapping. (A *foreign* program truncating an
         entry file in place could; use ``load_mode: read`` if anything does that.)
-        ``version`` = (device, inode, size, mtime_ns, ctime_ns): any replacement or
-        in-place write changes it, so a reader that verified one version need not
-        re-hash it.
+        ``version`` = (device, inode, size, mtime_ns): a replacement is a new inode and an
+        in-place write sets mtime, so a reader that verified one version need not re-hash
+        it. Access tracking (the atime refresh below) keeps mtime_ns exactly and only
+        changes ctime, which is deliberately not part of the version — otherwise every
+        entry would be re-hashed after each access-time update.
         """
         return self._open_entry(identifier, mapped=self.mapped_loads)
 
@@ -163,11 +176,11 @@ class DiskStore(Store):
                     if n == 0:  # shrank under us: impossible for renamed-in files; a miss
                         return None
                     got += n
-            now = time.time()
-            if now - st.st_atime > ACCESS_RESOLUTION_S:  # the LRU clock, once a minute
-                with contextlib.suppress(OSError):
-                    os.utime(fd, (now, st.st_mtime))
-            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+            now = time.time_ns()
+            if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
+                with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
+                    os.utime(fd, ns=(now, st.st_mtime_ns))
+            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns)
         finally:
             os.close(fd)
 
@@ -243,17 +256,97 @@ class DiskStore(Store):
             if ident is not None:
                 yield ident
 
-    def scan(self) -> Iterator[EntryInfo]:
-        for d in self._entry_dirs():
-            info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
-            if info is not None:
+    def scan(self, use_index: bool = True) -> Iterator[EntryInfo]:
+        """Every entry's header info. With ``use_index`` (the default) headers of files
+        unchanged since the last complete scan come from the header index
+        (:mod:`.header_index`): one ``stat`` per entry instead of open + read + parse.
+        Every entry file is still listed and stat'ed, so the result is the same as a full
+        scan's; a complete scan that saw changes rewrites the index."""
+        if not use_index:
+            for d in self._entry_dirs():
+                info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
+                if info is not None:
+                    yield info
+            return
+        meta_dir = self.root / META_DIR
+        known = header_index.load(meta_dir)
+        fresh: dict = {}
+        changed = False
+        stat, tail = os.stat, "/" + ENTRY_FILE
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        try:
+            for d in self._entry_dirs():
+                name = d.name
+                try:  # relative to the store's directory: a shorter path walk
+                    st = stat(name + tail, dir_fd=root_fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                version = (st.st_ino, st.st_size, st.st_mtime_ns)
+                rec = known.get(name)
+                if rec is not None and rec[0] == version:
+                    info = rec[1]
+                    if info.accessed != st.st_atime:  # a load since: only atime moved
+                        info = EntryInfo(info.identifier, info.size, info.meta, info.created,
+                                         st.st_atime, info.error)
+                        changed = True
+                else:
+                    got = self._stat_path(name, d.path + tail, with_version=True)
+                    if got is None:
+                        continue
+                    info, version = got
+                    changed = True
+                    if info.identifier == name:
+                        name = info.identifier  # one string object: pickled once
+                fresh[name] = (version, info)
                 yield info
+        finally:
+            os.close(root_fd)
+        if changed or len(fresh) != len(known):
+            header_index.save(meta_dir, fresh)
+
+    def summary_if_unchanged(self):
+        """The store's :class:`~.scanning.Summary` straight from the header index when
+        every entry file still has the version the index recorded — one ``stat`` per
+        entry, no header or record loaded (``encache stats``); None when anything was
+        added, removed or rewritten since (then the caller scans)."""
+        from .scanning import Summary
+
+        versions, state = header_index.load_summary(self.root / META_DIR)
+        if state is None:
+            return None
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return None
+        stat, tail, get = os.stat, "/" + ENTRY_FILE, versions.get
+        n, last = 0, None
+        try:
+            for d in self._entry_dirs():
+                try:
+                    st = stat(d.name + tail, dir_fd=root_fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if get(d.name) != (st.st_ino, st.st_size, st.st_mtime_ns):
+                    return None
+                n += 1
+                if last is None or st.st_atime > last:
+                    last = st.st_atime
+        finally:
+            os.close(root_fd)
+        if n != len(versions):
+            return None
+        summary = Summary.from_state(state)
+        summary.last_access = last  # atimes move without changing a version
+        return summary
 
     def stat(self, identifier: str) -> EntryInfo | None:
         name = to_name(identifier)
         return self._stat_path(name, str(self.root / name / ENTRY_FILE))
 
-    def _stat_path(self, name: str, path: str) -> EntryInfo | None:
+    def _stat_path(self, name: str, path: str, with_version: bool = False):
         try:
             fd = open_untracked(path)  # listing is not a use: keep LRU access times
         except (FileNotFoundError, NotADirectoryError):
@@ -273,8 +366,10 @@ class DiskStore(Store):
         info = info_from_blob_header(ident, st.st_size, head, st.st_mtime, st.st_atime)
         if from_name(name) is not None and info.identifier != ident:
             # the name is what consumers look up; keep it and flag the mismatch
-            return EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
+            info = EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
                              info.error or "wrong-identifier")
+        if with_version:
+            return info, (st.st_ino, st.st_size, st.st_mtime_ns)
         return info
 
     # -- maintenance helpers (verify --repair, capacity) ---------------------------------
@@ -408,7 +503,7 @@ class DiskStore(Store):
     def info(self) -> StoreInfo:
         extra = {"filesystem": self.fs_type,
                  # how a consumer with the default load_mode reads entries here
-                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 10} KiB+)"
+                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 20} MiB+)"
                                    if self.fs_type in LOCAL_FILESYSTEMS else "read")}
         with contextlib.suppress(OSError):
             extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free

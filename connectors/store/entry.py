@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from math import prod
@@ -226,16 +227,35 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         created = float(created) if created not in (None, "") else None
     except ValueError:
         created = None
+    # values shared by many entries are interned (one object each, a store's header
+    # index pickles them once): model, LoRA, versions, dtype, shape
     meta = EntryMeta(
-        identifier=md.get("identifier") or None, dtype=dtype, shape=shape,
-        data_bytes=end - begin, lora=md.get("lora") or None, model=md.get("model") or None,
-        vllm_version=md.get("vllm_version") or None, hash_algo=md.get("hash_algo") or None,
-        created=created, checksum=md.get("checksum") or None, format_version=fmt,
-        encoder_config=str(md.get("encoder_config") or ""),
+        identifier=md.get("identifier") or None, dtype=_intern(dtype), shape=_shape(shape),
+        data_bytes=end - begin, lora=_intern(md.get("lora")), model=_intern(md.get("model")),
+        vllm_version=_intern(md.get("vllm_version")), hash_algo=_intern(md.get("hash_algo")),
+        created=created, checksum=md.get("checksum") or None, format_version=_intern(fmt),
+        encoder_config=sys.intern(str(md.get("encoder_config") or "")),
         lora_digest=str(md.get("lora_digest") or ""),
-        extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA},
+        extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA} or _NO_EXTRA,
     )
     return meta, start + begin
+
+
+_NO_EXTRA: dict = {}  # shared by entries without unknown metadata (never mutated)
+_SHAPES: dict = {}
+
+
+def _intern(value):
+    """``value or None``, interned when it is a string."""
+    if not value:
+        return None
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def _shape(shape: tuple) -> tuple:
+    if len(_SHAPES) > 4096:
+        _SHAPES.clear()
+    return _SHAPES.setdefault(shape, shape)
 
 
 def validate_blob(blob, *, identifier: str | None = None,

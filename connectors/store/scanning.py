@@ -155,8 +155,9 @@ class Summary:
         if a is not None and (self.last_access is None or a > self.last_access):
             self.last_access = a
         meta = e.meta
+        lora = meta.lora if meta is not None and meta.lora else split_lora(e.identifier)[0]
         for groups, key in ((self.by_model, meta.model if meta is not None else None),
-                            (self.by_lora, e.lora),
+                            (self.by_lora, lora),
                             (self.by_encoder_config,
                              meta.encoder_config if meta is not None else None)):
             g = groups.get(key)
@@ -183,6 +184,22 @@ class Summary:
                 g.entries += n
                 g.bytes += size
         return out
+
+    def to_state(self) -> dict:
+        """Plain builtins (for the disk store's header index)."""
+        state = {k: getattr(self, k) for k in ("entries", "bytes", "legacy", "legacy_bytes",
+                                                "unreadable", "unreadable_bytes", "oldest",
+                                                "newest", "last_access")}
+        for name in ("by_model", "by_lora", "by_encoder_config"):
+            state[name] = {k: (g.entries, g.bytes) for k, g in getattr(self, name).items()}
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> Summary:
+        groups = {name: {k: Group(*v) for k, v in state[name].items()}
+                  for name in ("by_model", "by_lora", "by_encoder_config")}
+        plain = {k: v for k, v in state.items() if k not in groups}
+        return cls(**plain, **groups)
 
     def merge(self, other: Summary) -> Summary:
         self.entries += other.entries
@@ -280,6 +297,13 @@ def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None =
     """Summarise a store. With ``workers > 1`` and ``url`` given, header reads are split
     across that many processes (each re-opens ``url``); small stores are scanned inline.
     """
+    if flt is None or not flt.active:
+        fast = getattr(store, "summary_if_unchanged", None)  # disk: from the header index
+        summary = fast() if fast is not None else None
+        if summary is not None:
+            if progress is not None:
+                progress(summary.entries)
+            return summary
     if workers <= 1 or url is None:
         return summarize_entries(scan(store, flt, progress))
     identifiers = list(store.identifiers())

@@ -26,6 +26,11 @@ class ConnectorConfig:
     inline_wait_s: float = 0.01  # per scheduler step: wait this long for loads before deferring
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
+    verify_ahead: bool = True  # hash entries that appear while serving, before a request
+    # how entries reach workers in other processes (multiprocess executor): "auto" =
+    # workers read pinned disk entries of 1 MiB+ themselves when they can, smaller ones
+    # (and Redis entries) ride in the step's metadata; "bytes" / "files" force one
+    worker_loads: str = "auto"
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
     # Redis: batched counters are flushed this often (a SIGKILLed engine loses at most
     # this much); disk stores count in place in a per-process file and never flush
@@ -40,6 +45,12 @@ class ConnectorConfig:
     skip_existing: bool = True
 
     ALIASES = ("store", "path", "shared_storage_path", "url")
+    WORKER_LOADS = ("auto", "bytes", "files")
+
+    def __post_init__(self):
+        if self.worker_loads not in self.WORKER_LOADS:
+            raise ValueError(f"encache connector: worker_loads must be one of "
+                             f"{self.WORKER_LOADS}, not {self.worker_loads!r}")
 
     @classmethod
     def from_extra(cls, extra: dict) -> ConnectorConfig:
@@ -68,7 +79,8 @@ class ConnectorConfig:
     def lookup_options(self) -> dict:
         return {"load_threads": self.load_threads, "staging_bytes": self.staging_bytes,
                 "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
-                "verify": self.verify, "counters_flush_s": self.counters_flush_s,
+                "verify": self.verify, "verify_ahead": self.verify_ahead,
+                "counters_flush_s": self.counters_flush_s,
                 "store_stats_s": self.store_stats_s}
 
     def writer_options(self) -> dict:

@@ -20,6 +20,7 @@ load disturbs far less) and ``benchmarks/cli.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -157,9 +158,17 @@ def cases(store: Path, workers: int, entries: int) -> list[dict]:
     s = str(store)
     py = sys.executable
     sample = min(entries, FULL_READ_SAMPLE)
+    index = store / ".encache" / "header-index.pickle"
+
+    def drop_index():
+        with contextlib.suppress(FileNotFoundError):
+            index.unlink()
     return [
         {"name": "encache stats --json -j1", "kind": "encache", "what": "stats",
          "argv": [ENCACHE, "stats", "-s", s, "--json", "-j1"]},
+        {"name": "encache stats --json -j1 (no header index)", "kind": "encache",
+         "what": "stats", "argv": [ENCACHE, "stats", "-s", s, "--json", "-j1"],
+         "pre": drop_index},  # a first scan: reads every header, then writes the index
         {"name": f"encache stats --json -j{workers}", "kind": "encache", "what": "stats",
          "argv": [ENCACHE, "stats", "-s", s, "--json", f"-j{workers}"]},
         {"name": "encache list --json", "kind": "encache", "what": "list",
@@ -177,9 +186,22 @@ def cases(store: Path, workers: int, entries: int) -> list[dict]:
     ]
 
 
-def run_case(case: dict, repeats: int) -> dict:
+def run_cases(cases_: list[dict], repeats: int) -> list[dict]:
+    """Every case once per repetition, interleaved (a shared machine's load then hits
+    encache and the baselines alike); returns one aggregated row per case."""
+    runs: dict[str, list] = {c["name"]: [] for c in cases_}
+    for rep in range(repeats):
+        for c in cases_:
+            if rep < c.get("repeats", repeats):
+                runs[c["name"]] += run_case(c, 1, aggregate=False)
+    return [_aggregate(c, runs[c["name"]]) for c in cases_]
+
+
+def run_case(case: dict, repeats: int, aggregate: bool = True):
     runs = []
-    for _ in range(case.get("repeats", repeats)):
+    for _ in range(case.get("repeats", repeats) if aggregate else repeats):
+        if case.get("pre"):
+            case["pre"]()
         load0 = os.getloadavg()[0]
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
@@ -194,13 +216,17 @@ def run_case(case: dict, repeats: int) -> dict:
                      "loadavg_after": os.getloadavg()[0], "stdout_bytes": len(p.stdout)})
         print(f"  {case['name']:<44} {dt:7.2f} s wall {cpu:7.2f} s cpu  (load {load0:.1f})",
               file=sys.stderr)
+    return _aggregate(case, runs) if aggregate else runs
+
+
+def _aggregate(case: dict, runs: list) -> dict:
     scale = case.get("scale", 1.0)
     if scale != 1.0:
         for r in runs:
             r["measured_seconds"], r["seconds"] = r["seconds"], round(r["seconds"] * scale, 4)
             r["cpu_seconds"] = round(r["cpu_seconds"] * scale, 4)
     secs = [r["seconds"] for r in runs]
-    out = {k: v for k, v in case.items() if k not in ("argv", "ok_codes")}
+    out = {k: v for k, v in case.items() if k not in ("argv", "ok_codes", "pre")}
     out.update(argv=[a if len(a) < 200 else "<script>" for a in case["argv"]], runs=runs,
                min_s=min(secs), median_s=statistics.median(secs),
                min_cpu_s=min(r["cpu_seconds"] for r in runs))
@@ -256,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="where to build the synthetic store (default: $TMPDIR/encache-bench-cli-N)")
     ap.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cli")
+    ap.add_argument("--skip", default="", help="comma-separated substrings of case names to skip")
     args = ap.parse_args(argv)
     store = args.store or Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{args.entries}"
     print(f"building / reusing {store} ({args.entries:,} entries)", file=sys.stderr)
@@ -264,15 +291,27 @@ def main(argv: list[str] | None = None) -> None:
     # one untimed pass: every run below starts from the same warm page cache
     subprocess.run(["du", "-sb", str(store)], capture_output=True)
     subprocess.run([ENCACHE, "stats", "-s", str(store), "--json", "-j1"], capture_output=True)
-    results = [run_case(c, args.repeats) for c in cases(store, args.workers, args.entries)]
+    cs = cases(store, args.workers, args.entries)
+    if args.skip:
+        cs = [c for c in cs if not any(k in c["name"] for k in args.skip.split(","))]
+    results = run_cases(cs, args.repeats)
     by = {r["name"]: r for r in results}
+    nan = {"min_s": None, "median_s": None, "runs": [{"stdout_bytes": None}], "min_cpu_s": None}
+    for c in cases(store, args.workers, args.entries):
+        by.setdefault(c["name"], nan)
     stats1 = by["encache stats --json -j1"]["min_s"]
-    statsn = by[f"encache stats --json -j{args.workers}"]["min_s"]
+    statsn = by[f"encache stats --json -j{args.workers}"]["min_s"] or stats1
+
+    def vs_du(name):
+        a, b = by[name]["median_s"], by["baseline: du -sb"]["median_s"]
+        return round(a / b, 3) if a and b else None
     result = {
         "benchmark": "encache CLI over a synthetic disk store",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "loadavg_at_start": os.getloadavg()},
+                    "platform": platform.platform(), "loadavg_at_start": os.getloadavg(),
+                    "shared": "yes: other helpers ran vLLM engines on the same CPUs; cases "
+                              "interleaved per repetition, compare medians and ratios"},
         "store": {**spec, "path": str(store), "du_bytes": int(du),
                   "page_cache": "warm (one untimed pass first)"},
         "results": results,
@@ -285,8 +324,15 @@ def main(argv: list[str] | None = None) -> None:
             "list_json_bytes": by["encache list --json"]["runs"][0]["stdout_bytes"],
             "size_s": by["encache size"]["min_s"],
             "du_s": by["baseline: du -sb"]["min_s"],
-            "full_read_s": next(r["min_s"] for r in results
-                                if r["name"].startswith("baseline: full read")),
+            "full_read_s": next((r["min_s"] for r in results
+                                 if r["name"].startswith("baseline: full read")), None),
+            "stats_j1_median_s": by["encache stats --json -j1"]["median_s"],
+            "stats_no_index_median_s": by["encache stats --json -j1 (no header index)"]["median_s"],
+            "list_json_median_s": by["encache list --json"]["median_s"],
+            "du_median_s": by["baseline: du -sb"]["median_s"],
+            "stats_vs_du_median": vs_du("encache stats --json -j1"),
+            "stats_no_index_vs_du_median": vs_du("encache stats --json -j1 (no header index)"),
+            "list_json_vs_du_median": vs_du("encache list --json"),
             "safe_open_s": by["baseline: safetensors.safe_open"]["min_s"],
             "stats_entries_per_s": round(args.entries / min(stats1, statsn)),
             "cpu_s": {r["name"]: r["min_cpu_s"] for r in results},

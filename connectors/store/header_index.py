@@ -1,0 +1,117 @@
+"""A disk store's header index: parsed entry headers cached by file version.
+
+``encache list`` / ``stats`` / ``verify`` scan every entry's header. Reading and parsing
+100,000 headers costs seconds (an open, a read and a JSON parse each); the headers rarely
+change. The index keeps, per entry directory name, the parsed header together with the
+version of the file it was read from — (inode, size, mtime_ns), the same version the
+serving lookup trusts to skip re-hashing (:mod:`..lookup`): a replacement is a new inode
+(writers rename a new file over the entry), an in-place write sets mtime, and access-time
+tracking keeps mtime exactly. It also keeps the store's summary (``encache stats``) as of
+that index, used only when every entry still has its recorded version.
+
+It is a cache, never the source of truth: every scan still lists the directories and
+stats every entry file, and uses a record only when the file's version matches it — so a
+concurrent writer, a purge or an eviction between two index updates can never make a scan
+wrong (a replaced file does not match and is re-read; a removed one is not listed). A
+missing, unreadable or foreign-version index file is simply rebuilt by the next full scan.
+Concurrent scans each write a complete index atomically (temp file + rename): the last one
+wins, and either is valid.
+
+File: ``{root}/.encache/header-index.pickle``, written mode 0600. It is read with a
+restricted unpickler that builds nothing but builtin values and the two record classes
+(:class:`~.base.EntryInfo`, :class:`~.entry.EntryMeta`), and only if the current user owns
+it — another user's index file of a shared store is ignored (this scan then reads every
+header, as without an index).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+INDEX_FILE = "header-index.pickle"
+FORMAT = 4
+
+
+class _Unpickler(pickle.Unpickler):
+    """Only the record classes may be named by the file (no other global, no code)."""
+
+    def find_class(self, module, name):
+        from .base import EntryInfo
+        from .entry import EntryMeta
+
+        allowed = {(EntryInfo.__module__, "EntryInfo"): EntryInfo,
+                   (EntryMeta.__module__, "EntryMeta"): EntryMeta}
+        try:
+            return allowed[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed here") from None
+
+
+def _read(meta_dir: Path) -> dict | None:
+    try:
+        with open(meta_dir / INDEX_FILE, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return None
+            data = _Unpickler(f).load()
+    except FileNotFoundError:
+        return None
+    except Exception:  # truncated, corrupt, or from an incompatible version: rebuild
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    return data
+
+
+def load(meta_dir: Path) -> dict:
+    """``name -> (file_version, EntryInfo)``; {} when absent, unreadable or written by
+    another format."""
+    data = _read(meta_dir)
+    if data is None:
+        return {}
+    try:
+        records = _Unpickler(io.BytesIO(data["records"])).load()
+    except Exception:
+        return {}
+    return records if isinstance(records, dict) else {}
+
+
+def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
+    """``(name -> file_version, summary state)`` without building the records."""
+    data = _read(meta_dir)
+    if data is None or not isinstance(data.get("versions"), dict):
+        return {}, None
+    return data["versions"], data.get("summary")
+
+
+def save(meta_dir: Path, records: dict) -> bool:
+    """Write the index atomically (records, versions, summary); False (and nothing
+    changed) if the store's metadata directory is not writable."""
+    from .scanning import summarize_entries
+
+    state = summarize_entries(rec[1] for rec in records.values()).to_state()
+    blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    versions = {name: rec[0] for name, rec in records.items()}
+    tmp = None
+    try:
+        meta_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=meta_dir)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump({"format": FORMAT, "versions": versions, "summary": state,
+                         "records": blob}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, meta_dir / INDEX_FILE)
+        return True
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return False
+
+
+def remove(meta_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(meta_dir / INDEX_FILE)

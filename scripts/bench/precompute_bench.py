@@ -1,0 +1,203 @@
+"""`encache precompute` vs a bare vLLM ``ec_producer`` script (issue #11, item 5).
+
+Same model (a SigLIP-base-sized CLIP tower: 224 px, patch 16, hidden 768, 12 layers,
+built offline by scripts/build_tiny_model.py), same engine options, same images, same
+chat prompt, one generated token, batches of ``--batch`` conversations:
+
+  bare       LLM(..., ec_transfer_config=ECExampleConnector ec_producer) + LLM.chat over
+             the images (vLLM decodes and hashes each image itself; the connector writes
+             one safetensors file per item, synchronously in the worker)
+  encache    ``encache.cli.precompute.run_precompute`` (what ``encache precompute`` runs:
+             hash every file, start the producer engine, encode the missing ones, wait for
+             the background writes) into an empty store
+
+Each run is a fresh process (one engine per process); the two alternate per repetition.
+images/s = images / job time: for encache hashing + encoding until every write is on
+disk (``wait_for_saves``), for bare the chat loop (its writes are synchronous inside it);
+neither includes importing vLLM, starting or shutting down the engine, which are reported
+separately with the whole wall time. Writes ``benchmarks/precompute.{json,png}``.
+
+    .venv/bin/python scripts/bench/precompute_bench.py [--images 48] [--reps 2] [--batch 8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "scripts"))
+from serving_common import BENCH_DIR, code_state, loadavg, machine, table, write_json  # noqa: E402
+
+MODEL = ROOT / ".models" / "siglip-base-llava"
+ENGINE = {"enforce_eager": True, "max_num_seqs": 16, "max_num_batched_tokens": 4096,
+          "seed": 0}
+MAX_MODEL_LEN = 512
+DTYPE = "float32"
+PROMPT = "Describe the image."
+
+BARE = r"""
+import json, os, sys, time, base64, mimetypes, glob
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+model, corpus, out_dir, batch, engine = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+t0 = time.perf_counter()
+from vllm import LLM, SamplingParams
+llm = LLM(model=model, max_model_len=int(sys.argv[6]), dtype=sys.argv[7], limit_mm_per_prompt={"image": 1},
+          ec_transfer_config={"ec_connector": "ECExampleConnector", "ec_role": "ec_producer",
+                              "ec_connector_extra_config": {"shared_storage_path": out_dir}}, **engine)
+sp = SamplingParams(max_tokens=1, temperature=0.0)
+t1 = time.perf_counter()
+files = sorted(glob.glob(os.path.join(corpus, "**", "*.*"), recursive=True))
+for i in range(0, len(files), batch):
+    convs = []
+    for p in files[i:i + batch]:
+        with open(p, "rb") as f:
+            url = f"data:{mimetypes.guess_type(p)[0] or 'image/png'};base64," + base64.b64encode(f.read()).decode()
+        convs.append([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                   {"type": "text", "text": %r}]}])
+    llm.chat(convs, sp, use_tqdm=False)
+t2 = time.perf_counter()
+n = len([d for d in os.listdir(out_dir) if os.path.exists(os.path.join(out_dir, d, "encoder_cache.safetensors"))])
+print(json.dumps({"startup_s": t1 - t0, "job_s": t2 - t1, "wall_s": t2 - t0, "images": len(files), "stored": n}))
+os._exit(0)
+""" % PROMPT
+
+ENCACHE = r"""
+import json, os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+t_import = time.perf_counter()
+model, corpus, store, batch, engine = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+# what the hashing pass imports (vLLM's hasher and media loader) is start-up, as bare's
+# `from vllm import LLM` is: measured outside the job time for both
+from vllm.multimodal.hasher import MultiModalHasher
+from vllm.multimodal.media.image import ImageMediaIO
+from encache.connectors.vllm import hashing
+from encache.cli.precompute import run_precompute
+from encache.connectors.vllm import producer
+import_s = time.perf_counter() - t_import
+closing = []
+_close = producer.ProducerEngine.close
+def close(self):  # precompute calls this after wait_for_saves: every entry is written
+    closing.append(time.perf_counter())
+    return _close(self)
+producer.ProducerEngine.close = close
+marks = {}
+class P:
+    def start(self, phase, total):
+        marks[phase] = time.perf_counter()
+    def advance(self, n, failed=None):
+        pass
+t0 = time.perf_counter()
+s = run_precompute(corpus, model, store, batch=batch, max_model_len=int(sys.argv[6]), dtype=sys.argv[7],
+                   engine_args=engine, progress=P())
+t_end = time.perf_counter()
+hashing = marks["starting engine"] - marks.get("hashing", t0)
+startup = marks["encoding"] - marks["starting engine"]
+encoding = closing[0] - marks["encoding"]  # batches + waiting for the writes
+print(json.dumps({"startup_s": startup + import_s, "job_s": hashing + encoding, "hashing_s": hashing,
+                  "encoding_s": encoding, "shutdown_and_report_s": t_end - closing[0],
+                  "wall_s": t_end - t_import,
+                  "encode_s": s.encode_seconds, "images": s.files, "stored": s.encoded,
+                  "failed": s.failed}))
+os._exit(0)
+"""
+
+
+def run_one(kind: str, corpus: Path, tmp: Path, batch: int) -> dict:
+    out = tmp / f"{kind}-{time.monotonic_ns()}"
+    out.mkdir()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
+    script = BARE if kind == "bare" else ENCACHE
+    p = subprocess.run([sys.executable, "-c", script, str(MODEL), str(corpus), str(out), str(batch),
+                        json.dumps(ENGINE), str(MAX_MODEL_LEN), DTYPE],
+                       capture_output=True, text=True, env=env)
+    shutil.rmtree(out, ignore_errors=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{kind} failed: {p.stderr[-3000:]}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["images_per_s"] = res["images"] / res["job_s"]
+    res["loadavg"] = loadavg()
+    print(f"[precompute] {kind} batch {batch}: {res['images_per_s']:.2f} images/s "
+          f"(job {res['job_s']:.1f} s, start-up {res['startup_s']:.1f} s)", file=sys.stderr)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--batch", default="16")
+    ap.add_argument("--out", default="precompute")
+    a = ap.parse_args(argv)
+    if not (MODEL / "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"),
+                        "--image-size", "224", "--patch", "16", "--vision-hidden", "768",
+                        "--vision-layers", "12", str(MODEL)], check=True,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    from make_demo_corpus import make_corpus
+
+    tmp = Path(tempfile.mkdtemp(prefix="encache-bench-precompute-"))
+    corpus = tmp / "corpus"
+    make_corpus(str(corpus), pages=a.images, seed=11)
+    res = {"benchmark": "encache precompute vs a bare vLLM ec_producer (issue #11)",
+           "machine": machine(),
+           "params": {"model": "SigLIP-base-sized CLIP tower (224 px, patch 16, hidden 768, "
+                               "12 layers) + tiny Llama, random weights",
+                      "images": a.images, "engine": ENGINE, "max_model_len": MAX_MODEL_LEN,
+                      "dtype": DTYPE, "reps": a.reps, "code": code_state(),
+                      "shared_machine": "yes: other helpers ran engines on the same 2 vCPUs; "
+                                        "runs alternate, medians"},
+           "batches": []}
+    try:
+        for batch in [int(b) for b in a.batch.split(",")]:
+            runs = {"bare": [], "encache": []}
+            for rep in range(a.reps):
+                for kind in (("bare", "encache") if rep % 2 == 0 else ("encache", "bare")):
+                    runs[kind].append(run_one(kind, corpus, tmp, batch))
+            med = {k: statistics.median(r["images_per_s"] for r in v) for k, v in runs.items()}
+            res["batches"].append({"batch": batch, "runs": runs,
+                                   "images_per_s_median": med,
+                                   "encache_vs_bare": med["encache"] / med["bare"]})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    write_json(a.out + ".json", res)
+    _plot(res, a.out + ".png")
+    rows = [[b["batch"], f"{b['images_per_s_median']['bare']:.2f}",
+             f"{b['images_per_s_median']['encache']:.2f}", f"{b['encache_vs_bare']:.2f}"]
+            for b in res["batches"]]
+    print(table(rows, ["batch", "bare images/s", "encache images/s", "encache / bare"]))
+    return 0
+
+
+def _plot(res: dict, name: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bs = [b["batch"] for b in res["batches"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(bs))
+    ax.bar([i - 0.2 for i in x], [b["images_per_s_median"]["bare"] for b in res["batches"]], 0.4,
+           label="bare vLLM ec_producer (ECExampleConnector)")
+    ax.bar([i + 0.2 for i in x], [b["images_per_s_median"]["encache"] for b in res["batches"]],
+           0.4, label="encache precompute")
+    ax.set_xticks(list(x), [f"batch {b}" for b in bs])
+    ax.set_ylabel("images/s (median, without engine start-up)")
+    ax.set_title("Precompute vs a bare producer, SigLIP-base-sized tower (shared 2-vCPU VM)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(BENCH_DIR / name, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

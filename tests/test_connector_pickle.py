@@ -1,0 +1,153 @@
+"""LoadItem crossing a process boundary (multiprocess executor): the tensor bytes travel
+out-of-band with pickle protocol 5 (vLLM's shared-memory queue), in-band otherwise, and
+the worker's tensor is the stored one either way."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from encache.connectors.lookup import EntryLookup
+from encache.connectors.store import encode
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.vllm.connector import EncacheConnector, LoadItem
+
+
+@pytest.fixture
+def staged(tmp_path):
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(0).standard_normal((1024, 640)).astype(np.float16)  # 1.25 MiB
+    store.put("x", encode("x", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    st = lk.load_now("x")
+    yield LoadItem("x", st.blob, st.offset, st.meta.dtype, st.meta.shape), arr
+    lk.close()
+
+
+def worker():
+    w = object.__new__(EncacheConnector)
+    w.model_dtype = torch.float16
+    w._device = torch.device("cpu")
+    return w
+
+
+def test_protocol5_ships_the_tensor_out_of_band(staged):
+    item, arr = staged
+    oob = []
+    data = pickle.dumps(item, protocol=5, buffer_callback=oob.append)
+    assert len(oob) == 1 and oob[0].raw().nbytes == arr.nbytes  # the bytes, not copied in
+    assert len(data) < 1024
+    got = pickle.loads(data, buffers=[bytearray(b.raw()) for b in oob])
+    assert got.offset == 0 and tuple(got.shape) == arr.shape
+    assert torch.equal(worker()._to_tensor(got), torch.from_numpy(arr))
+    # a read-only out-of-band buffer (a zmq frame) works too, without a warning
+    ro = pickle.loads(data, buffers=[bytes(oob[0].raw())])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(worker()._to_tensor(ro), torch.from_numpy(arr))
+
+
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_in_band_pickles_carry_only_the_tensor(staged, protocol):
+    item, arr = staged
+    data = pickle.dumps(item, protocol=protocol)
+    assert arr.nbytes <= len(data) < arr.nbytes + 1024  # no header or file padding
+    got = pickle.loads(data)
+    assert torch.equal(worker()._to_tensor(got), torch.from_numpy(arr))
+
+
+def _child_load(data: bytes, conn) -> None:
+    try:
+        item = pickle.loads(data)
+        assert item.blob is None and item.ref is not None
+        t = worker()._to_tensor(item)
+        conn.send(t.numpy().tobytes())
+    except Exception as e:  # pragma: no cover - reported to the parent
+        conn.send(repr(e))
+    finally:
+        conn.close()
+
+
+def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
+    """worker_loads=files: the metadata carries a pinned file; a worker process reads the
+    exact version the scheduler verified, even after the entry was rewritten and purged."""
+    import multiprocessing as mp
+
+    from encache.connectors.vllm.connector import pin_entry
+
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
+    store.put("p", encode("p", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    try:
+        st = lk.load_now("p")
+        assert st.version is not None
+        fd, ref = pin_entry(store, "p", st.version)
+        item = LoadItem("p", st.blob, st.offset, st.meta.dtype, st.meta.shape, ref)
+        data = pickle.dumps(item, protocol=5)
+        assert len(data) < 1024  # no tensor bytes in the message
+        other = np.zeros_like(arr)
+        store.put("p", encode("p", other.view(np.uint8), "F16", other.shape, model="m"))
+        assert pin_entry(store, "p", st.version) is None  # a new version: ship bytes instead
+        store.delete("p")
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_load, args=(data, child))
+        proc.start()
+        got = parent.recv()
+        proc.join(30)
+        os.close(fd)
+        assert got == arr.tobytes()
+    finally:
+        lk.close()
+
+
+def test_worker_loads_setting_is_checked():
+    from encache.connectors.vllm.config import ConnectorConfig
+    assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
+    with pytest.raises(ValueError, match="worker_loads"):
+        ConnectorConfig.from_extra({"store": "/x", "worker_loads": "maybe"})
+
+
+def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
+    """build_connector_meta (worker_loads auto): entries of 1 MiB+ go as pinned files,
+    smaller ones as bytes; pins are closed once old enough, and capped."""
+    import collections
+
+    from encache.connectors.vllm.config import ConnectorConfig
+
+    store = DiskStore(tmp_path)
+    big = np.ones((1024, 640), np.float16)  # 1.25 MiB
+    small = np.ones((64, 64), np.float16)
+    store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
+    store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    c = object.__new__(EncacheConnector)
+    c.config = ConnectorConfig.from_extra({"store": str(tmp_path)})
+    c.store, c.lookup, c._worker_reads = store, lk, True
+    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
+    c._step, c._pinned_fds = 0, 0
+    try:
+        c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
+        meta = c.build_connector_meta(None)
+        refs = {i.identifier: i.ref for i in meta.loads}
+        assert refs["small"] is None and refs["big"] is not None
+        fd = refs["big"][1]
+        os.fstat(fd)  # open while workers may read it
+        monkeypatch.setattr(EncacheConnector, "PIN_SECONDS", 0.0)
+        for _ in range(EncacheConnector.PIN_STEPS + 1):
+            c.build_connector_meta(None)
+        with pytest.raises(OSError):
+            os.fstat(fd)  # released
+        assert c._pinned_fds == 0
+        monkeypatch.setattr(EncacheConnector, "PIN_MAX_FDS", 0)
+        c._need_loads = {"big": lk.load_now("big")}
+        assert c.build_connector_meta(None).loads[0].ref is None  # capped: bytes
+    finally:
+        c._release_pins(everything=True)
+        lk.close()

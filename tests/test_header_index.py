@@ -1,0 +1,219 @@
+"""The disk store's header index (scan cache): scans with it agree with a full scan under
+writers, purges, evictions, in-place damage and a lost or foreign index file; unchanged
+entries are not re-read; `stats` (also from the index's summary) and `verify` agree with a
+full scan."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from encache.connectors.store import encode
+from encache.connectors.store import header_index
+from encache.connectors.store.disk import ENTRY_FILE, META_DIR, DiskStore
+from encache.connectors.store.scanning import summarize, summarize_entries
+
+
+def put(store, ident, seed=0, rows=8, model="m"):
+    arr = np.random.default_rng(seed).standard_normal((rows, 4)).astype(np.float16)
+    store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model))
+
+
+def ident(i, lora=None):
+    h = f"{i:064x}"
+    return f"{lora}:{h}" if lora else h
+
+
+def snapshot(store, use_index):
+    """identifier -> everything a scan reports about it."""
+    out = {}
+    for e in store.scan(use_index=use_index):
+        out[e.identifier] = (e.size, e.meta, e.created, e.accessed, e.error)
+    return out
+
+
+def assert_agrees(store):
+    full = snapshot(store, use_index=False)
+    assert snapshot(store, use_index=True) == full
+    return full
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = DiskStore(tmp_path / "s", fsync=False)
+    for i in range(60):
+        put(s, ident(i, "ad" if i % 7 == 0 else None), seed=i, model="m" if i % 2 else "other")
+    # a legacy (ECExampleConnector-style) entry and one with a broken header
+    legacy = s.root / ident(100) / ENTRY_FILE
+    legacy.parent.mkdir()
+    from safetensors.numpy import save_file
+    save_file({"ec_cache": np.zeros((4, 4), np.float16)}, str(legacy))
+    bad = s.root / ident(101) / ENTRY_FILE
+    bad.parent.mkdir()
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    return s
+
+
+def count_header_reads(monkeypatch, store):
+    calls = []
+    real = store._stat_path
+
+    def counting(name, path, with_version=False):
+        if with_version:  # the indexed scan's reads (a full scan reads everything)
+            calls.append(name)
+        return real(name, path, with_version)
+    monkeypatch.setattr(store, "_stat_path", counting)
+    return calls
+
+
+def test_index_is_built_used_and_incremental(store, monkeypatch):
+    meta = store.root / META_DIR / header_index.INDEX_FILE
+    assert not meta.exists()
+    full = assert_agrees(store)
+    assert len(full) == 62 and meta.exists()
+    reads = count_header_reads(monkeypatch, store)
+    assert snapshot(store, True) == full
+    assert reads == []  # nothing changed: no header opened
+    # between index updates: a rewrite, a purge, a new entry, in-place damage
+    time.sleep(0.01)
+    put(store, ident(3), seed=99, model="rewritten")
+    store.delete(ident(4))
+    put(store, ident(200), seed=5)
+    victim = store.entry_path(ident(5))
+    with open(victim, "r+b") as f:  # damage in place: same inode and size, new mtime
+        f.seek(8)
+        f.write(b"X")
+    reads.clear()
+    full = assert_agrees(store)
+    assert full[ident(3)][1].model == "rewritten"
+    assert ident(4) not in full and ident(200) in full
+    assert full[ident(5)][4] is not None  # the damaged header is reported, not the cached one
+    # only the changed entries were read (each once per scan)
+    assert sorted(set(reads)) == sorted([ident(3), ident(200), ident(5)])
+
+
+def test_access_tracking_keeps_the_index_valid(store, monkeypatch):
+    assert_agrees(store)
+    time.sleep(0.01)
+    os.utime(store.entry_path(ident(1)), ns=(time.time_ns(), os.stat(store.entry_path(ident(1))).st_mtime_ns))
+    full = assert_agrees(store)
+    assert full[ident(1)][3] == os.stat(store.entry_path(ident(1))).st_atime  # fresh atime
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "foreign-format", "evil-pickle"])
+def test_lost_or_bad_index_is_rebuilt(store, damage):
+    assert_agrees(store)
+    path = store.root / META_DIR / header_index.INDEX_FILE
+    if damage == "missing":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(b"\x80\x05garbage")
+    elif damage == "foreign-format":
+        path.write_bytes(pickle.dumps({"format": -1, "records": {}}))
+    else:  # a file naming any other class must not be trusted (or run)
+        path.write_bytes(pickle.dumps({"format": header_index.FORMAT,
+                                       "records": {"x": os.system}}))
+    assert header_index.load(path.parent) == {}
+    assert_agrees(store)
+    assert len(header_index.load(path.parent)) == 62  # rebuilt
+
+
+def test_eviction_between_index_updates(tmp_path):
+    s = DiskStore(tmp_path / "cap", fsync=False)
+    for i in range(30):
+        put(s, ident(i), seed=i, rows=64)
+    assert_agrees(s)
+    size = os.path.getsize(s.entry_path(ident(0)))
+    capped = DiskStore(tmp_path / "cap", fsync=False, max_bytes=size * 20)
+    put(capped, ident(999), seed=1, rows=64)  # over capacity: evicts down to the watermark
+    full = assert_agrees(capped)
+    assert len(full) < 30
+
+
+def test_concurrent_writer_and_purge(store):
+    """Scans (index on) run while a writer replaces/adds/deletes entries; every scan
+    yields only real headers, and once the writer stops, index == full scan."""
+    assert_agrees(store)
+    stop = threading.Event()
+    errors = []
+
+    def writer():
+        i = 0
+        try:
+            while not stop.is_set():
+                put(store, ident(i % 40), seed=1000 + i, model=f"w{i}")
+                put(store, ident(300 + i % 25), seed=i)
+                store.delete(ident(300 + (i + 7) % 25))
+                i += 1
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(15):
+            for e in store.scan():
+                assert e.size > 0
+                if e.error is None and e.meta.model and e.meta.model.startswith("w"):
+                    assert e.meta.identifier == e.identifier
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+    full = assert_agrees(store)
+    # a purge between index updates (the CLI's own purge path)
+    from typer.testing import CliRunner
+
+    from encache.cli.app import app
+    r = CliRunner().invoke(app, ["purge", "-s", str(store.root), "--lora", "ad", "--yes"])
+    assert r.exit_code == 0, r.output
+    after = assert_agrees(store)
+    assert len(after) < len(full) and not any(k.startswith("ad:") for k in after)
+
+
+def test_stats_and_verify_agree_with_a_full_scan(store):
+    from encache.cli.verify import verify_store
+
+    assert_agrees(store)
+    time.sleep(0.01)
+    put(store, ident(9), seed=7, model="changed")
+    store.delete(ident(8))
+    with_index = summarize(store)
+    full = summarize_entries(store.scan(use_index=False))
+    assert with_index == full
+    assert with_index.entries == 61 and with_index.unreadable == 1 and with_index.legacy == 1
+    rep = verify_store(store, str(store.root), threads=2)
+    assert rep.checked == full.entries
+    assert len(rep.bad) == full.unreadable
+
+
+def test_stats_summary_comes_from_the_index_only_when_nothing_changed(store, monkeypatch):
+    full = summarize_entries(store.scan(use_index=False))
+    assert summarize(store) == full  # first: builds the index
+    assert store.summary_if_unchanged() == full
+    calls = []
+    real = header_index.load
+    monkeypatch.setattr(header_index, "load", lambda d: calls.append(d) or real(d))
+    assert summarize(store) == full and calls == []  # fast path: no records loaded
+    # a load moves atime (and ctime) only: still the fast path, with the new last access
+    path = store.entry_path(ident(2))
+    later = time.time_ns() + 10**9
+    os.utime(path, ns=(later, os.stat(path).st_mtime_ns))
+    s = summarize(store)
+    assert calls == [] and s.last_access == os.stat(path).st_atime
+    assert s == summarize_entries(store.scan(use_index=False))
+    # a rewrite: the fast path declines, the scan re-reads it and refreshes the summary
+    time.sleep(0.01)
+    put(store, ident(2), seed=77, model="new-model")
+    assert store.summary_if_unchanged() is None
+    s = summarize(store)
+    assert calls and s == summarize_entries(store.scan(use_index=False))
+    assert s.by_model["new-model"].entries == 1
+    calls.clear()
+    assert summarize(store) == s and calls == []  # and the next one is fast again
+    store.delete(ident(2))
+    assert store.summary_if_unchanged() is None
