@@ -9,6 +9,7 @@ for cron mail, ``--prune-missing`` to drop entries whose source images left the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -365,6 +366,10 @@ def register(app: typer.Typer) -> None:
         tag: TagOpt = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
+        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs encache[ray]. See docs/ray.md.")] = None,
+        engines: Annotated[int, typer.Option(help="With --ray: number of engine actors.")] = 1,
+        gpus_per_engine: Annotated[float, typer.Option(help="With --ray: GPUs per engine actor.")] = 0.0,
+        cpus_per_engine: Annotated[float | None, typer.Option(help="With --ray: CPUs per engine actor (default 1 with GPUs, else 0.5).")] = None,
     ) -> None:
         """Encode an image corpus with a real vLLM engine into the store."""
         from rich.console import Console
@@ -378,13 +383,21 @@ def register(app: typer.Typer) -> None:
         progress = None if quiet else _RichProgress(console)
         ctx = progress if progress else _Null()
         with ctx:
-            summary = run_precompute(
+            job = run_precompute
+            if ray:  # the Ray job (encache.jobs.ray_precompute); no Ray import otherwise
+                from . import precompute_ray
+                job = functools.partial(precompute_ray.run, address=ray, engines=engines,
+                                        gpus_per_engine=gpus_per_engine,
+                                        cpus_per_engine=cpus_per_engine)
+            summary = job(
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
                 engine_args=engine_args, max_bytes=max_bytes, tag=tag, progress=progress)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
+            if ray and not as_json:
+                precompute_ray.render_engines(summary)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
 
 

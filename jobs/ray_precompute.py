@@ -1,0 +1,564 @@
+"""``encache precompute CORPUS --ray ADDRESS``: the precompute job spread over a Ray cluster.
+
+What: the same job as single-host precompute (same identifiers, same entries, same
+``Summary``), with the work done by Ray:
+
+1. **Check** (one zero-CPU task pinned to every alive node): the store and the corpus must
+   be the same on every node. The driver writes a random marker into the store (a file under
+   a disk store's ``.encache/``, a short-lived key in Redis) and each node must read it back,
+   and must see the corpus's first file with the driver's size. A path that exists only on
+   the driver's host, or ``redis://localhost`` that means another Redis on each node, is
+   refused with one line (exit 7) before anything runs.
+2. **Identify** (Ray tasks over chunks of files): the manifest check (a chunk carries each
+   file's manifest record), vLLM's hasher for new or changed files (``identify_file``), and
+   skip-present (one header read per identifier, ``holds()`` semantics). No engine starts
+   when nothing is missing, as single-host.
+3. **Encode** (Ray Data): ``from_items(missing)`` -> ``map_batches(read)`` (file bytes to
+   data URLs, fractional-CPU tasks) -> ``map_batches(_EngineActor, concurrency=N)``: each
+   actor holds one in-process ``ProducerEngine`` whose connector writes to the shared store
+   (atomic renames / MULTI: nothing partial is ever visible). A batch returns only once
+   its entries are written, so a batch that reported "ok" is durable. An actor process that
+   dies is restarted by Ray and its batch retried (``max_restarts``/``max_task_retries``).
+4. **Finish** on the driver, under the store's precompute lock held for the whole run: each
+   encoded identifier is checked in the store (as single-host), ``--prune-missing``, and the
+   manifest is saved (a killed driver leaves the manifest as it was; a re-run skips what
+   the store already holds and does only the rest).
+
+Why Ray: it is what vLLM users run for multi-node batch inference, and it brings
+placement, retries, global progress and load balancing (a slow node takes fewer batches).
+
+Requirements on the cluster: ``encache[ray]`` and vLLM installed on every node (the same
+versions as the driver), the model at the same path/id on every node, the corpus and the
+store reachable under the same path/URL. Environment variables the engine reads
+(``VLLM_*``, ``HF_*``, ``TRANSFORMERS_*``, ``ENCACHE_*``) are forwarded from the driver in
+the job's runtime environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+
+from ..cli.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_STORE, EXIT_USAGE, EncacheError
+from ..cli.precompute import (UNREADABLE, Summary, _clean_error, engine_encoder_config,
+                              hashing_settings, manifest_key, validate_args)
+
+log = logging.getLogger("encache.ray")
+
+#: environment variables forwarded to every Ray worker (the engine and the hasher read them)
+FORWARD_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "ENCACHE_",
+                        "OMP_NUM_THREADS")
+HASH_CHUNK = 256  # files per identify task
+
+
+@dataclass
+class RaySummary(Summary):
+    """``Summary`` plus where the work ran: one row per engine actor."""
+
+    ray_address: str = ""
+    nodes: int = 0
+    engines: list = field(default_factory=list)  # [{engine, node_id, pids, batches, images, seconds, images_per_second}]
+    restarts: int = 0  # engine actor processes beyond one per engine (a died actor restarted)
+
+
+# --------------------------------------------------------------------------- connecting
+
+def import_ray():
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise EncacheError("--ray needs Ray on this machine and on every node: "
+                           "pip install 'encache[ray]'", EXIT_CLUSTER) from None
+    return ray
+
+
+def _reachable(address: str, timeout: float = 5.0) -> str | None:
+    """A quick TCP check of a ``host:port`` address (ray.init would retry for a minute)."""
+    if address in ("auto", "local") or "://" in address or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except (OSError, ValueError) as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
+def forwarded_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARD_ENV_PREFIXES)}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs inside the actor process
+    return env
+
+
+def connect(address: str):
+    """``ray.init(address)`` with one-line errors (exit 9); returns (ray, started_here)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray, False
+    why = _reachable(address)
+    if why:
+        raise EncacheError(f"Ray cluster at {address} is unreachable ({why})", EXIT_CLUSTER,
+                           hint="start it with `ray start --head`, or pass --ray auto on a node of it")
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
+                 runtime_env={"env_vars": forwarded_env()})
+    except Exception as e:  # ConnectionError, AuthenticationError, RuntimeError...
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if type(e).__name__ == "AuthenticationError" or "authentication" in text.lower():
+            raise EncacheError(f"Ray cluster at {address} refused this driver's token "
+                               f"({text[:160]})", EXIT_CLUSTER,
+                               hint="set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the head's "
+                                    "token: `ray get-auth-token` on the head prints it") from None
+        raise EncacheError(f"cannot connect to the Ray cluster at {address}: {text[:200]}",
+                           EXIT_CLUSTER, hint="is `ray start --head` running? "
+                                              "(ray status --address ADDRESS)") from None
+    _quiet_ray_data(ray)
+    return ray, True
+
+
+def _quiet_ray_data(ray) -> None:
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False  # the driver draws its own (Rich, stderr)
+    ctx.print_on_execution_start = False
+    ctx.verbose_stats_logs = False
+    for name in ("ray.data", "ray"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+# --------------------------------------------------------------------------- the store check
+
+def _marker_key(store, token: str) -> bytes:
+    return store.prefix.encode("utf-8") + b"ray-check:" + token.encode()
+
+
+def write_marker(store, token: str) -> str:
+    """Leave ``token`` where every node must find it; returns where (for messages)."""
+    if getattr(store, "root", None) is not None:
+        path = os.path.join(str(store.root), ".encache", f"ray-check-{token}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(token)
+        return path
+    store._r.set(_marker_key(store, token), token, ex=600)  # Redis: expires by itself
+    return "a Redis key"
+
+
+def remove_marker(store, token: str) -> None:
+    try:
+        if getattr(store, "root", None) is not None:
+            os.unlink(os.path.join(str(store.root), ".encache", f"ray-check-{token}"))
+        else:
+            store._r.delete(_marker_key(store, token))
+    except Exception:  # best effort: a Redis marker expires, a file marker is tiny
+        pass
+
+
+def probe_node(store_url: str, store_root: str | None, token: str, corpus_file: str | None,
+               corpus_size: int | None) -> dict:
+    """Runs on one node: can it see the driver's store and corpus?"""
+    import ray
+    out = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+           "problems": []}
+    try:
+        if store_root is not None:
+            path = os.path.join(store_root, ".encache", f"ray-check-{token}")
+            try:
+                with open(path) as fh:
+                    seen = fh.read()
+            except OSError:
+                seen = None
+            if seen != token:
+                out["problems"].append(f"the store {store_root} is not the driver's store there "
+                                       "(use a path every node sees, or a Redis URL)")
+        else:
+            from ..connectors.store import open_store
+            store = open_store(store_url, create=False)
+            try:
+                seen = store._r.get(_marker_key(store, token))
+            finally:
+                store.close()
+            if seen is None or seen.decode() != token:
+                out["problems"].append("the Redis URL reaches another Redis there "
+                                       "(use an address every node resolves to the same server)")
+    except Exception as e:
+        out["problems"].append(f"the store is unreachable there ({str(e).splitlines()[0][:160]})")
+    if corpus_file is not None:
+        try:
+            size = os.stat(corpus_file).st_size
+        except OSError:
+            size = None
+        if size != corpus_size:
+            out["problems"].append(f"the corpus file {corpus_file} is not there "
+                                   "(the corpus must be on a path every node sees)")
+    return out
+
+
+def check_nodes(ray, store, store_url: str, files: list, timeout: float = 300.0) -> int:
+    """Run :func:`probe_node` on every alive node; refuse (exit 7) if one cannot see the
+    store or the corpus. Returns the number of nodes."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = secrets.token_hex(8)
+    write_marker(store, token)
+    try:
+        root = str(store.root) if getattr(store, "root", None) is not None else None
+        sample = files[0] if files else None
+        probe = ray.remote(num_cpus=0, max_retries=2)(probe_node)
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
+                .remote(store_url, root, token, sample.path if sample else None,
+                        sample.size if sample else None) for n in nodes]
+        try:
+            results = ray.get(refs, timeout=timeout)
+        except Exception as e:
+            raise EncacheError(f"could not check the store from every Ray node: "
+                               f"{str(e).strip().splitlines()[0][:200]}", EXIT_CLUSTER) from None
+    finally:
+        remove_marker(store, token)
+    for r in results:
+        if r["problems"]:
+            raise EncacheError(f"Ray node {r['host']} ({r['node_id'][:8]}): {r['problems'][0]}",
+                               EXIT_STORE)
+    return len(results)
+
+
+# --------------------------------------------------------------------------- identify
+
+def identify_chunk(chunk: list, store_url: str, model: str, lora: str | None, hash_algo: str,
+                   media_io_kwargs: dict | None, digest: str) -> list:
+    """Runs as a Ray task: for each ``(CorpusFile, manifest record or None)``, the manifest
+    check, the identifier (hashed if new/changed) and whether the store holds it already.
+
+    Returns ``[(rel, identifier, hashed, state)]`` with state ``present`` /
+    ``other_config`` / ``missing`` / ``unreadable``."""
+    from ..connectors.corpus import Manifest
+    from ..connectors.store import open_store
+
+    store = open_store(store_url, create=False)
+    lookup = Manifest(None, {})
+    out = []
+    try:
+        for f, record in chunk:
+            lookup.files = {f.rel: record} if record else {}
+            ident = lookup.lookup(f)
+            hashed = ident is None
+            if hashed:
+                from ..connectors.vllm.hashing import identify_file
+                try:
+                    ident = identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
+                                          media_io_kwargs=media_io_kwargs).identifier
+                except (ValueError, OSError) as e:
+                    ident = UNREADABLE + _clean_error(e)
+            if ident.startswith(UNREADABLE):
+                out.append((f.rel, ident, hashed, "unreadable"))
+                continue
+            info = store.stat(ident)  # holds(): one header read
+            if info is None:
+                state = "missing"
+            elif info.meta is not None and info.meta.encoder_config == digest:
+                state = "present"
+            else:
+                state = "other_config"
+            out.append((f.rel, ident, hashed, state))
+    finally:
+        store.close()
+    return out
+
+
+# --------------------------------------------------------------------------- encode
+
+def read_batch(batch: dict) -> dict:
+    """Ray Data map: file bytes -> data URLs (a read error becomes that row's error)."""
+    from ..connectors.vllm.producer import data_url
+
+    urls, errors = [], []
+    for path in batch["path"]:
+        try:
+            with open(path, "rb") as fh:
+                urls.append(data_url(fh.read(), path))
+            errors.append("")
+        except OSError as e:
+            urls.append("")
+            errors.append(f"cannot read: {e.strerror}")
+    return {"identifier": list(batch["identifier"]), "rel": list(batch["rel"]),
+            "url": urls, "error": errors}
+
+
+class _EngineActor:
+    """One in-process producer engine per Ray actor (Ray Data's actor pool holds N)."""
+
+    def __init__(self, options: dict, cwd: str):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # a relative model path means what it means on the driver
+        import ray
+
+        from ..connectors.vllm.producer import EngineOptions, ProducerEngine
+        ctx = ray.get_runtime_context()
+        self.node_id = ctx.get_node_id()
+        self.actor_id = ctx.get_actor_id() or ""
+        self.pid = os.getpid()
+        self.batches = 0
+        self.engine = ProducerEngine(EngineOptions(**options))
+
+    def __call__(self, batch: dict) -> dict:
+        t0 = time.perf_counter()
+        idents = list(batch["identifier"])
+        errors = list(batch["error"])
+        payload = [(i, u) for i, u, e in zip(idents, batch["url"], errors) if not e]
+        results = {r.identifier: r for r in (self.engine.encode(payload) if payload else [])}
+        self.engine.wait_for_saves()  # a batch that says ok is written (atomically)
+        save_errors = self.engine.save_errors()
+        saved = self.engine.saved_identifiers()
+        ok = []
+        for n, ident in enumerate(idents):
+            if errors[n]:
+                ok.append(False)
+                continue
+            r = results.get(ident)
+            if r is None or not r.ok:
+                ok.append(False)
+                errors[n] = (r.error if r else None) or "no result from the engine"
+            elif ident in save_errors:
+                ok.append(False)
+                errors[n] = save_errors[ident]
+            else:
+                ok.append(True)
+        seconds = time.perf_counter() - t0
+        n = len(idents)
+        self.batches += 1
+        return {"identifier": idents, "rel": list(batch["rel"]), "ok": ok, "error": errors,
+                "saved": [i in saved for i in idents],
+                "batch_id": [f"{self.pid}-{self.batches}"] * n,
+                "node_id": [self.node_id] * n, "engine": [self.actor_id] * n,
+                "pid": [self.pid] * n, "batch_seconds": [seconds] * n,
+                "batch_size": [n] * n}
+
+
+def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: int,
+                  batch: int, cpus_per_engine: float, gpus_per_engine: float,
+                  read_cpus: float, max_restarts: int, resources_per_engine: dict | None,
+                  progress) -> tuple[list, dict]:
+    """Encode ``todo`` (identifier -> CorpusFile) on an actor pool; returns the identifiers
+    the engines encoded, ``{identifier: error}`` for the rest, and the identifiers the
+    engines' writers saved (to tell an evicted entry from a lost one, as single-host)."""
+    rows = [{"identifier": i, "rel": f.rel, "path": f.path} for i, f in todo.items()]
+    blocks = max(1, min(len(rows), -(-len(rows) // batch)))
+    ds = ray.data.from_items(rows, override_num_blocks=blocks)
+    ds = ds.map_batches(read_batch, batch_size=batch, num_cpus=read_cpus, batch_format="numpy")
+    remote = dict(max_restarts=max_restarts, max_task_retries=max(3, max_restarts))
+    if resources_per_engine:
+        remote["resources"] = dict(resources_per_engine)
+    ds = ds.map_batches(_EngineActor, fn_constructor_kwargs={"options": opts, "cwd": os.getcwd()},
+                        batch_size=batch, concurrency=engines, num_cpus=cpus_per_engine,
+                        num_gpus=gpus_per_engine or None, batch_format="numpy", **remote)
+    if progress:
+        progress.start("encoding", len(rows))
+    ok, failed, saved = [], {}, set()
+    per_engine: dict[str, dict] = {}
+    seen_batches: set = set()
+    try:
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            n = len(out["identifier"])
+            for k in range(n):
+                ident = str(out["identifier"][k])
+                if bool(out["ok"][k]):
+                    ok.append(ident)
+                    if bool(out["saved"][k]):
+                        saved.add(ident)
+                else:
+                    failed[ident] = str(out["error"][k]) or "failed"
+                eng = per_engine.setdefault(str(out["engine"][k]), {
+                    "engine": str(out["engine"][k])[:12], "node_id": str(out["node_id"][k]),
+                    "pids": [], "batches": 0, "images": 0, "seconds": 0.0})
+                pid = int(out["pid"][k])
+                if pid not in eng["pids"]:
+                    eng["pids"].append(pid)
+                eng["images"] += 1
+                key = str(out["batch_id"][k])
+                if key not in seen_batches:  # one timing per batch
+                    seen_batches.add(key)
+                    eng["batches"] += 1
+                    eng["seconds"] += float(out["batch_seconds"][k])
+            if progress:
+                progress.advance(n)
+    except Exception as e:
+        if isinstance(e, EncacheError):
+            raise
+        text = str(e).strip().splitlines()
+        raise EncacheError(f"the Ray encode stage failed: {type(e).__name__}: "
+                           f"{(text[-1] if text else '')[:240]}", EXIT_ENGINE,
+                           hint="set ENCACHE_DEBUG=1 and see `ray logs` / the dashboard") from e
+    for eng in per_engine.values():
+        eng["images_per_second"] = eng["images"] / eng["seconds"] if eng["seconds"] > 0 else 0.0
+    summary.engines = sorted(per_engine.values(), key=lambda e: (e["node_id"], e["engine"]))
+    summary.restarts = sum(max(0, len(e["pids"]) - 1) for e in summary.engines)
+    return ok, failed, saved
+
+
+# --------------------------------------------------------------------------- the job
+
+def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str = "auto",
+                       engines: int = 1, gpus_per_engine: float = 0.0,
+                       cpus_per_engine: float | None = None, read_cpus: float = 0.25,
+                       max_restarts: int = 3, resources_per_engine: dict | None = None,
+                       lora: str | None = None, lora_path: str | None = None, batch: int = 16,
+                       wait: float = 0.0, prune_missing: bool = False, shard: str | None = None,
+                       use_manifest: bool = True, dry_run: bool = False,
+                       max_model_len: int | None = None, dtype: str | None = None,
+                       engine_args: dict | None = None, max_bytes: int | None = None,
+                       hash_algo: str = "blake3", tag: str | None = None,
+                       progress=None) -> RaySummary:
+    """The precompute job on a Ray cluster; the same result as ``run_precompute``.
+
+    ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the read tasks
+    still get CPU on a small node). ``resources_per_engine`` places engines by custom
+    resources (e.g. ``{"encache_engine": 1}`` on nodes started with that resource)."""
+    from ..connectors.corpus import Manifest, shard_of, walk
+    from ..connectors.store import open_store
+    from ..connectors.store.url import is_redis_url
+
+    shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
+    if engines < 1:
+        raise EncacheError("--engines must be at least 1", EXIT_USAGE)
+    if gpus_per_engine < 0 or (cpus_per_engine is not None and cpus_per_engine <= 0):
+        raise EncacheError("--gpus-per-engine must be >= 0 and --cpus-per-engine > 0", EXIT_USAGE)
+    if cpus_per_engine is None:
+        cpus_per_engine = 1.0 if gpus_per_engine else 0.5
+    ray, started = connect(address)
+    try:
+        return _run(ray, corpus, model, store_url, address=address, engines=engines,
+                    gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine,
+                    read_cpus=read_cpus, max_restarts=max_restarts,
+                    resources_per_engine=resources_per_engine, lora=lora, lora_path=lora_path,
+                    batch=batch, wait=wait, prune_missing=prune_missing, shard=shard,
+                    shard_spec=shard_spec, use_manifest=use_manifest, dry_run=dry_run,
+                    max_model_len=max_model_len, dtype=dtype, engine_args=engine_args,
+                    max_bytes=max_bytes, hash_algo=hash_algo, tag=tag, progress=progress,
+                    walk=walk, shard_of=shard_of, Manifest=Manifest, open_store=open_store,
+                    is_redis_url=is_redis_url)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cpus_per_engine,
+         read_cpus, max_restarts, resources_per_engine, lora, lora_path, batch, wait,
+         prune_missing, shard, shard_spec, use_manifest, dry_run, max_model_len, dtype,
+         engine_args, max_bytes, hash_algo, tag, progress, walk, shard_of, Manifest,
+         open_store, is_redis_url) -> RaySummary:
+    store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
+    # what every node opens: the real URL for Redis (store.url is redacted), the absolute
+    # path for a disk store
+    node_url = store_url if is_redis_url(store_url) else str(store.url)
+    summary = RaySummary(store=store.url, model=model, lora=lora, ray_address=address)
+    engine_args = dict(engine_args or {})
+    summary.encoder_config = engine_encoder_config(engine_args, tag)
+    media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
+    t_start = time.perf_counter()
+    with store.lock("precompute", wait=wait):
+        files = walk(corpus)
+        if shard_spec:
+            files = [f for f in files if shard_of(f.rel, *shard_spec)]
+        summary.files = len(files)
+        if progress:
+            progress.start("checking nodes", 1)
+        summary.nodes = check_nodes(ray, store, node_url, files)
+        if progress:
+            progress.advance(1)
+        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs)
+        manifest = Manifest.load(Manifest.location(store, key), key)
+        if not use_manifest:
+            manifest.files = {}
+        by_rel = {f.rel: f for f in files}
+        identify = ray.remote(num_cpus=read_cpus, max_retries=3)(identify_chunk)
+        chunk_size = max(1, min(HASH_CHUNK, -(-len(files) // max(1, 4 * summary.nodes))))
+        refs = [identify.remote([(f, manifest.files.get(f.rel)) for f in files[i:i + chunk_size]],
+                                node_url, model, lora, hash_algo, media_io_kwargs,
+                                summary.encoder_config)
+                for i in range(0, len(files), chunk_size)]
+        if progress:
+            progress.start("hashing", len(files))
+        todo: dict[str, object] = {}
+        results: dict[str, tuple] = {}
+        pending = list(refs)
+        while pending:  # collect as they finish, for the progress bar
+            done, pending = ray.wait(pending, num_returns=1)
+            for rows in ray.get(done):
+                for row in rows:
+                    results[row[0]] = row
+                    if progress:
+                        progress.advance(1, failed=row[0] if row[3] == "unreadable" else None)
+        for f in files:  # in corpus order, as single-host (first file of an identifier wins)
+            rel, ident, hashed, state = results[f.rel]
+            if hashed:
+                manifest.record(f, ident)
+                summary.hashed += 1
+            else:
+                summary.from_manifest += 1
+            if state == "unreadable":
+                summary.failed += 1
+                summary.failures.append({"path": rel, "error": ident[len(UNREADABLE):]})
+            elif state == "present" and ident not in todo:
+                summary.present += 1
+            else:
+                if state == "other_config" and ident not in todo:
+                    summary.other_config += 1
+                todo.setdefault(ident, f)
+        if todo and not dry_run:
+            _encode(ray, todo, model, node_url, store, summary, lora=lora, lora_path=lora_path,
+                    batch=batch, max_model_len=max_model_len, dtype=dtype,
+                    engine_args=engine_args, max_bytes=max_bytes, tag=tag, engines=engines,
+                    cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
+                    read_cpus=read_cpus, max_restarts=max_restarts,
+                    resources_per_engine=resources_per_engine, progress=progress)
+        if prune_missing and not dry_run:  # as single-host (driver side)
+            current = set(by_rel)
+            gone = [rel for rel in list(manifest.files) if rel not in current]
+            still_used = {manifest.files[r][2] for r in manifest.files if r in current}
+            for rel in gone:
+                ident = manifest.files[rel][2]
+                if not ident.startswith(UNREADABLE) and ident not in still_used \
+                        and store.delete(ident):
+                    summary.pruned += 1
+                manifest.drop(rel)
+        if not dry_run:
+            manifest.save()
+    summary.seconds = time.perf_counter() - t_start
+    return summary
+
+
+def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batch,
+            max_model_len, dtype, engine_args, max_bytes, tag, engines, cpus_per_engine,
+            gpus_per_engine, read_cpus, max_restarts, resources_per_engine, progress) -> None:
+    opts = dict(model=model, store=node_url, max_model_len=max_model_len, dtype=dtype,
+                lora_name=lora, lora_path=lora_path, extra=engine_args,
+                store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
+                               **({"tag": tag} if tag else {})} or None)
+    summary.engine_started = True
+    t0 = time.perf_counter()
+    ok, failed, saved = encode_on_ray(ray, todo, opts, summary, engines=engines, batch=batch,
+                               cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
+                               read_cpus=read_cpus, max_restarts=max_restarts,
+                               resources_per_engine=resources_per_engine, progress=progress)
+    summary.encode_seconds = time.perf_counter() - t0
+    for ident, err in failed.items():
+        summary.failed += 1
+        summary.failures.append({"path": todo[ident].rel, "error": err})
+    for ident in ok:  # as single-host: the store is the truth
+        info = store.stat(ident)
+        if info is None and ident in saved:  # written, then evicted to honour max_bytes
+            summary.encoded += 1
+            summary.evicted += 1
+        elif info is None:
+            summary.failed += 1
+            summary.failures.append({"path": todo[ident].rel, "error":
+                                     "the engine stored no entry under the expected identifier"})
+        else:
+            summary.encoded += 1
+            summary.bytes_written += info.size
