@@ -41,6 +41,7 @@ import os
 import secrets
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from ..cli.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_STORE, EXIT_USAGE, EncacheError
@@ -158,12 +159,11 @@ def remove_marker(store, token: str) -> None:
         pass
 
 
-def probe_node(store_url: str, store_root: str | None, token: str, corpus_file: str | None,
-               corpus_size: int | None) -> dict:
-    """Runs on one node: can it see the driver's store and corpus?"""
-    import ray
-    out = {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-           "problems": []}
+def node_problems(store_url: str, store_root: str | None, token: str,
+                  corpus_file: str | None, corpus_size: int | None) -> list[str]:
+    """What this node sees differently from the driver: the store's marker (a disk
+    store's root path, or the Redis behind the URL) and the corpus's first file."""
+    problems = []
     try:
         if store_root is not None:
             path = os.path.join(store_root, ".encache", f"ray-check-{token}")
@@ -173,8 +173,8 @@ def probe_node(store_url: str, store_root: str | None, token: str, corpus_file: 
             except OSError:
                 seen = None
             if seen != token:
-                out["problems"].append(f"the store {store_root} is not the driver's store there "
-                                       "(use a path every node sees, or a Redis URL)")
+                problems.append(f"the store {store_root} is not the driver's store there "
+                                "(use a path every node sees, or a Redis URL)")
         else:
             from ..connectors.store import open_store
             store = open_store(store_url, create=False)
@@ -183,19 +183,26 @@ def probe_node(store_url: str, store_root: str | None, token: str, corpus_file: 
             finally:
                 store.close()
             if seen is None or seen.decode() != token:
-                out["problems"].append("the Redis URL reaches another Redis there "
-                                       "(use an address every node resolves to the same server)")
+                problems.append("the Redis URL reaches another Redis there "
+                                "(use an address every node resolves to the same server)")
     except Exception as e:
-        out["problems"].append(f"the store is unreachable there ({str(e).splitlines()[0][:160]})")
+        problems.append(f"the store is unreachable there ({str(e).splitlines()[0][:160]})")
     if corpus_file is not None:
         try:
             size = os.stat(corpus_file).st_size
         except OSError:
             size = None
         if size != corpus_size:
-            out["problems"].append(f"the corpus file {corpus_file} is not there "
-                                   "(the corpus must be on a path every node sees)")
-    return out
+            problems.append(f"the corpus file {corpus_file} is not there "
+                            "(the corpus must be on a path every node sees)")
+    return problems
+
+
+def probe_node(*args) -> dict:
+    """Runs as a Ray task pinned to one node: :func:`node_problems` there."""
+    import ray
+    return {"node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "problems": node_problems(*args)}
 
 
 def check_nodes(ray, store, store_url: str, files: list, timeout: float = 300.0) -> int:
@@ -343,20 +350,27 @@ class _EngineActor:
 def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: int,
                   batch: int, cpus_per_engine: float, gpus_per_engine: float,
                   read_cpus: float, max_restarts: int, resources_per_engine: dict | None,
-                  progress) -> tuple[list, dict]:
+                  start_timeout: float, progress) -> tuple[list, dict, set]:
     """Encode ``todo`` (identifier -> CorpusFile) on an actor pool; returns the identifiers
     the engines encoded, ``{identifier: error}`` for the rest, and the identifiers the
     engines' writers saved (to tell an evicted entry from a lost one, as single-host)."""
+    # every engine starts before the first batch (so the work spreads over all of them),
+    # and a pool the cluster cannot place fails after start_timeout instead of hanging
+    ray.data.DataContext.get_current().wait_for_min_actors_s = int(start_timeout)
     rows = [{"identifier": i, "rel": f.rel, "path": f.path} for i, f in todo.items()]
     blocks = max(1, min(len(rows), -(-len(rows) // batch)))
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
     ds = ds.map_batches(read_batch, batch_size=batch, num_cpus=read_cpus, batch_format="numpy")
+    # a died actor process is restarted and its batch retried (Ray 2.60 takes these two
+    # through **ray_remote_args only, with a deprecation warning for Ray 2.64)
     remote = dict(max_restarts=max_restarts, max_task_retries=max(3, max_restarts))
-    if resources_per_engine:
-        remote["resources"] = dict(resources_per_engine)
-    ds = ds.map_batches(_EngineActor, fn_constructor_kwargs={"options": opts, "cwd": os.getcwd()},
-                        batch_size=batch, concurrency=engines, num_cpus=cpus_per_engine,
-                        num_gpus=gpus_per_engine or None, batch_format="numpy", **remote)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        ds = ds.map_batches(_EngineActor,
+                            fn_constructor_kwargs={"options": opts, "cwd": os.getcwd()},
+                            batch_size=batch, concurrency=engines, num_cpus=cpus_per_engine,
+                            num_gpus=gpus_per_engine or None, batch_format="numpy",
+                            resources=dict(resources_per_engine or {}) or None, **remote)
     if progress:
         progress.start("encoding", len(rows))
     ok, failed, saved = [], {}, set()
@@ -390,6 +404,12 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
     except Exception as e:
         if isinstance(e, EncacheError):
             raise
+        if isinstance(e, ray.exceptions.GetTimeoutError):
+            raise EncacheError(
+                f"{engines} engine(s) did not start within {int(start_timeout)} s: does the "
+                f"cluster have {cpus_per_engine:g} CPU + {gpus_per_engine:g} GPU free for each?",
+                EXIT_CLUSTER, hint="see `ray status`; lower --engines or the per-engine "
+                                   "resources") from None
         text = str(e).strip().splitlines()
         raise EncacheError(f"the Ray encode stage failed: {type(e).__name__}: "
                            f"{(text[-1] if text else '')[:240]}", EXIT_ENGINE,
@@ -407,7 +427,7 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
                        engines: int = 1, gpus_per_engine: float = 0.0,
                        cpus_per_engine: float | None = None, read_cpus: float = 0.25,
                        max_restarts: int = 3, resources_per_engine: dict | None = None,
-                       lora: str | None = None, lora_path: str | None = None, batch: int = 16,
+                       start_timeout: float = 900.0, lora: str | None = None, lora_path: str | None = None, batch: int = 16,
                        wait: float = 0.0, prune_missing: bool = False, shard: str | None = None,
                        use_manifest: bool = True, dry_run: bool = False,
                        max_model_len: int | None = None, dtype: str | None = None,
@@ -435,7 +455,8 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
         return _run(ray, corpus, model, store_url, address=address, engines=engines,
                     gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine,
                     read_cpus=read_cpus, max_restarts=max_restarts,
-                    resources_per_engine=resources_per_engine, lora=lora, lora_path=lora_path,
+                    resources_per_engine=resources_per_engine, start_timeout=start_timeout,
+                    lora=lora, lora_path=lora_path,
                     batch=batch, wait=wait, prune_missing=prune_missing, shard=shard,
                     shard_spec=shard_spec, use_manifest=use_manifest, dry_run=dry_run,
                     max_model_len=max_model_len, dtype=dtype, engine_args=engine_args,
@@ -448,7 +469,7 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
 
 
 def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cpus_per_engine,
-         read_cpus, max_restarts, resources_per_engine, lora, lora_path, batch, wait,
+         read_cpus, max_restarts, resources_per_engine, start_timeout, lora, lora_path, batch, wait,
          prune_missing, shard, shard_spec, use_manifest, dry_run, max_model_len, dtype,
          engine_args, max_bytes, hash_algo, tag, progress, walk, shard_of, Manifest,
          open_store, is_redis_url) -> RaySummary:
@@ -476,8 +497,11 @@ def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cp
         if not use_manifest:
             manifest.files = {}
         by_rel = {f.rel: f for f in files}
-        identify = ray.remote(num_cpus=read_cpus, max_retries=3)(identify_chunk)
-        chunk_size = max(1, min(HASH_CHUNK, -(-len(files) // max(1, 4 * summary.nodes))))
+        # hashing is CPU-bound and each worker imports vLLM's hasher once: one CPU per
+        # task, chunks of HASH_CHUNK files, fewer when that would leave CPUs idle
+        identify = ray.remote(num_cpus=1, max_retries=3)(identify_chunk)
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        chunk_size = max(1, min(HASH_CHUNK, max(32, -(-len(files) // cpus))))
         refs = [identify.remote([(f, manifest.files.get(f.rel)) for f in files[i:i + chunk_size]],
                                 node_url, model, lora, hash_algo, media_io_kwargs,
                                 summary.encoder_config)
@@ -516,7 +540,8 @@ def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cp
                     engine_args=engine_args, max_bytes=max_bytes, tag=tag, engines=engines,
                     cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
                     read_cpus=read_cpus, max_restarts=max_restarts,
-                    resources_per_engine=resources_per_engine, progress=progress)
+                    resources_per_engine=resources_per_engine, start_timeout=start_timeout,
+                    progress=progress)
         if prune_missing and not dry_run:  # as single-host (driver side)
             current = set(by_rel)
             gone = [rel for rel in list(manifest.files) if rel not in current]
@@ -535,7 +560,8 @@ def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cp
 
 def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batch,
             max_model_len, dtype, engine_args, max_bytes, tag, engines, cpus_per_engine,
-            gpus_per_engine, read_cpus, max_restarts, resources_per_engine, progress) -> None:
+            gpus_per_engine, read_cpus, max_restarts, resources_per_engine, start_timeout,
+            progress) -> None:
     opts = dict(model=model, store=node_url, max_model_len=max_model_len, dtype=dtype,
                 lora_name=lora, lora_path=lora_path, extra=engine_args,
                 store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
@@ -545,7 +571,8 @@ def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batc
     ok, failed, saved = encode_on_ray(ray, todo, opts, summary, engines=engines, batch=batch,
                                cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
                                read_cpus=read_cpus, max_restarts=max_restarts,
-                               resources_per_engine=resources_per_engine, progress=progress)
+                               resources_per_engine=resources_per_engine,
+                               start_timeout=start_timeout, progress=progress)
     summary.encode_seconds = time.perf_counter() - t0
     for ident, err in failed.items():
         summary.failed += 1
