@@ -64,6 +64,7 @@ class RaySummary(Summary):
     nodes: int = 0
     engines: list = field(default_factory=list)  # [{engine, node_id, pids, batches, images, seconds, images_per_second}]
     restarts: int = 0  # engine actor processes beyond one per engine (a died actor restarted)
+    identify_seconds: float = 0.0  # the manifest/hash/skip-present stage on the cluster (wall)
 
 
 # --------------------------------------------------------------------------- connecting
@@ -508,6 +509,7 @@ def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cp
                 for i in range(0, len(files), chunk_size)]
         if progress:
             progress.start("hashing", len(files))
+        t_identify = time.perf_counter()
         todo: dict[str, object] = {}
         results: dict[str, tuple] = {}
         pending = list(refs)
@@ -518,6 +520,7 @@ def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cp
                     results[row[0]] = row
                     if progress:
                         progress.advance(1, failed=row[0] if row[3] == "unreadable" else None)
+        summary.identify_seconds = time.perf_counter() - t_identify
         for f in files:  # in corpus order, as single-host (first file of an identifier wins)
             rel, ident, hashed, state = results[f.rel]
             if hashed:
