@@ -36,6 +36,7 @@ the job's runtime environment.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -107,11 +108,16 @@ def connect(address: str):
         raise EncacheError(f"Ray cluster at {address} is unreachable ({why})", EXIT_CLUSTER,
                            hint="start it with `ray start --head`, or pass --ray auto on a node of it")
     try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
-                 runtime_env={"env_vars": forwarded_env()})
+        with _quiet_stderr_fd():  # Ray's C++ client logs each failed attempt on fd 2
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
+                     runtime_env={"env_vars": forwarded_env()})
     except Exception as e:  # ConnectionError, AuthenticationError, RuntimeError...
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if type(e).__name__ == "AuthenticationError" or "authentication" in text.lower():
+        chain, cause = [], e
+        while cause is not None and len(chain) < 5:
+            chain.append(f"{type(cause).__name__} {cause}".lower())
+            cause = cause.__cause__ or cause.__context__
+        if any(w in c for c in chain for w in ("authentication", "unauthenticated", "token")):
             raise EncacheError(f"Ray cluster at {address} refused this driver's token "
                                f"({text[:160]})", EXIT_CLUSTER,
                                hint="set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the head's "
@@ -121,6 +127,29 @@ def connect(address: str):
                                               "(ray status --address ADDRESS)") from None
     _quiet_ray_data(ray)
     return ray, True
+
+
+@contextlib.contextmanager
+def _quiet_stderr_fd():
+    """Send file descriptor 2 to a temporary file for the block (``ENCACHE_DEBUG``: not)."""
+    if os.environ.get("ENCACHE_DEBUG"):
+        yield
+        return
+    import sys
+    import tempfile
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _quiet_ray_data(ray) -> None:
