@@ -344,7 +344,7 @@ class _EngineActor:
         self.engine = ProducerEngine(EngineOptions(**options))
 
     def __call__(self, batch: dict) -> dict:
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         idents = list(batch["identifier"])
         errors = list(batch["error"])
         payload = [(i, u) for i, u, e in zip(idents, batch["url"], errors) if not e]
@@ -374,7 +374,7 @@ class _EngineActor:
                 "batch_id": [f"{self.pid}-{self.batches}"] * n,
                 "node_id": [self.node_id] * n, "engine": [self.actor_id] * n,
                 "pid": [self.pid] * n, "batch_seconds": [seconds] * n,
-                "batch_size": [n] * n}
+                "t_start": [wall0] * n, "t_end": [wall0 + seconds] * n}
 
 
 def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: int,
@@ -404,6 +404,7 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
     if progress:
         progress.start("encoding", len(rows))
     ok, failed, saved = [], {}, set()
+    window = [float("inf"), 0.0]  # first batch start, last batch end (wall clock)
     per_engine: dict[str, dict] = {}
     seen_batches: set = set()
     try:
@@ -427,6 +428,8 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
                 key = str(out["batch_id"][k])
                 if key not in seen_batches:  # one timing per batch
                     seen_batches.add(key)
+                    window[0] = min(window[0], float(out["t_start"][k]))
+                    window[1] = max(window[1], float(out["t_end"][k]))
                     eng["batches"] += 1
                     eng["seconds"] += float(out["batch_seconds"][k])
             if progress:
@@ -448,6 +451,9 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
         eng["images_per_second"] = eng["images"] / eng["seconds"] if eng["seconds"] > 0 else 0.0
     summary.engines = sorted(per_engine.values(), key=lambda e: (e["node_id"], e["engine"]))
     summary.restarts = sum(max(0, len(e["pids"]) - 1) for e in summary.engines)
+    # the encode stage as single-host counts it: from the first batch to the last, without
+    # the engines' start-up (node clocks are assumed in sync, as Ray's own timeline does)
+    summary.encode_seconds = max(0.0, window[1] - window[0]) if window[1] else 0.0
     return ok, failed, saved
 
 
@@ -599,13 +605,11 @@ def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batc
                 store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
                                **({"tag": tag} if tag else {})} or None)
     summary.engine_started = True
-    t0 = time.perf_counter()
     ok, failed, saved = encode_on_ray(ray, todo, opts, summary, engines=engines, batch=batch,
                                cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
                                read_cpus=read_cpus, max_restarts=max_restarts,
                                resources_per_engine=resources_per_engine,
                                start_timeout=start_timeout, progress=progress)
-    summary.encode_seconds = time.perf_counter() - t0
     for ident, err in failed.items():
         summary.failed += 1
         summary.failures.append({"path": todo[ident].rel, "error": err})
