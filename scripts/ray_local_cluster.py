@@ -100,20 +100,30 @@ class LocalRayCluster:
         return [p.pid for p in self.procs]  # start_new_session: pid == pgid
 
     def pids_in(self, node: int | None = None) -> list[int]:
-        """PIDs of this cluster's processes (of one node's process group if given)."""
+        """PIDs of this cluster's processes (of one node if given): its process group and
+        every descendant (Ray starts workers in their own sessions)."""
         pgids = set(self.node_pgids() if node is None else [self.procs[node].pid])
-        out = []
+        parent, roots = {}, set()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/stat") as fh:
                     fields = fh.read().rsplit(")", 1)[1].split()
-                if int(fields[2]) in pgids:  # field 5 of stat: pgrp
-                    out.append(int(entry))
-            except (OSError, IndexError, ValueError):
+            except (OSError, IndexError):
                 continue
-        return out
+            parent[int(entry)] = int(fields[1])  # ppid
+            if int(fields[2]) in pgids:  # pgrp
+                roots.add(int(entry))
+        out = set(roots)
+        changed = True
+        while changed:
+            changed = False
+            for pid, ppid in parent.items():
+                if ppid in out and pid not in out:
+                    out.add(pid)
+                    changed = True
+        return sorted(out)
 
     @staticmethod
     def cmdline(pid: int) -> str:

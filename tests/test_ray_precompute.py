@@ -216,7 +216,8 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
         stdout, stderr = rerun.communicate(timeout=900)
     finally:
         rerun.kill()
-    assert killed is not None, "no engine actor process to kill while the run was going"
+    assert killed is not None, ("no engine actor process to kill while the run was going: "
+                                f"{[cluster.cmdline(p)[:60] for p in cluster.pids_in()]}")
     assert rerun.returncode == 0, stderr[-3000:]
     summary = json.loads(stdout)
     assert summary["failed"] == 0 and summary["engine_started"] is True
