@@ -37,6 +37,7 @@ the job's runtime environment.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import secrets
@@ -475,10 +476,6 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
     ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the read tasks
     still get CPU on a small node). ``resources_per_engine`` places engines by custom
     resources (e.g. ``{"encache_engine": 1}`` on nodes started with that resource)."""
-    from ..connectors.corpus import Manifest, shard_of, walk
-    from ..connectors.store import open_store
-    from ..connectors.store.url import is_redis_url
-
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
     if engines < 1:
         raise EncacheError("--engines must be at least 1", EXIT_USAGE)
@@ -486,25 +483,55 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
         raise EncacheError("--gpus-per-engine must be >= 0 and --cpus-per-engine > 0", EXIT_USAGE)
     if cpus_per_engine is None:
         cpus_per_engine = 1.0 if gpus_per_engine else 0.5
-    ray, started = connect(address)
-    try:
-        return _run(ray, corpus, model, store_url, address=address, engines=engines,
+    with contextlib.redirect_stdout(_RayNotices()):  # stdout stays the summary's (--json)
+        return _connect_and_run(address, dict(
+                    corpus=corpus, model=model, store_url=store_url, engines=engines,
                     gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine,
                     read_cpus=read_cpus, max_restarts=max_restarts,
                     resources_per_engine=resources_per_engine, start_timeout=start_timeout,
-                    lora=lora, lora_path=lora_path,
-                    batch=batch, wait=wait, prune_missing=prune_missing, shard=shard,
-                    shard_spec=shard_spec, use_manifest=use_manifest, dry_run=dry_run,
-                    max_model_len=max_model_len, dtype=dtype, engine_args=engine_args,
-                    max_bytes=max_bytes, hash_algo=hash_algo, tag=tag, progress=progress,
-                    walk=walk, shard_of=shard_of, Manifest=Manifest, open_store=open_store,
-                    is_redis_url=is_redis_url)
+                    lora=lora, lora_path=lora_path, batch=batch, wait=wait,
+                    prune_missing=prune_missing, shard=shard, shard_spec=shard_spec,
+                    use_manifest=use_manifest, dry_run=dry_run, max_model_len=max_model_len,
+                    dtype=dtype, engine_args=engine_args, max_bytes=max_bytes,
+                    hash_algo=hash_algo, tag=tag, progress=progress))
+
+
+class _RayNotices(io.TextIOBase):
+    """Where the Ray driver's own prints go during the job: Ray prints task-retry and
+    actor-death notices (multi-line, with tracebacks) to ``sys.stdout``, which is the
+    summary's (``--json``). Here they become one ``ray: …`` line each on stderr (all of
+    it with ``ENCACHE_DEBUG``)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        import re
+        import sys
+        if os.environ.get("ENCACHE_DEBUG"):
+            sys.stderr.write(text)
+        else:
+            first = re.sub(r"\x1b\[[0-9;]*m", "", text.strip().split("\n", 1)[0]).strip()
+            if first:
+                sys.stderr.write(f"ray: {first[:300]}\n")
+        return len(text)
+
+
+def _connect_and_run(address: str, kw: dict) -> RaySummary:
+    from ..connectors.corpus import Manifest, shard_of, walk
+    from ..connectors.store import open_store
+    from ..connectors.store.url import is_redis_url
+
+    ray, started = connect(address)
+    try:
+        return _run(ray, address=address, walk=walk, shard_of=shard_of, Manifest=Manifest,
+                    open_store=open_store, is_redis_url=is_redis_url, **kw)
     finally:
         if started:
             ray.shutdown()
 
 
-def _run(ray, corpus, model, store_url, *, address, engines, gpus_per_engine, cpus_per_engine,
+def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cpus_per_engine,
          read_cpus, max_restarts, resources_per_engine, start_timeout, lora, lora_path, batch, wait,
          prune_missing, shard, shard_spec, use_manifest, dry_run, max_model_len, dtype,
          engine_args, max_bytes, hash_algo, tag, progress, walk, shard_of, Manifest,
