@@ -8,9 +8,11 @@ ask for 1.5 CPUs each, so two engines land one per node. One scenario, in order:
 1. a single-host precompute of the corpus (the reference store);
 2. a Ray run whose *driver* is killed (SIGKILL) once some entries are written;
 3. the re-run: does only the rest, while one engine actor process is SIGKILLed mid-run;
-   it still completes, work landed on both nodes, and the store equals the reference
-   (same identifiers, same tensor bytes);
-4. one more run: everything present, no engine starts.
+   it still completes and the store equals the reference (same identifiers, same tensor
+   bytes);
+4. a fault-free run re-encoding everything under another ``--tag``: work lands on both
+   nodes;
+5. one more run: everything present, no engine starts.
 """
 
 from __future__ import annotations
@@ -223,8 +225,6 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     assert summary["failed"] == 0 and summary["engine_started"] is True
     assert summary["present"] >= before  # what the killed run wrote is not done again
     assert summary["present"] + summary["encoded"] == PAGES
-    nodes = {e["node_id"] for e in summary["engines"] if e["images"]}
-    assert len(nodes) == 2, summary["engines"]  # work landed on both nodes
     assert summary["nodes"] == 2
     pids = [p for e in summary["engines"] for p in e["pids"]]
     # the killed actor was restarted (its batches came from two processes) or had returned
@@ -237,9 +237,20 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     for ident in theirs:
         assert mine[ident] == theirs[ident], ident
 
-    # 4. nothing left to do: no engine starts
-    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store), capture_output=True,
-                         text=True, env=env, timeout=900)
+    # 4. a fault-free run over everything (another --tag: every entry is re-encoded):
+    #    the batches land on both nodes, one engine per node
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--tag", "v2"),
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    full = json.loads(out.stdout)
+    assert full["other_config"] == PAGES and full["encoded"] == PAGES, full
+    nodes = {e["node_id"] for e in full["engines"] if e["images"]}
+    assert len(nodes) == 2, full["engines"]  # work landed on both nodes
+    assert sum(e["images"] for e in full["engines"]) == PAGES
+
+    # 5. nothing left to do: no engine starts
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--tag", "v2"),
+                         capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     again = json.loads(out.stdout)
     assert again["present"] == PAGES and again["encoded"] == 0
