@@ -366,7 +366,7 @@ def register(app: typer.Typer) -> None:
         tag: TagOpt = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
-        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs encache[ray]. See docs/ray.md.")] = None,
+        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs the ray extra (pip install encache\\[ray]). See docs/ray.md.")] = None,
         engines: Annotated[int, typer.Option(help="With --ray: number of engine actors.")] = 1,
         gpus_per_engine: Annotated[float, typer.Option(help="With --ray: GPUs per engine actor.")] = 0.0,
         cpus_per_engine: Annotated[float | None, typer.Option(help="With --ray: CPUs per engine actor (default 1 with GPUs, else 0.5).")] = None,
