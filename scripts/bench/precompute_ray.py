@@ -4,6 +4,8 @@ Side by side in one run, on the same corpus (demo pages) and the tiny LLaVA, eac
 fresh store, each the ``encache`` command in a fresh process:
 
 * ``single``: ``encache precompute`` (one in-process engine);
+* ``single-omp1``: the same with ``OMP_NUM_THREADS=1``, the thread count Ray gives a
+  one-CPU actor (on an oversubscribed machine, fewer OpenMP threads can be much faster);
 * ``ray-1`` / ``ray-2``: ``encache precompute --ray`` on a local one-node Ray cluster
   (scripts/ray_local_cluster.py, 2 logical CPUs) with 1 and 2 engine actors.
 
@@ -120,6 +122,15 @@ def main() -> int:
                                      "encode_seconds": s["encode_seconds"],
                                      "images_per_second": s["images_per_second"]}
         print(f"single: {dt:.1f}s wall, {s['images_per_second']:.1f} images/s", file=sys.stderr)
+        # Ray sets OMP_NUM_THREADS to an actor's CPUs (1 here); the same for single-host,
+        # to tell Ray's effect from the thread count's on an oversubscribed machine
+        dt, s = run(["precompute", str(tmp / "corpus"), "-m", MODEL, "-s", str(tmp / "single1"),
+                     *common], env({"OMP_NUM_THREADS": "1"}))
+        results["runs"]["single-omp1"] = {"wall_seconds": dt, "encoded": s["encoded"],
+                                          "encode_seconds": s["encode_seconds"],
+                                          "images_per_second": s["images_per_second"]}
+        print(f"single-omp1: {dt:.1f}s wall, {s['images_per_second']:.1f} images/s",
+              file=sys.stderr)
         with LocalRayCluster([{"num_cpus": 2}]) as cluster:
             for engines, cpus in ((1, 1.0), (2, 0.75)):
                 name = f"ray-{engines}"
