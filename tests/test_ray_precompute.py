@@ -159,7 +159,7 @@ def test_node_check_refuses_a_store_another_node_sees_differently(tmp_path, redi
     """The marker check itself, as each node runs it: a disk path whose marker is not
     there (another machine's directory) and a Redis URL reaching another server."""
     from encache.connectors.store import open_store
-    from encache.jobs.ray_precompute import node_problems, remove_marker, write_marker
+    from encache.jobs.ray_cluster import node_problems, remove_marker, write_marker
 
     disk = open_store(str(tmp_path / "s"), create=True)
     write_marker(disk, "tok1")
