@@ -15,6 +15,7 @@ EXIT_LOCKED = 5  # another process holds the store's lock
 EXIT_ABORTED = 6  # a confirmation was declined or impossible (no TTY, no --yes)
 EXIT_STORE = 7  # the store is unreachable, missing or unwritable
 EXIT_ENGINE = 8  # the vLLM engine could not start
+EXIT_CLUSTER = 9  # Ray is not installed, or the Ray cluster is unreachable (precompute --ray)
 
 
 class EncacheError(Exception):

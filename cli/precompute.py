@@ -10,6 +10,7 @@ for cron mail, ``--prune-missing`` to drop entries whose source images left the 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sys
@@ -562,6 +563,10 @@ def register(app: typer.Typer) -> None:
         request_mm_processor_kwargs: Annotated[str | None, typer.Option(help="JSON object: the mm_processor_kwargs the served requests carry (hashed into each identifier and applied by the producer), e.g. '{\"max_pixels\": 200704}'.")] = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
+        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs the ray extra (pip install encache\\[ray]). See docs/ray.md.")] = None,
+        engines: Annotated[int, typer.Option(help="With --ray: number of engine actors.")] = 1,
+        gpus_per_engine: Annotated[float, typer.Option(help="With --ray: GPUs per engine actor.")] = 0.0,
+        cpus_per_engine: Annotated[float | None, typer.Option(help="With --ray: CPUs per engine actor (default 1 with GPUs, else 0.5).")] = None,
     ) -> None:
         """Encode a corpus of images and videos with a real vLLM engine into the store."""
         from rich.console import Console
@@ -575,16 +580,29 @@ def register(app: typer.Typer) -> None:
         progress = None if quiet else _RichProgress(console)
         ctx = progress if progress else _Null()
         with ctx:
-            summary = run_precompute(
+            job = run_precompute
+            single_host_only = dict(
+                over_capacity=over_capacity,
+                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs))
+            if ray:  # the Ray job (encache.jobs.ray_precompute); no Ray import otherwise
+                from . import precompute_ray
+                if over_capacity != "keep-served" or request_mm_processor_kwargs:
+                    raise EncacheError("--ray does not take --over-capacity skip or "
+                                       "--request-mm-processor-kwargs yet", EXIT_USAGE)
+                single_host_only = {}
+                job = functools.partial(precompute_ray.run, address=ray, engines=engines,
+                                        gpus_per_engine=gpus_per_engine,
+                                        cpus_per_engine=cpus_per_engine)
+            summary = job(
                 corpus, model, store, lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                 prune_missing=prune_missing, shard=shard, use_manifest=not no_manifest,
                 dry_run=dry_run, max_model_len=max_model_len, dtype=dtype,
                 engine_args=engine_args, max_bytes=max_bytes, tag=tag,
-                over_capacity=over_capacity,
-                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs),
-                progress=progress)
+                progress=progress, **single_host_only)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
+            if ray and not as_json:
+                precompute_ray.render_engines(summary)
         raise typer.Exit(EXIT_PARTIAL if summary.failed else EXIT_OK)
 
 
