@@ -57,6 +57,7 @@ def corpus(tmp_path_factory):
     from make_demo_corpus import make_corpus
     root = tmp_path_factory.mktemp("raycorpus") / "corpus"
     make_corpus(str(root), pages=PAGES, seed=5)
+    (root / "README.txt").write_text("not media: skipped and listed, never a failure\n")
     return root
 
 
@@ -190,6 +191,7 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
                          capture_output=True, text=True, env=_env(), timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["encoded"] == PAGES
+    assert json.loads(out.stdout)["skipped_non_media"] == 1
 
     # 2. a Ray run whose driver is SIGKILLed once a few entries are in the store
     store = tmp_path / "ray"
@@ -255,3 +257,6 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     again = json.loads(out.stdout)
     assert again["present"] == PAGES and again["encoded"] == 0
     assert again["engine_started"] is False and again["engines"] == []
+    # media found by content on the cluster as on one host: the text file is skipped, listed
+    assert again["skipped_non_media"] == 1
+    assert [m["path"] for m in again["non_media"]] == ["README.txt"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from engine_support import PRECOMPUTE_KW
-from test_served import chat, free_port
+from served_support import chat, free_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
