@@ -7,7 +7,6 @@ works); a ready-to-paste command line goes to stderr.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from typing import Annotated
@@ -66,9 +65,11 @@ def register(app: typer.Typer) -> None:
         if tag:
             extra["tag"] = tag
         cfg = build_config(store, role, extra)
-        text = json.dumps(cfg, separators=(",", ":"))
-        sys.stdout.write(text + "\n")
-        if sys.stderr.isatty():
+        from .render import emit, is_tty, json_text, note
+
+        text = json_text(cfg, compact=True, ascii=True)
+        emit(text)
+        if is_tty(sys.stderr):
             cmd = ["python", "-m", "vllm.entrypoints.openai.api_server",
                    "--model", model or "MODEL", "--ec-transfer-config", text]
-            sys.stderr.write("# serve with:\n" + shlex.join(cmd) + "\n")
+            note("# serve with:\n" + shlex.join(cmd))

@@ -73,44 +73,6 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
 
 # -- computing missing entries (producer engine) -------------------------------------
 
-class _EngineProgress:
-    """The ``progress`` object ``run_precompute`` drives (start/advance), drawn with Rich
-    on stderr when it is a terminal."""
-
-    def __init__(self, quiet: bool):
-        from encache.cli.render import err_console, is_tty
-        import sys
-
-        self.bar = None
-        self.task = None
-        if quiet or not is_tty(sys.stderr):
-            return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-        self.bar = Progress(TextColumn("{task.description:>16}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console(),
-                            transient=True)
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-
-    def start(self, phase: str, total: int | None) -> None:
-        if self.bar is not None:
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(phase, total=total)
-
-    def advance(self, n: int, failed: str | None = None) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.advance(self.task, n)
-
-
 def compute_missing(missing: dict[str, str], model: str, store_url: str, summary: WarmSummary,
                     *, lora: str | None, lora_path: str | None, max_model_len: int | None,
                     dtype: str | None, engine_args: dict | None, quiet: bool,
@@ -119,7 +81,7 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
     ``encache precompute``'s job, run over a temporary directory of links to just those
     files. Returns the identifiers handled (computed or failed)."""
     from encache.cli.precompute import run_precompute
-    from encache.cli.render import note
+    from encache.cli.render import PhaseProgress, note
 
     if not os.environ.get("ENCACHE_DEBUG"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
@@ -132,7 +94,7 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
             name = f"{k:06d}{os.path.splitext(path)[1].lower()}"
             os.symlink(os.path.abspath(path), os.path.join(tmp, name))
             by_link[name] = (ident, path)
-        with _EngineProgress(quiet) as prog:
+        with PhaseProgress(quiet) as prog:
             result = run_precompute(tmp, model, store_url, lora=lora, lora_path=lora_path,
                                     use_manifest=False, max_model_len=max_model_len,
                                     dtype=dtype, engine_args=engine_args, tag=tag,
