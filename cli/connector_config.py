@@ -14,10 +14,10 @@ from typing import Annotated
 import typer
 
 from .errors import EXIT_USAGE, EncacheError
+from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
 from .options import StoreOpt, TagOpt
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
-CONNECTOR_MODULE = "encache.connectors.vllm.connector"
 
 
 def build_config(store: str, role: str, extra: dict | None = None) -> dict:
@@ -28,7 +28,7 @@ def build_config(store: str, role: str, extra: dict | None = None) -> dict:
         import os
         store = os.path.abspath(os.path.expanduser(store))
     return {
-        "ec_connector": "EncacheConnector",
+        "ec_connector": CONNECTOR_CLASS,
         "ec_role": role,
         "ec_connector_module_path": CONNECTOR_MODULE,
         "ec_connector_extra_config": {"store": store, **(extra or {})},
