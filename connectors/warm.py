@@ -24,11 +24,11 @@ precompute job has a library API.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from .media import unreadable_reason  # noqa: F401 (part of this API)
 from .store.base import Store
 from .store.keys import split_lora
 
@@ -121,14 +121,6 @@ def hash_media(files: list[str], model: str, lora: str | None, summary: WarmSumm
         if progress is not None:
             progress(n)
     return idents
-
-
-def unreadable_reason(e: BaseException) -> str:
-    """One line for a file the hasher could not read (no object reprs, at most 300
-    characters)."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
-    return (text if text.startswith("not a") else f"not a readable image ({text})")[:300]
 
 
 def lora_of(identifier: str) -> str | None:
