@@ -253,20 +253,29 @@ def progress(label: str, total: int | None = None, *, quiet: bool = False,
 
 
 class PhaseProgress:
-    """A progress object with phases (``start(phase, total)`` / ``advance(n)``), the
-    interface job code with several phases drives (precompute: hashing, starting engine,
-    encoding). Drawn with Rich on stderr when it is a terminal, else silent."""
+    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=)``),
+    the interface job code with several phases drives (precompute: hashing, starting
+    engine, encoding). Drawn with Rich on stderr; silent when ``quiet`` or (with
+    ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
+    the last and the bar disappears at the end (else every phase's bar stays);
+    ``show_failures``: print ``failed …`` lines as ``advance(failed=…)`` reports them.
+    (precompute's ``_RichProgress`` is ``PhaseProgress(quiet, width=15, transient=False,
+    show_failures=True, terminal_only=False)``.)"""
 
-    def __init__(self, quiet: bool = False, *, width: int = 16):
+    def __init__(self, quiet: bool = False, *, width: int = 16, transient: bool = True,
+                 show_failures: bool = False, terminal_only: bool = True):
         self.bar = None
         self.task = None
-        if quiet or not is_tty(sys.stderr):
+        self.transient = transient
+        self.show_failures = show_failures
+        if quiet or (terminal_only and not is_tty(sys.stderr)):
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)
+        self.console = err_console()
         self.bar = Progress(TextColumn("{task.description:>%d}" % width), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console(),
-                            transient=True)
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
+                            transient=transient)
 
     def __enter__(self):
         if self.bar is not None:
@@ -279,10 +288,12 @@ class PhaseProgress:
 
     def start(self, phase: str, total: int | None) -> None:
         if self.bar is not None:
-            if self.task is not None:
+            if self.task is not None and self.transient:
                 self.bar.remove_task(self.task)
             self.task = self.bar.add_task(phase, total=total)
 
     def advance(self, n: int, failed: str | None = None) -> None:
         if self.bar is not None and self.task is not None:
             self.bar.advance(self.task, n)
+            if failed and self.show_failures:
+                self.console.print(f"[yellow]failed[/] {failed}")

@@ -40,3 +40,24 @@ def test_phase_progress_is_silent_off_a_terminal(capsys):
         p.start("encoding", 3)
         p.advance(3)
     assert p.bar is None and capsys.readouterr().err == ""
+
+
+def test_phase_progress_draws_phases_and_failures(monkeypatch):
+    """With terminal_only=False it draws on stderr (precompute's mode): every phase's bar
+    stays (transient=False) and failures are printed as they come."""
+    import encache.cli.render as render
+
+    buf = io.StringIO()
+    from rich.console import Console
+    monkeypatch.setattr(render, "err_console",
+                        lambda: Console(file=buf, width=100, force_terminal=False))
+    with PhaseProgress(width=15, transient=False, show_failures=True,
+                       terminal_only=False) as p:
+        p.start("hashing", 2)
+        p.advance(1, failed="a.png: not a readable image (truncated)")
+        p.advance(1)
+        p.start("encoding", 1)
+        p.advance(1)
+    text = buf.getvalue()
+    assert "failed a.png: not a readable image (truncated)" in text
+    assert "hashing" in text and "encoding" in text and "2/2" in text and "1/1" in text
