@@ -7,7 +7,6 @@ works); a ready-to-paste command line goes to stderr.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from typing import Annotated
@@ -15,10 +14,10 @@ from typing import Annotated
 import typer
 
 from .errors import EXIT_USAGE, EncacheError
+from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
 from .options import StoreOpt, TagOpt
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
-CONNECTOR_MODULE = "encache.connectors.vllm.connector"
 
 
 def build_config(store: str, role: str, extra: dict | None = None) -> dict:
@@ -29,7 +28,7 @@ def build_config(store: str, role: str, extra: dict | None = None) -> dict:
         import os
         store = os.path.abspath(os.path.expanduser(store))
     return {
-        "ec_connector": "EncacheConnector",
+        "ec_connector": CONNECTOR_CLASS,
         "ec_role": role,
         "ec_connector_module_path": CONNECTOR_MODULE,
         "ec_connector_extra_config": {"store": store, **(extra or {})},
@@ -66,9 +65,11 @@ def register(app: typer.Typer) -> None:
         if tag:
             extra["tag"] = tag
         cfg = build_config(store, role, extra)
-        text = json.dumps(cfg, separators=(",", ":"))
-        sys.stdout.write(text + "\n")
-        if sys.stderr.isatty():
+        from .render import emit, is_tty, json_text, note
+
+        text = json_text(cfg, compact=True, ascii=True)
+        emit(text)
+        if is_tty(sys.stderr):
             cmd = ["python", "-m", "vllm.entrypoints.openai.api_server",
                    "--model", model or "MODEL", "--ec-transfer-config", text]
-            sys.stderr.write("# serve with:\n" + shlex.join(cmd) + "\n")
+            note("# serve with:\n" + shlex.join(cmd))

@@ -21,7 +21,8 @@ STORE_HELP = ("Store URL: PATH, file://PATH, redis://host:port/db, rediss://…,
               "redis+cluster://host:port[,host:port…]")
 
 
-def _age(value: str) -> float:
+def parse_age(value: str) -> float:
+    """Typer ``parser=`` for AGE options (``90s``, ``12h``, ``7d``…)."""
     from encache.connectors.store.scanning import parse_age
 
     return parse_age(value)  # ValueError -> Typer usage error (exit 2)
@@ -57,7 +58,7 @@ QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="Print less: no progress, no summary.")]
 
 OlderThanOpt = Annotated[Optional[float], typer.Option(
-    "--older-than", metavar="AGE", parser=_age,
+    "--older-than", metavar="AGE", parser=parse_age,
     help="Entries not written or read for AGE (90s, 30m, 12h, 7d, 2w).")]
 
 LimitOpt = Annotated[Optional[int], typer.Option(

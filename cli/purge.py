@@ -9,7 +9,6 @@ whole or not at all.
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -19,13 +18,6 @@ from encache.cli.options import (DryRunOpt, JsonOpt, LoraOpt, ModelOpt, OlderTha
 
 #: rows of the plan shown to people (the summary line always counts everything)
 SHOW_ROWS = 25
-
-
-def can_prompt() -> bool:
-    """A person can answer a question: stdin is a terminal."""
-    from encache.cli.render import is_tty
-
-    return is_tty(sys.stdin)
 
 
 def render_plan(plan, rows: int = SHOW_ROWS) -> None:
@@ -84,7 +76,7 @@ def register(app: typer.Typer) -> None:
         combine (AND)."""
         from encache.cli import errors
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
-        from encache.cli.render import emit, emit_json, human_bytes, note, progress
+        from encache.cli.render import confirm, emit, emit_json, human_bytes, note, progress
         from encache.connectors.store.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
@@ -124,14 +116,12 @@ def register(app: typer.Typer) -> None:
                     emit_json({"plan": plan.to_dict(), "dry_run": dry_run, "result": None})
                 return
             if not yes:
-                if not can_prompt():
-                    raise errors.EncacheError(
-                        f"refusing to delete {plan.entries:,} entries "
-                        f"({human_bytes(plan.bytes)}) without confirmation: not on a terminal",
-                        errors.EXIT_ABORTED, hint="pass --yes to confirm, or --dry-run to look")
-                if not typer.confirm(f"Delete {plan.entries:,} entries "
-                                     f"({human_bytes(plan.bytes)})?", default=False, err=True):
-                    raise errors.EncacheError("aborted; nothing was deleted", errors.EXIT_ABORTED)
+                confirm(f"Delete {plan.entries:,} entries ({human_bytes(plan.bytes)})?",
+                        refusal=f"refusing to delete {plan.entries:,} entries "
+                                f"({human_bytes(plan.bytes)}) without confirmation: not on a "
+                                f"terminal",
+                        hint="pass --yes to confirm, or --dry-run to look",
+                        declined="aborted; nothing was deleted")
             with progress("Deleting", plan.count, quiet=quiet or json_) as tick:
                 result = execute(plan, st, progress=tick)
         if json_:

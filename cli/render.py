@@ -1,5 +1,9 @@
-"""Output helpers: Rich tables for people (stdout), JSON for machines (stdout), progress and
-notes on stderr. Commands build plain data first and hand it to one renderer per format.
+"""The CLI's one output path: Rich tables for people (stdout), JSON for machines (stdout),
+progress bars, notes and confirmation prompts on stderr. Commands build plain data first
+and hand it to one renderer per format; no command writes to stdout/stderr, draws a
+progress bar or asks a question any other way (``precompute``, ``list`` and ``stats``
+still have a few of their own, to be moved here: precompute's ``_RichProgress`` is
+:class:`PhaseProgress`, its ``--json`` dump is ``emit_json(data, indent=2, ascii=True)``).
 
 Rich is imported lazily (only when a table or a progress bar is drawn), so ``--json``
 and ``-q`` paths start fast.
@@ -52,10 +56,40 @@ def emit(line: str = "") -> None:
     print(line, file=sys.stdout)
 
 
-def emit_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, allow_nan=False))
+def json_text(obj, *, compact: bool = False, indent: int | None = None,
+              ascii: bool = False) -> str:
+    """The JSON encoding every command uses (no NaN; UTF-8 unless ``ascii``;
+    ``compact``: no spaces, for a value pasted into a command line)."""
+    return json.dumps(obj, ensure_ascii=ascii, allow_nan=False, indent=indent,
+                      separators=(",", ":") if compact else None)
+
+
+def emit_json(obj, *, compact: bool = False, indent: int | None = None,
+              ascii: bool = False) -> None:
+    """One JSON document on stdout (``--json`` results)."""
+    sys.stdout.write(json_text(obj, compact=compact, indent=indent, ascii=ascii))
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+# -- questions -----------------------------------------------------------------------
+
+def can_prompt() -> bool:
+    """A person can answer a question: stdin is a terminal."""
+    return is_tty(sys.stdin)
+
+
+def confirm(question: str, *, refusal: str, declined: str, hint: str | None = None) -> None:
+    """Ask ``question`` on stderr (default: no). Raises the exit-6 error ``refusal`` (with
+    ``hint``) when no person can answer, ``declined`` when the answer is no."""
+    import typer
+
+    from encache.cli import errors
+
+    if not can_prompt():
+        raise errors.EncacheError(refusal, errors.EXIT_ABORTED, hint=hint)
+    if not typer.confirm(question, default=False, err=True):
+        raise errors.EncacheError(declined, errors.EXIT_ABORTED)
 
 
 # -- human formats -------------------------------------------------------------------
@@ -216,3 +250,50 @@ def progress(label: str, total: int | None = None, *, quiet: bool = False,
     with bar:
         bar.refresh()
         yield update
+
+
+class PhaseProgress:
+    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=)``),
+    the interface job code with several phases drives (precompute: hashing, starting
+    engine, encoding). Drawn with Rich on stderr; silent when ``quiet`` or (with
+    ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
+    the last and the bar disappears at the end (else every phase's bar stays);
+    ``show_failures``: print ``failed …`` lines as ``advance(failed=…)`` reports them.
+    (precompute's ``_RichProgress`` is ``PhaseProgress(quiet, width=15, transient=False,
+    show_failures=True, terminal_only=False)``.)"""
+
+    def __init__(self, quiet: bool = False, *, width: int = 16, transient: bool = True,
+                 show_failures: bool = False, terminal_only: bool = True):
+        self.bar = None
+        self.task = None
+        self.transient = transient
+        self.show_failures = show_failures
+        if quiet or (terminal_only and not is_tty(sys.stderr)):
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+        self.console = err_console()
+        self.bar = Progress(TextColumn("{task.description:>%d}" % width), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
+                            transient=transient)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, phase: str, total: int | None) -> None:
+        if self.bar is not None:
+            if self.task is not None and self.transient:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(phase, total=total)
+
+    def advance(self, n: int, failed: str | None = None) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.advance(self.task, n)
+            if failed and self.show_failures:
+                self.console.print(f"[yellow]failed[/] {failed}")

@@ -21,6 +21,11 @@ with raw bytes and seconds). Exit code 3 when some items failed (unreadable imag
 corrupt or missing entries), 7 when a store is unreachable.
 
 vLLM is imported only to hash IMAGE arguments or to compute missing entries.
+
+The job's parts (selection, hashing, promote, page-cache read, :class:`WarmSummary`) are
+library code in :mod:`encache.connectors.warm`; this module validates options, opens the
+stores, draws progress and renders. ``--compute-missing`` still reuses precompute through
+a temporary corpus directory (until precompute's job has a library API).
 """
 
 from __future__ import annotations
@@ -29,81 +34,22 @@ import contextlib
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from encache.cli import errors
 from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
+if TYPE_CHECKING:
+    from encache.connectors.warm import WarmSummary
+
 #: failures shown in the table (all of them are in --json)
 SHOW_FAILURES = 20
 
 
-@dataclass
-class WarmSummary:
-    """What a warm run did (raw ints and seconds; ``to_dict`` for ``--json``)."""
-
-    mode: str  # "copy" (promote --from a disk store) or "page-cache"
-    store: str  # destination (copy) or the warmed disk store; password redacted
-    source: str | None = None
-    lora: str | None = None
-    requested: int | None = None  # explicit identifiers asked for (None: all entries)
-    copied: int = 0
-    skipped: int = 0  # already in the destination
-    computed: int = 0  # encoded by the producer engine (--compute-missing)
-    entries: int = 0  # page cache: entry files read
-    bytes: int = 0  # bytes written to the destination (copy) / read (page cache)
-    seconds: float = 0.0  # the copy / read phase
-    total_seconds: float = 0.0  # including hashing and computing
-    hashed: int = 0  # IMAGE files hashed
-    skipped_non_media: int = 0  # files in IMAGE directories that are not images or videos
-    failures: list[dict] = field(default_factory=list)  # {identifier, path, reason}
-    non_media: list[dict] = field(default_factory=list)  # {path, reason}: skipped, not failed
-
-    @property
-    def failed(self) -> int:
-        return len(self.failures)
-
-    @property
-    def bytes_per_second(self) -> float:
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-    def fail(self, identifier: str | None, reason: str, path: str | None = None) -> None:
-        self.failures.append({"identifier": identifier, "path": path, "reason": reason})
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["failed"] = self.failed
-        d["bytes_per_second"] = self.bytes_per_second
-        return d
-
-
-# -- selection -----------------------------------------------------------------------
-
-def expand_images(paths: list[str], summary: WarmSummary | None = None) -> list[str]:
-    """Files as given; directories searched recursively for media by content, like
-    precompute (files there that are not images or videos are skipped and, with
-    ``summary``, counted and listed). A file given by name is always hashed: if it is
-    not media, that is its failure."""
-    from encache.connectors.corpus import non_media_reason, walk
-
-    out: list[str] = []
-    for p in paths:
-        if os.path.isdir(p):
-            for f in walk(p):
-                reason = non_media_reason(f)
-                if reason is None:
-                    out.append(f.path)
-                elif summary is not None:
-                    summary.skipped_non_media += 1
-                    summary.non_media.append({"path": f.path, "reason": reason})
-        else:
-            out.append(os.path.abspath(p))
-    return out
-
+# -- selection (the job: encache.connectors.warm) -------------------------------------
 
 def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSummary, *,
                 engine_args: dict | None = None, quiet: bool = False) -> dict[str, str]:
@@ -111,78 +57,21 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
     Hashed as precompute does, with the server settings among ``engine_args``."""
     from encache.cli.precompute import hashing_settings
     from encache.cli.render import progress
+    from encache.connectors.warm import hash_media
 
     media_io_kwargs, hash_algo = hashing_settings(engine_args)
-
     try:
-        from encache.connectors.vllm.hashing import identify_file
+        from encache.connectors.vllm.hashing import identify_file  # noqa: F401
     except ImportError as e:
         raise errors.EncacheError(
             f"hashing IMAGE arguments needs vLLM's hasher, which does not import: {e}",
             errors.EXIT_ENGINE, hint="install encache with the [cpu] or [gpu] extra") from None
-    idents: dict[str, str] = {}
     with progress("Hashing images", len(files), quiet=quiet, unit="images") as tick:
-        for n, path in enumerate(files, 1):
-            try:
-                ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
-                                      media_io_kwargs=media_io_kwargs).identifier
-            except ImportError:
-                raise
-            except Exception as e:  # any decoding error (MediaError), OSError: this file's
-                summary.fail(None, _unreadable(e), path)
-            else:
-                idents.setdefault(ident, path)
-            tick(n)
-    return idents
-
-
-def _unreadable(e: BaseException) -> str:
-    import re
-
-    text = " ".join(str(e).split()) or type(e).__name__
-    text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
-    return (text if text.startswith("not a") else f"not a readable image ({text})")[:300]
+        return hash_media(files, model, lora, summary, hash_algo=hash_algo,
+                          media_io_kwargs=media_io_kwargs, progress=tick)
 
 
 # -- computing missing entries (producer engine) -------------------------------------
-
-class _EngineProgress:
-    """The ``progress`` object ``run_precompute`` drives (start/advance), drawn with Rich
-    on stderr when it is a terminal."""
-
-    def __init__(self, quiet: bool):
-        from encache.cli.render import err_console, is_tty
-        import sys
-
-        self.bar = None
-        self.task = None
-        if quiet or not is_tty(sys.stderr):
-            return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-        self.bar = Progress(TextColumn("{task.description:>16}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console(),
-                            transient=True)
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-
-    def start(self, phase: str, total: int | None) -> None:
-        if self.bar is not None:
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(phase, total=total)
-
-    def advance(self, n: int, failed: str | None = None) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.advance(self.task, n)
-
 
 def compute_missing(missing: dict[str, str], model: str, store_url: str, summary: WarmSummary,
                     *, lora: str | None, lora_path: str | None, max_model_len: int | None,
@@ -192,7 +81,7 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
     ``encache precompute``'s job, run over a temporary directory of links to just those
     files. Returns the identifiers handled (computed or failed)."""
     from encache.cli.precompute import run_precompute
-    from encache.cli.render import note
+    from encache.cli.render import PhaseProgress, note
 
     if not os.environ.get("ENCACHE_DEBUG"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
@@ -205,7 +94,7 @@ def compute_missing(missing: dict[str, str], model: str, store_url: str, summary
             name = f"{k:06d}{os.path.splitext(path)[1].lower()}"
             os.symlink(os.path.abspath(path), os.path.join(tmp, name))
             by_link[name] = (ident, path)
-        with _EngineProgress(quiet) as prog:
+        with PhaseProgress(quiet) as prog:
             result = run_precompute(tmp, model, store_url, lora=lora, lora_path=lora_path,
                                     use_manifest=False, max_model_len=max_model_len,
                                     dtype=dtype, engine_args=engine_args, tag=tag,
@@ -236,76 +125,29 @@ def _drop_manifest(store_url: str, corpus: str, model: str, lora: str | None,
             st.close()
 
 
-# -- the two jobs --------------------------------------------------------------------
+# -- the two jobs (library: encache.connectors.warm), with a progress bar --------------
 
 def copy_phase(src, dst, idents: list[str] | None, summary: WarmSummary, *, lora: str | None,
                overwrite: bool, paths: dict[str, str], quiet: bool) -> None:
     """Promote entries ``src`` -> ``dst`` (``idents=None``: all, optionally one LoRA)."""
     from encache.cli.render import progress
-    from encache.connectors.store.transfer import TransferAborted, copy_entries
+    from encache.connectors.warm import count_selected, promote
 
-    if idents is None:
-        total = sum(1 for i in src.identifiers() if lora is None or _lora_of(i) == lora)
-    else:
-        total = len(idents)
-    done = 0
-    t0 = time.perf_counter()
+    total = count_selected(src, idents, lora)
     with progress("Copying", total, quiet=quiet) as tick:
-        def on_item(ident: str, outcome: str, nbytes: int) -> None:
-            nonlocal done
-            done += 1
-            tick(done)
-
-        try:
-            report = copy_entries(src, dst, idents, lora=lora if idents is None else None,
-                                  skip_existing=not overwrite, progress=on_item)
-        except TransferAborted as e:
-            _add_report(summary, e.report, paths)
-            summary.seconds = time.perf_counter() - t0
-            e.summary = summary  # the partial work, for the caller to show
-            raise
-    summary.seconds = time.perf_counter() - t0
-    _add_report(summary, report, paths)
-
-
-def _lora_of(identifier: str) -> str | None:
-    from encache.connectors.store.keys import split_lora
-
-    return split_lora(identifier)[0]
-
-
-def _add_report(summary: WarmSummary, report, paths: dict[str, str]) -> None:
-    summary.copied += report.copied
-    summary.skipped += report.skipped
-    summary.bytes += report.bytes
-    for ident, reason in report.errors:
-        summary.fail(ident, reason, paths.get(ident))
+        promote(src, dst, idents, summary, lora=lora, overwrite=overwrite, paths=paths,
+                progress=tick)
 
 
 def page_cache_phase(store, idents: list[str] | None, summary: WarmSummary, *,
                      lora: str | None, paths: dict[str, str], quiet: bool) -> None:
     """Read a disk store's entry files into the OS page cache."""
     from encache.cli.render import progress
-    from encache.connectors.store.transfer import warm_page_cache
+    from encache.connectors.warm import count_selected, read_into_page_cache
 
-    if idents is None:
-        total = sum(1 for i in store.identifiers() if lora is None or _lora_of(i) == lora)
-    else:
-        total = len(idents)
-    read: set[str] = set()
+    total = count_selected(store, idents, lora)
     with progress("Reading into the page cache", total, quiet=quiet) as tick:
-        def on_item(ident: str, nbytes: int) -> None:
-            read.add(ident)
-            tick(len(read))
-
-        report = warm_page_cache(store, idents, lora=lora if idents is None else None,
-                                 progress=on_item)
-    summary.entries += report.entries
-    summary.bytes += report.bytes
-    summary.seconds = report.seconds
-    for ident in idents or ():
-        if ident not in read:
-            summary.fail(ident, "missing", paths.get(ident))
+        read_into_page_cache(store, idents, summary, lora=lora, paths=paths, progress=tick)
 
 
 # -- rendering -----------------------------------------------------------------------
@@ -366,7 +208,7 @@ def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> N
 # -- the command ---------------------------------------------------------------------
 
 def _same_disk_store(a, b) -> bool:
-    ra, rb = getattr(a, "root", None), getattr(b, "root", None)
+    ra, rb = a.root, b.root
     if ra is None or rb is None:
         return False
     try:
@@ -385,6 +227,7 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
     from encache.cli.common import display_url, opened, usage
     from encache.connectors.store.keys import InvalidIdentifier, validate
     from encache.connectors.store.url import is_redis_url
+    from encache.connectors.warm import WarmSummary, expand_images
 
     images = list(images or [])
     identifiers = list(identifiers or [])
@@ -424,9 +267,7 @@ def run_warm(store_url: str, *, source_url: str | None = None, images: list[str]
         dst = stack.enter_context(opened(store_url))
         if src is not None and _same_disk_store(src, dst):
             raise usage(f"--from and --store are the same store ({src.url})")
-        ping = getattr(dst, "ping", None)
-        if callable(ping):
-            ping()  # a dead or misconfigured Redis fails here, before any hashing
+        dst.ping()  # a dead or misconfigured Redis fails here, before any hashing
         summary = WarmSummary(mode="copy" if src is not None else "page-cache",
                               store=display_url(store_url, dst),
                               source=display_url(source_url, src) if src is not None else None,

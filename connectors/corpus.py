@@ -23,11 +23,13 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .media import IMAGE_SUFFIXES, MEDIA_SUFFIXES, VIDEO_SUFFIXES, sniff, suffix_kind  # noqa: F401
+from .store.files import atomic_write_json
+# ``--shard i/N`` for precompute: one implementation, with the store's transfer helpers
+from .store.transfer import parse_shard, shard_of  # noqa: F401
 
 MANIFEST_VERSION = 1
 
@@ -91,22 +93,6 @@ def walk(root: str | os.PathLike) -> list[CorpusFile]:
     return out
 
 
-def shard_of(key: str, index: int, count: int) -> bool:
-    """Deterministic split for ``--shard i/N``: the same key lands on the same host."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
-    return int.from_bytes(digest[:8], "big") % count == index
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard must look like i/N (e.g. 0/4), got {text!r}") from None
-    if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard {text}: need 0 <= i < N")
-    return i, n
-
-
 class Manifest:
     """``rel -> (size, mtime_ns, identifier)`` for one corpus/model/LoRA/algorithm."""
 
@@ -156,16 +142,6 @@ class Manifest:
     def save(self) -> None:
         if not self.dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"version": MANIFEST_VERSION, "key": self.key, "files": self.files}, fh)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write_json(self.path, {"version": MANIFEST_VERSION, "key": self.key,
+                                      "files": self.files})
         self.dirty = False

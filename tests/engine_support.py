@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from encache.connectors.vllm import CONNECTOR_MODULE
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -28,7 +30,7 @@ PRECOMPUTE_KW = dict(max_model_len=256, dtype="float32",
 
 def consumer_config(store: str, role: str = "ec_consumer", **extra) -> dict:
     return {"ec_connector": "EncacheConnector", "ec_role": role,
-            "ec_connector_module_path": "encache.connectors.vllm.connector",
+            "ec_connector_module_path": CONNECTOR_MODULE,
             "ec_connector_extra_config": {"store": store, "counters_flush_s": 0.2, **extra}}
 
 

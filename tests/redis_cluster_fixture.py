@@ -227,11 +227,35 @@ class LocalCluster:
     # -- operations --------------------------------------------------------------------------
     def reshard(self, src: RedisServer, dst: RedisServer, slots: int,
                 timeout: float = 300) -> subprocess.CompletedProcess:
-        """Move ``slots`` slots (and their keys) from ``src`` to ``dst`` with redis-cli."""
+        """Move ``slots`` slots (and their keys) from ``src`` to ``dst`` with redis-cli.
+
+        redis-cli refuses to start a reshard while the nodes' views of the slot map still
+        differ ("Nodes don't agree about configuration!"), which on a loaded machine happens
+        for a while after the previous reshard or failover: it then moves nothing, so wait
+        for gossip to converge (``--cluster check``) and try again."""
         argv = [REDIS_CLI, *self._auth(), "--cluster", "reshard", f"{HOST}:{src.port}",
                 "--cluster-from", self.node_id(src), "--cluster-to", self.node_id(dst),
                 "--cluster-slots", str(slots), "--cluster-yes", "--cluster-pipeline", "20"]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self.wait_agreement(src, deadline)
+            out = subprocess.run(argv, capture_output=True, text=True,
+                                 timeout=max(5.0, deadline - time.monotonic()))
+            if "agree about configuration" not in out.stdout + out.stderr \
+                    or time.monotonic() > deadline:
+                return out
+            time.sleep(0.5)
+
+    def wait_agreement(self, node: RedisServer, deadline: float) -> None:
+        """Until ``redis-cli --cluster check`` says every node agrees on the slot map (or
+        the deadline passes: the caller's command then reports the disagreement)."""
+        argv = [REDIS_CLI, *self._auth(), "--cluster", "check", f"{HOST}:{node.port}"]
+        while time.monotonic() < deadline:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            if "All nodes agree about slots configuration" in out.stdout \
+                    and "Nodes don't agree" not in out.stdout:
+                return
+            time.sleep(0.5)
 
     def kill(self, node: RedisServer) -> None:
         node.kill()  # SIGKILL by PID

@@ -595,13 +595,6 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _atomic_write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    from .files import atomic_write_json
+
+    atomic_write_json(path, data, prefix=TEMP_PREFIX)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .base import Store, StoreError
+from .disk import open_untracked
 from .entry import CorruptEntry, decode, parse_header
 from .keys import split_lora
 
@@ -137,19 +138,6 @@ class WarmReport:
 
 
 _CHUNK = 8 << 20
-_NOATIME = getattr(os, "O_NOATIME", 0)
-
-
-def _open_noatime(path) -> int:
-    """Open for reading without updating atime (atime is the disk store's LRU clock)."""
-    if _NOATIME:
-        try:
-            return os.open(path, os.O_RDONLY | _NOATIME)
-        except PermissionError:  # O_NOATIME needs file ownership; fall back
-            pass
-    return os.open(path, os.O_RDONLY)
-
-
 def warm_page_cache(store, identifiers: Iterable[str] | None = None, *,
                     lora: str | None = None,
                     progress: Callable[[str, int], None] | None = None) -> WarmReport:
@@ -176,7 +164,7 @@ def warm_page_cache(store, identifiers: Iterable[str] | None = None, *,
         if not _lora_matches(ident, lora):
             continue
         try:
-            fd = _open_noatime(entry_path(ident))
+            fd = open_untracked(entry_path(ident))
         except (FileNotFoundError, NotADirectoryError):
             report.missing += 1
             continue
@@ -208,8 +196,9 @@ def parse_shard(text: str) -> tuple[int, int]:
         i_s, n_s = text.split("/")
         i, n = int(i_s), int(n_s)
     except ValueError:
-        raise ValueError(f"shard must look like i/N (e.g. 0/4), got {text!r}") from None
-    _check_shard(i, n)
+        raise ValueError(f"--shard must look like i/N (e.g. 0/4), got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {text}: need 0 <= i < N")
     return i, n
 
 

@@ -9,8 +9,9 @@ config can say ``"ec_connector": "EncacheConnector"`` without a module path.
 
 from __future__ import annotations
 
-CONNECTOR_NAMES = ("EncacheConnector", "EncacheDisk", "EncacheRedis")
-MODULE = "encache.connectors.vllm.connector"
+from . import CONNECTOR_CLASS, CONNECTOR_MODULE as MODULE
+
+CONNECTOR_NAMES = (CONNECTOR_CLASS, "EncacheDisk", "EncacheRedis")
 
 
 def register() -> None:
@@ -18,6 +19,6 @@ def register() -> None:
 
     for name in CONNECTOR_NAMES:
         try:
-            ECConnectorFactory.register_connector(name, MODULE, "EncacheConnector")
+            ECConnectorFactory.register_connector(name, MODULE, CONNECTOR_CLASS)
         except ValueError:  # already registered: vLLM may load plugins more than once
             pass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger("encache.producer")
 
-CONNECTOR_MODULE = "encache.connectors.vllm.connector"
+from . import CONNECTOR_MODULE  # noqa: F401 (also imported from here by older code)
 
 
 @dataclass

@@ -101,9 +101,11 @@ def bench_loads(stores: dict, entries: int, rounds: int) -> dict:
 
 def _vllm_config(model: str, extra: dict):
     from vllm.config import ECTransferConfig, ModelConfig, VllmConfig
+
+    from encache.connectors.vllm import CONNECTOR_MODULE
     mc = ModelConfig(model=model, dtype="float32", max_model_len=256)
     tc = ECTransferConfig(ec_connector="EncacheConnector", ec_role="ec_consumer",
-                          ec_connector_module_path="encache.connectors.vllm.connector",
+                          ec_connector_module_path=CONNECTOR_MODULE,
                           ec_connector_extra_config=extra)
     return VllmConfig(model_config=mc, ec_transfer_config=tc)
 

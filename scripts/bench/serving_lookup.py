@@ -81,7 +81,7 @@ def run(entries: int = 1000, rounds: int = 20, out: str = "serving_lookup", plot
             p = ex_dir / ident / "encoder_cache.safetensors"
             p.parent.mkdir(parents=True)
             p.write_bytes(bytes(header) + bytes(view))
-        mod = "encache.connectors.vllm.connector"
+        from encache.connectors.vllm import CONNECTOR_MODULE as mod
         common = {"index_refresh_s": 3600, "counters_flush_s": 3600}
         conns["encache.disk"] = EncacheConnector(
             _vllm_config(model, "EncacheConnector", mod, {"store": str(disk_dir), **common}),
