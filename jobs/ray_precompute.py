@@ -199,7 +199,11 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
         ds = ds.map_batches(_EngineActor,
                             fn_constructor_kwargs={"options": opts, "cwd": os.getcwd()},
-                            batch_size=batch, concurrency=engines, num_cpus=cpus_per_engine,
+                            batch_size=batch, num_cpus=cpus_per_engine,
+                            # one batch in flight per engine: the next batch goes to
+                            # whichever engine is free, so a slow node gets less work
+                            compute=ray.data.ActorPoolStrategy(
+                                size=engines, max_tasks_in_flight_per_actor=1),
                             num_gpus=gpus_per_engine or None, batch_format="numpy",
                             resources=dict(resources_per_engine or {}) or None, **remote)
     if progress:
