@@ -246,35 +246,36 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
     r = cluster.client()
     killed: dict = {}
 
-    def kill_when_writing():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            present = set(store.identifiers())
-            if present:
-                pending: dict[int, list[str]] = {}
-                for ident in set(idents.values()) - present:
-                    port = r.get_node_from_key(store.key(ident)).port
-                    pending.setdefault(port, []).append(ident)
-                candidates = [n for n in cluster.primaries() if pending.get(n.port)
-                              and cluster.replica_of(n) is not None]
-                if not pending:  # everything written before a kill could land: too late
-                    killed["none"] = True
-                    return
-                if not candidates:  # what is pending sits on primaries without a replica
-                    time.sleep(0.05)  # (yet: a rejoined node may still be attaching)
-                    continue
-                victim = max(candidates, key=lambda n: len(pending[n.port]))
-                killed.update(replica=cluster.replica_of(victim), pending=pending[victim.port])
-                cluster.kill(victim)
-                killed["node"] = victim
-                return
-            time.sleep(0.05)
+    class KillWhileWriting:
+        """precompute's progress hook: after the first page is encoded (one page per
+        engine call), SIGKILL the primary holding most of the pages still to be written,
+        so the writes that follow must wait out the failover -- deterministic, where a
+        watcher thread polling the store could miss a fast run."""
 
-    th = threading.Thread(target=kill_when_writing, daemon=True)
-    th.start()
-    # one page per engine call: a wider window for the kill on a fast, quiet machine
-    first = run_precompute(corpus["root"], tiny_model, url, batch=1, **PRECOMPUTE_KW)
-    th.join(30)
+        phase = ""
+
+        def start(self, phase, total):
+            self.phase = phase
+
+        def advance(self, n, failed=None):
+            if self.phase != "encoding" or killed:
+                return
+            pending: dict[int, list[str]] = {}
+            for ident in set(idents.values()) - set(store.identifiers()):
+                port = r.get_node_from_key(store.key(ident)).port
+                pending.setdefault(port, []).append(ident)
+            candidates = [n for n in cluster.primaries() if pending.get(n.port)
+                          and cluster.replica_of(n) is not None]
+            if not candidates:
+                killed["none"] = pending
+                return
+            victim = max(candidates, key=lambda n: len(pending[n.port]))
+            killed.update(replica=cluster.replica_of(victim), pending=pending[victim.port])
+            cluster.kill(victim)
+            killed["node"] = victim
+
+    first = run_precompute(corpus["root"], tiny_model, url, batch=1,
+                           progress=KillWhileWriting(), **PRECOMPUTE_KW)
     assert "node" in killed, f"no primary was killed while entries were pending: {killed}"
     deadline = time.monotonic() + 60
     while True:  # the replica takes over; every node agrees on the new topology

@@ -176,7 +176,7 @@ def test_concurrent_writer_and_purge(store):
 
 
 def test_stats_and_verify_agree_with_a_full_scan(store):
-    from encache.cli.verify import verify_store
+    from encache.connectors.store.verify import verify_store
 
     assert_agrees(store)
     time.sleep(0.01)
@@ -186,7 +186,7 @@ def test_stats_and_verify_agree_with_a_full_scan(store):
     full = summarize_entries(store.scan(use_index=False))
     assert with_index == full
     assert with_index.entries == 61 and with_index.unreadable == 1 and with_index.legacy == 1
-    rep = verify_store(store, str(store.root), threads=2)
+    rep = verify_store(store, display_url=str(store.root), threads=2)
     assert rep.checked == full.entries
     assert len(rep.bad) == full.unreadable
 
