@@ -13,9 +13,10 @@ What: the same job as single-host precompute (same identifiers, same entries, sa
    file's manifest record), vLLM's hasher for new or changed files (``identify_file``), and
    skip-present (one header read per identifier, ``holds()`` semantics). No engine starts
    when nothing is missing, as single-host.
-3. **Encode** (Ray Data): ``from_items(missing)`` -> ``map_batches(read)`` (file bytes to
-   data URLs, fractional-CPU tasks) -> ``map_batches(_EngineActor, concurrency=N)``: each
-   actor holds one in-process ``ProducerEngine`` whose connector writes to the shared store
+3. **Encode** (Ray Data): ``from_items(missing)`` (identifier, path) ->
+   ``map_batches(_EngineActor, concurrency=N)``: each actor reads its batch's files (bytes
+   to data URLs, as single-host) and holds one in-process ``ProducerEngine`` whose
+   connector writes to the shared store
    (atomic renames / MULTI: nothing partial is ever visible). A batch returns only once
    its entries are written, so a batch that reported "ok" is durable. An actor process that
    dies is restarted by Ray and its batch retried (``max_restarts``/``max_task_retries``).
@@ -111,8 +112,13 @@ def identify_chunk(chunk: list, store_url: str, model: str, lora: str | None, ha
 # --------------------------------------------------------------------------- encode
 
 def read_batch(batch: dict) -> dict:
-    """Ray Data map: file bytes -> data URLs and media kinds (image_url or video_url), as
-    single-host precompute builds them; a read error becomes that row's error."""
+    """File bytes -> data URLs and media kinds (image_url or video_url), as single-host
+    precompute builds them; a read error becomes that row's error.
+
+    The engine actor calls this on its own batch rather than a separate Ray Data read stage:
+    the pool's input (identifiers and paths) then exists in full before the first dispatch,
+    so every free engine gets a batch at once. A read stage in front of a fast encoder
+    trickles its blocks out, and whichever engine is free first takes them all."""
     from ..cli.precompute import _media_item
     from ..connectors.corpus import CorpusFile
 
@@ -145,6 +151,7 @@ class _EngineActor:
 
     def __call__(self, batch: dict) -> dict:
         t0, wall0 = time.perf_counter(), time.time()
+        batch = read_batch(batch)
         idents = list(batch["identifier"])
         errors = list(batch["error"])
         payload = [(i, u, str(k)) for i, u, k, e in zip(idents, batch["url"], batch["kind"],
@@ -180,7 +187,7 @@ class _EngineActor:
 
 def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: int,
                   batch: int, cpus_per_engine: float, gpus_per_engine: float,
-                  read_cpus: float, max_restarts: int, resources_per_engine: dict | None,
+                  max_restarts: int, resources_per_engine: dict | None,
                   start_timeout: float, progress) -> tuple[list, dict, set]:
     """Encode ``todo`` (identifier -> CorpusFile) on an actor pool; returns the identifiers
     the engines encoded, ``{identifier: error}`` for the rest, and the identifiers the
@@ -191,7 +198,6 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
     rows = [{"identifier": i, "rel": f.rel, "path": f.path} for i, f in todo.items()]
     blocks = max(1, min(len(rows), -(-len(rows) // batch)))
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
-    ds = ds.map_batches(read_batch, batch_size=batch, num_cpus=read_cpus, batch_format="numpy")
     # a died actor process is restarted and its batch retried (Ray 2.60 takes these two
     # through **ray_remote_args only, with a deprecation warning for Ray 2.64)
     remote = dict(max_restarts=max_restarts, max_task_retries=max(3, max_restarts))
@@ -266,7 +272,7 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
 
 def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str = "auto",
                        engines: int = 1, gpus_per_engine: float = 0.0,
-                       cpus_per_engine: float | None = None, read_cpus: float = 0.25,
+                       cpus_per_engine: float | None = None,
                        max_restarts: int = 3, resources_per_engine: dict | None = None,
                        start_timeout: float = 900.0, lora: str | None = None, lora_path: str | None = None, batch: int = 16,
                        wait: float = 0.0, prune_missing: bool = False, shard: str | None = None,
@@ -277,8 +283,8 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
                        progress=None) -> RaySummary:
     """The precompute job on a Ray cluster; the same result as ``run_precompute``.
 
-    ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the read tasks
-    still get CPU on a small node). ``resources_per_engine`` places engines by custom
+    ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the identify
+    tasks and other work on a small node still get CPU). ``resources_per_engine`` places engines by custom
     resources (e.g. ``{"encache_engine": 1}`` on nodes started with that resource)."""
     shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
     if engines < 1:
@@ -291,7 +297,7 @@ def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str 
         return _connect_and_run(address, dict(
                     corpus=corpus, model=model, store_url=store_url, engines=engines,
                     gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine,
-                    read_cpus=read_cpus, max_restarts=max_restarts,
+                    max_restarts=max_restarts,
                     resources_per_engine=resources_per_engine, start_timeout=start_timeout,
                     lora=lora, lora_path=lora_path, batch=batch, wait=wait,
                     prune_missing=prune_missing, shard=shard, shard_spec=shard_spec,
@@ -315,7 +321,7 @@ def _connect_and_run(address: str, kw: dict) -> RaySummary:
 
 
 def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cpus_per_engine,
-         read_cpus, max_restarts, resources_per_engine, start_timeout, lora, lora_path, batch, wait,
+         max_restarts, resources_per_engine, start_timeout, lora, lora_path, batch, wait,
          prune_missing, shard, shard_spec, use_manifest, dry_run, max_model_len, dtype,
          engine_args, max_bytes, hash_algo, tag, progress, walk, shard_of, Manifest,
          open_store, is_redis_url) -> RaySummary:
@@ -392,7 +398,7 @@ def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cp
                     batch=batch, max_model_len=max_model_len, dtype=dtype,
                     engine_args=engine_args, max_bytes=max_bytes, tag=tag, engines=engines,
                     cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
-                    read_cpus=read_cpus, max_restarts=max_restarts,
+                    max_restarts=max_restarts,
                     resources_per_engine=resources_per_engine, start_timeout=start_timeout,
                     progress=progress)
         if prune_missing and not dry_run:  # as single-host (driver side)
@@ -413,7 +419,7 @@ def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cp
 
 def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batch,
             max_model_len, dtype, engine_args, max_bytes, tag, engines, cpus_per_engine,
-            gpus_per_engine, read_cpus, max_restarts, resources_per_engine, start_timeout,
+            gpus_per_engine, max_restarts, resources_per_engine, start_timeout,
             progress) -> None:
     from ..connectors.media import sniff
 
@@ -427,7 +433,7 @@ def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batc
     summary.engine_started = True
     ok, failed, saved = encode_on_ray(ray, todo, opts, summary, engines=engines, batch=batch,
                                cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
-                               read_cpus=read_cpus, max_restarts=max_restarts,
+                               max_restarts=max_restarts,
                                resources_per_engine=resources_per_engine,
                                start_timeout=start_timeout, progress=progress)
     for ident, err in failed.items():

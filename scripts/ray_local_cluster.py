@@ -36,8 +36,10 @@ def free_port() -> int:
 
 
 class LocalRayCluster:
-    def __init__(self, nodes: list[dict], python: str = sys.executable):
+    def __init__(self, nodes: list[dict], python: str = sys.executable,
+                 node_env: dict | None = None):
         self.nodes = nodes
+        self.node_env = dict(node_env or {})  # extra environment of every node (and worker)
         self.python = python
         self.procs: list[subprocess.Popen] = []
         self.tmp = tempfile.mkdtemp(prefix="encray-", dir="/tmp")  # short: socket paths
@@ -72,8 +74,9 @@ class LocalRayCluster:
         else:
             args += ["--address", self.address]
         log = open(os.path.join(self.tmp, f"node{i}.log"), "wb")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env(),
-                                start_new_session=True, cwd=self.tmp)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env(**self.node_env), start_new_session=True,
+                                cwd=self.tmp)
         self.procs.append(proc)
         deadline = time.monotonic() + timeout
         path = os.path.join(self.tmp, f"node{i}.log")

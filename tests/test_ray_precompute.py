@@ -43,8 +43,10 @@ ENCACHE = [sys.executable, "-m", "encache.cli"]
 @pytest.fixture(scope="module")
 def cluster():
     from ray_local_cluster import LocalRayCluster
+    # the encoder probe on every worker's path: inert unless a run sets its variables
     c = LocalRayCluster([{"num_cpus": 2, "resources": {"encache_node_0": 1}},
-                         {"num_cpus": 2, "resources": {"encache_node_1": 1}}])
+                         {"num_cpus": 2, "resources": {"encache_node_1": 1}}],
+                        node_env={"PYTHONPATH": str(ROOT / "tests" / "encoder_probe")})
     c.start()
     try:
         yield c
@@ -193,35 +195,54 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     assert json.loads(out.stdout)["encoded"] == PAGES
     assert json.loads(out.stdout)["skipped_non_media"] == 1
 
-    # 2. a Ray run whose driver is SIGKILLed once a few entries are in the store
+    # 2. a Ray run whose driver is SIGKILLed once an entry is in the store: the encoder
+    #    probe's gate lets exactly one tower run through, the other batches wait at it
     store = tmp_path / "ray"
-    driver = subprocess.Popen(_ray_cmd(cluster, corpus, tiny_model, store), env=env,
+    gate = tmp_path / "gate-driver"
+    gate.mkdir()
+    driver = subprocess.Popen(_ray_cmd(cluster, corpus, tiny_model, store),
+                              env={**env, "ENCACHE_TEST_ENCODER_GATE": str(gate)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        got = _wait_for_entries(driver, store, 2, timeout=900)
+        deadline = time.monotonic() + 900
+        while not list(gate.glob("*.running")) and driver.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = sorted(gate.glob("*.running"))
+        assert first, driver.communicate()[1][-3000:]
+        (gate / (first[0].name[:-len(".running")] + ".go")).touch()
+        got = _wait_for_entries(driver, store, 1, timeout=900)
         assert got > 0, driver.communicate()[1][-3000:]
         driver.send_signal(signal.SIGKILL)
     finally:
         driver.kill()
         driver.wait()
+        (gate / "release").touch()  # actors left at the gate finish (their job is gone)
     before = _entries(store)
     assert 0 < before < PAGES
 
-    # 3. the re-run does only the rest; one engine actor is SIGKILLed mid-run
-    rerun = subprocess.Popen(_ray_cmd(cluster, corpus, tiny_model, store), env=env,
+    # 3. the re-run does only the rest; one engine actor is SIGKILLed while it is inside a
+    #    batch: the encoder probe holds every tower run at a gate until the test releases it
+    gate = tmp_path / "gate-engine"
+    gate.mkdir()
+    rerun = subprocess.Popen(_ray_cmd(cluster, corpus, tiny_model, store),
+                             env={**env, "ENCACHE_TEST_ENCODER_GATE": str(gate)},
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     try:
-        if _wait_for_entries(rerun, store, before + 1, timeout=900) > 0:
-            victims = _engine_actor_pids(cluster, 1) or _engine_actor_pids(cluster, 0)
-            if victims:
-                killed = victims[0]
+        deadline = time.monotonic() + 900
+        while killed is None and rerun.poll() is None and time.monotonic() < deadline:
+            running = sorted(int(p.name.split("-")[0]) for p in gate.glob("*.running"))
+            if running:
+                killed = running[0]
                 os.kill(killed, signal.SIGKILL)
+            time.sleep(0.05)
+        (gate / "release").touch()
         stdout, stderr = rerun.communicate(timeout=900)
     finally:
+        (gate / "release").touch()
         rerun.kill()
-    assert killed is not None, ("no engine actor process to kill while the run was going: "
-                                f"{[cluster.cmdline(p)[:60] for p in cluster.pids_in()]}")
+    assert killed is not None, "no engine reached its vision tower during the re-run"
     assert rerun.returncode == 0, stderr[-3000:]
     summary = json.loads(stdout)
     assert summary["failed"] == 0 and summary["engine_started"] is True
@@ -229,9 +250,9 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     assert summary["present"] + summary["encoded"] == PAGES
     assert summary["nodes"] == 2
     pids = [p for e in summary["engines"] for p in e["pids"]]
-    # the killed actor was restarted (its batches came from two processes) or had returned
-    # nothing before it died (its batch was retried by the other pid)
-    assert killed not in pids or summary["restarts"] >= 1, summary["engines"]
+    # the killed actor died inside its first batch: that batch was retried (by its restarted
+    # process or the other engine), and nothing came back from the killed pid
+    assert killed not in pids, summary["engines"]
 
     # the store equals the single-host one: same identifiers, same tensor bytes
     mine, theirs = _tensors(store), _tensors(ref)

@@ -8,18 +8,36 @@ call an encoder-cache hit skips) is wrapped to append one JSON line per call to 
 ``{"pid", "model", "shapes": [[rows, width], ...]}`` -- one shape per encoded item. With
 ``ENCACHE_TEST_ENCODER_DUMP=DIR`` each item's output is also saved (``torch.save``) and its
 file named in the line (``"files"``), so a test can compare stored entries with what the
-serving engine's own tower computes. Nothing here runs unless the variable is set.
+serving engine's own tower computes.
+
+``ENCACHE_TEST_ENCODER_GATE=DIR`` holds every tower run at a gate: the process writes
+``DIR/<pid>-<n>.running`` (n counts its tower runs) and waits (up to 10 minutes) until
+``DIR/<pid>-<n>.go`` or ``DIR/release`` exists. A fault test uses it to let exactly some
+batches through, or to SIGKILL an engine while it is certainly inside a batch, whatever the
+machine's speed. Only request batches are held (vLLM's ``_execute_mm_encoder`` on the
+stack): never the engine's start-up runs (memory profile, encache's width measurement). Nothing here runs unless one of the variables is set.
 """
 
 import os
 
 _LOG = os.environ.get("ENCACHE_TEST_ENCODER_LOG")
+_GATE = os.environ.get("ENCACHE_TEST_ENCODER_GATE")
 
 TARGETS = {
     "vllm.model_executor.models.llava": "LlavaForConditionalGeneration",
     "vllm.model_executor.models.gemma3_mm": "Gemma3ForConditionalGeneration",
     "vllm.model_executor.models.qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
+
+
+def _stack_names() -> list:
+    import sys
+    names, frame = [], sys._getframe(1)
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
 
 
 def _patch(cls) -> None:
@@ -29,9 +47,22 @@ def _patch(cls) -> None:
     original = cls.embed_multimodal
     dump = os.environ.get("ENCACHE_TEST_ENCODER_DUMP")
     seq = itertools.count()
+    gate_seq = itertools.count()
 
     def embed_multimodal(self, **kwargs):
+        if _GATE and "_execute_mm_encoder" in _stack_names():
+            import time
+            name = os.path.join(_GATE, f"{os.getpid()}-{next(gate_seq)}")
+            with open(name + ".running", "w") as fh:  # the call path, for a failing test
+                fh.write(" < ".join(_stack_names()))
+            deadline = time.monotonic() + 600
+            while not (os.path.exists(name + ".go")
+                       or os.path.exists(os.path.join(_GATE, "release"))) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)
         out = original(self, **kwargs)
+        if not _LOG:
+            return out
         items = list(out) if isinstance(out, (list, tuple)) else list(out.unbind(0))
         record = {"pid": os.getpid(), "model": cls.__name__,
                   "shapes": [list(t.shape) for t in items]}
@@ -50,7 +81,7 @@ def _patch(cls) -> None:
     cls.embed_multimodal = embed_multimodal
 
 
-if _LOG:
+if _LOG or _GATE:
     import importlib.abc
     import sys
 
