@@ -12,7 +12,10 @@ import gc
 import mimetypes
 import os
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 from encache.connectors.vllm import CONNECTOR_MODULE
 
@@ -97,3 +100,110 @@ class EncoderCounter:
     def reset(self) -> None:
         self.calls = 0
         self.items = 0
+
+
+class RequestsStuck(Exception):
+    """Requests were not answered within the time a test allows (deferred, never served)."""
+
+
+def chat_within(llm, paths, seconds: float, on_timeout) -> list[str]:
+    """``chat_texts`` that must answer within ``seconds``; else ``on_timeout()`` (to unblock
+    the engine) and :class:`RequestsStuck`."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["texts"] = chat_texts(llm, paths)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = e
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        on_timeout()  # unblock the engine so the requests can finish before we move on
+        th.join(120)
+        raise RequestsStuck(f"{len(paths)} requests got no answer within {seconds:g}s while "
+                            "the store was down (deferred, never re-encoded)")
+    if "error" in box:
+        raise box["error"]
+    return box["texts"]
+
+
+class EngineSlot:
+    """At most one consumer engine alive; ``get`` replaces it when the settings differ."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.key = None
+        self.llm = None
+
+    def get(self, key, store: str, **extra):
+        if self.key != key:
+            self.release()
+            self.llm = make_llm(self.model, consumer_config(store, **extra))
+            self.key = key
+        return self.llm
+
+    def release(self) -> None:
+        llm, self.llm, self.key = self.llm, None, None
+        if llm is not None:
+            shutdown(llm)
+        del llm
+
+
+def engine_module_fixtures(pages: int, seed: int):
+    """The module fixtures of a store-backend engine test, as a tuple to assign to module
+    globals: ``manifest_home, corpus, idents, reference, engines, counter = ...``.
+
+    * ``manifest_home`` (autouse): precompute keeps the manifests of Redis stores under
+      ``$XDG_CACHE_HOME``: a temporary one, not ``~``;
+    * ``corpus``: ``pages`` demo pages (``{"root", "pages"}``), ``idents``: page -> served
+      identifier (all distinct);
+    * ``reference``: greedy outputs of a cache-less engine, computed before any connector;
+    * ``engines``: an :class:`EngineSlot`; ``counter``: an :class:`EncoderCounter`.
+    """
+
+    @pytest.fixture(scope="module", autouse=True)
+    def manifest_home(tmp_path_factory):
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg"))
+        yield
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+    @pytest.fixture(scope="module")
+    def corpus(tmp_path_factory):
+        from make_demo_corpus import make_corpus
+        root = tmp_path_factory.mktemp("corpus")
+        return {"root": str(root),
+                "pages": make_corpus(str(root / "docs"), pages=pages, seed=seed)}
+
+    @pytest.fixture(scope="module")
+    def idents(corpus, tiny_model) -> dict[str, str]:
+        from encache.connectors.vllm.hashing import identify_file
+        out = {p: identify_file(p, tiny_model).identifier for p in corpus["pages"]}
+        assert len(set(out.values())) == pages
+        return out
+
+    @pytest.fixture(scope="module")
+    def reference(tiny_model, corpus):
+        llm = make_llm(tiny_model)
+        texts = dict(zip(corpus["pages"], chat_texts(llm, corpus["pages"])))
+        shutdown(llm)
+        del llm
+        return texts
+
+    @pytest.fixture(scope="module")
+    def engines(tiny_model, reference):
+        slot = EngineSlot(tiny_model)
+        yield slot
+        slot.release()
+
+    @pytest.fixture(scope="module")
+    def counter():
+        return EncoderCounter()
+
+    return manifest_home, corpus, idents, reference, engines, counter

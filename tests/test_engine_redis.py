@@ -9,7 +9,7 @@
 * AUTH: the right password hits, a wrong one degrades to re-encoding.
 
 Engines run in-process and strictly one at a time (vLLM keeps the worker-side connector
-in a process global): :class:`EngineSlot` shuts the current engine down before another
+in a process global): ``engine_support.EngineSlot`` shuts the current engine down before another
 one (or a precompute producer) starts, and at the end of the module.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 import uuid
 
@@ -27,8 +26,7 @@ import pytest
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.transfer import copy_entries, shard_of
-from engine_support import (PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config,
-                            make_llm, shutdown)
+from engine_support import PRECOMPUTE_KW, chat_texts, chat_within, engine_module_fixtures
 from redis_fixture import RedisServer, redis_factory, redis_server  # noqa: F401 (fixtures)
 from test_cli_helpers import invoke
 
@@ -42,86 +40,13 @@ ENGINE_CLI = ["--max-model-len", "256", "--dtype", "float32", "--engine-arg", "e
               "--engine-arg", "seed=0"]
 
 
-class RequestsStuck(Exception):
-    """Requests were not answered while the store was down."""
-
-
 class RedactedPasswordBug(Exception):
     """precompute's producer engine was given the store URL with the password redacted."""
 
 
-class EngineSlot:
-    """At most one consumer engine alive; ``get`` replaces it when the settings differ."""
-
-    def __init__(self, model: str):
-        self.model = model
-        self.key = None
-        self.llm = None
-
-    def get(self, key, store: str, **extra):
-        if self.key != key:
-            self.release()
-            self.llm = make_llm(self.model, consumer_config(store, **extra))
-            self.key = key
-        return self.llm
-
-    def release(self) -> None:
-        llm, self.llm, self.key = self.llm, None, None
-        if llm is not None:
-            shutdown(llm)
-        del llm
-
-
 # -- module fixtures -------------------------------------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def manifest_home(tmp_path_factory):
-    """precompute keeps the manifests of Redis stores under $XDG_CACHE_HOME: not in ~."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg"))
-    yield
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from make_demo_corpus import make_corpus
-    root = tmp_path_factory.mktemp("rcorpus")
-    pages = make_corpus(str(root / "docs"), pages=PAGES, seed=11)
-    return {"root": str(root), "pages": pages}
-
-
-@pytest.fixture(scope="module")
-def idents(corpus, tiny_model) -> dict[str, str]:
-    from encache.connectors.vllm.hashing import identify_file
-    out = {p: identify_file(p, tiny_model).identifier for p in corpus["pages"]}
-    assert len(set(out.values())) == PAGES
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model, corpus):
-    """Greedy outputs of a cache-less engine, computed before any connector exists."""
-    llm = make_llm(tiny_model)
-    texts = dict(zip(corpus["pages"], chat_texts(llm, corpus["pages"])))
-    shutdown(llm)
-    del llm
-    return texts
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_model, reference):
-    slot = EngineSlot(tiny_model)
-    yield slot
-    slot.release()
-
-
-@pytest.fixture(scope="module")
-def counter():
-    return EncoderCounter()
+manifest_home, corpus, idents, reference, engines, counter = engine_module_fixtures(PAGES, 11)
 
 
 def prefixed(server: RedisServer, what: str) -> str:
@@ -290,28 +215,6 @@ def test_warm_compute_missing_then_consumer_hits(crash_filled, crash_redis, engi
     assert counter.calls == 0, f"the consumer ran the encoder {counter.calls} times"
 
 
-def _chat_within(llm, paths, seconds: float, on_timeout) -> list[str]:
-    box: dict = {}
-
-    def run():
-        try:
-            box["texts"] = chat_texts(llm, paths)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            box["error"] = e
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(seconds)
-    if th.is_alive():
-        on_timeout()  # unblock the engine so the requests can finish before we move on
-        th.join(120)
-        raise RequestsStuck(f"{len(paths)} requests got no answer within {seconds:g}s while "
-                            "Redis was down (deferred, never re-encoded)")
-    if "error" in box:
-        raise box["error"]
-    return box["texts"]
-
-
 def test_redis_killed_consumer_keeps_answering(crash_filled, crash_redis, engines, corpus,
                                                reference, counter):
     llm = engines.get("crash", crash_redis.url, index_refresh_s=0.2, load_timeout_s=2)
@@ -323,7 +226,7 @@ def test_redis_killed_consumer_keeps_answering(crash_filled, crash_redis, engine
     group = pages[3:5]  # in the consumer's index, never loaded by it
     counter.reset()
     for p in group:  # one request at a time: one encoder call each
-        [text] = _chat_within(llm, [p], 15, on_timeout=crash_redis.restart)
+        [text] = chat_within(llm, [p], 15, on_timeout=crash_redis.restart)
         assert text == reference[p]
     assert counter.calls == len(group), "each page must be re-encoded once"
 
@@ -342,7 +245,7 @@ def test_consumer_hits_again_after_redis_restart(crash_redis, engines, disk_full
     time.sleep(1.0)  # > index_refresh_s: the consumer rescans the index by itself
     group = pages[5:8]  # never served by this engine
     counter.reset()
-    texts = _chat_within(llm, group, 60, on_timeout=lambda: None)
+    texts = chat_within(llm, group, 60, on_timeout=lambda: None)
     assert texts == [reference[p] for p in group]
     assert counter.calls == 0, "the consumer did not pick the restarted Redis up again"
     c = wait_counter(crash_redis.url, "hits", before + len(group))
@@ -380,7 +283,7 @@ def test_consumer_with_wrong_password_re_encodes(auth_redis, engines, corpus, re
     group = corpus["pages"][4:6]
     counter.reset()
     for p in group:  # one request at a time: one encoder call each
-        assert _chat_within(llm, [p], 60, on_timeout=lambda: None) == [reference[p]]
+        assert chat_within(llm, [p], 60, on_timeout=lambda: None) == [reference[p]]
     assert counter.calls == len(group)
     engines.release()  # flushes its counters: it cannot, it has no access
     assert good.read_counters() == before

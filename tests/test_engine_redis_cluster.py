@@ -8,7 +8,7 @@
   entries are re-encoded: misses, no crash), and once the replica is promoted the consumer
   hits that node's entries again, without a restart.
 
-Engines run in-process, one at a time (see test_engine_redis.EngineSlot).
+Engines run in-process, one at a time (see engine_support.EngineSlot).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import time
 import pytest
 
 from encache.connectors.store import decode, open_store
-from engine_support import (PRECOMPUTE_KW, EncoderCounter, chat_texts, make_llm, shutdown)
+from engine_support import PRECOMPUTE_KW, chat_texts, chat_within, engine_module_fixtures
 from redis_cluster_fixture import LocalCluster
-from test_engine_redis import EngineSlot, _chat_within, manifest_home  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
@@ -36,41 +35,7 @@ def cluster():
     c.stop()
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from make_demo_corpus import make_corpus
-    root = tmp_path_factory.mktemp("ccorpus")
-    pages = make_corpus(str(root / "docs"), pages=PAGES, seed=23)
-    return {"root": str(root), "pages": pages}
-
-
-@pytest.fixture(scope="module")
-def idents(corpus, tiny_model) -> dict[str, str]:
-    from encache.connectors.vllm.hashing import identify_file
-    out = {p: identify_file(p, tiny_model).identifier for p in corpus["pages"]}
-    assert len(set(out.values())) == PAGES
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model, corpus):
-    llm = make_llm(tiny_model)
-    texts = dict(zip(corpus["pages"], chat_texts(llm, corpus["pages"])))
-    shutdown(llm)
-    del llm
-    return texts
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_model, reference):
-    slot = EngineSlot(tiny_model)
-    yield slot
-    slot.release()
-
-
-@pytest.fixture(scope="module")
-def counter():
-    return EncoderCounter()
+manifest_home, corpus, idents, reference, engines, counter = engine_module_fixtures(PAGES, 23)
 
 
 class Resharder:
@@ -179,7 +144,7 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
     t0 = time.monotonic()
     during = on_victim[0]
     counter.reset()
-    [text] = _chat_within(llm, [during], 60, on_timeout=lambda: None)
+    [text] = chat_within(llm, [during], 60, on_timeout=lambda: None)
     assert text == reference[during]  # answered, by re-encoding: a miss, no crash
     assert counter.calls == 1
     deadline = time.monotonic() + 60
@@ -198,7 +163,7 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
     time.sleep(1.5)  # > index_refresh_s: the consumer's breaker probes and closes
     after = on_victim[1:]
     counter.reset()
-    texts = _chat_within(llm, after, 60, on_timeout=lambda: None)
+    texts = chat_within(llm, after, 60, on_timeout=lambda: None)
     assert texts == [reference[p] for p in after]
     assert counter.calls == 0, "the consumer did not hit the promoted replica's entries"
     print(f"\nfailover under a consumer: promoted and serving after {promoted:.1f}s")
