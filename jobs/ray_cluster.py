@@ -123,58 +123,44 @@ def _quiet_ray_data(ray) -> None:
 
 # --------------------------------------------------------------------------- the store check
 
-def _marker_key(store, token: str) -> bytes:
-    return store.prefix.encode("utf-8") + b"ray-check:" + token.encode()
-
-
 def write_marker(store, token: str) -> str:
-    """Leave ``token`` where every node must find it; returns where (for messages)."""
-    if getattr(store, "root", None) is not None:
-        path = os.path.join(str(store.root), ".encache", f"ray-check-{token}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(token)
-        return path
-    store._r.set(_marker_key(store, token), token, ex=600)  # Redis: expires by itself
-    return "a Redis key"
+    """Leave ``token`` where every node must find it (a store note); returns where."""
+    return store.put_note(f"ray-check-{token}", token)
 
 
 def remove_marker(store, token: str) -> None:
     try:
-        if getattr(store, "root", None) is not None:
-            os.unlink(os.path.join(str(store.root), ".encache", f"ray-check-{token}"))
-        else:
-            store._r.delete(_marker_key(store, token))
-    except Exception:  # best effort: a Redis marker expires, a file marker is tiny
+        store.delete_note(f"ray-check-{token}")
+    except Exception:  # best effort: a Redis note expires, a file note is tiny
         pass
 
 
-def node_problems(store_url: str, store_root: str | None, token: str,
-                  corpus_file: str | None, corpus_size: int | None) -> list[str]:
-    """What this node sees differently from the driver: the store's marker (a disk
-    store's root path, or the Redis behind the URL) and the corpus's first file."""
+def node_problems(store_url: str, token: str, corpus_file: str | None,
+                  corpus_size: int | None) -> list[str]:
+    """What this node sees differently from the driver: the store's marker note (a disk
+    store's path, or the Redis behind the URL) and the corpus's first file."""
+    from ..connectors.store import open_store
+    from ..connectors.store.url import is_redis_url
+
     problems = []
     try:
-        if store_root is not None:
-            path = os.path.join(store_root, ".encache", f"ray-check-{token}")
-            try:
-                with open(path) as fh:
-                    seen = fh.read()
-            except OSError:
-                seen = None
-            if seen != token:
-                problems.append(f"the store {store_root} is not the driver's store there "
-                                "(use a path every node sees, or a Redis URL)")
-        else:
-            from ..connectors.store import open_store
+        try:
             store = open_store(store_url, create=False)
-            try:
-                seen = store._r.get(_marker_key(store, token))
-            finally:
+        except Exception:
+            if is_redis_url(store_url):
+                raise
+            store = None  # no store at this path on this node
+        try:
+            seen = store.get_note(f"ray-check-{token}") if store is not None else None
+        finally:
+            if store is not None:
                 store.close()
-            if seen is None or seen.decode() != token:
-                problems.append("the Redis URL reaches another Redis there "
-                                "(use an address every node resolves to the same server)")
+        if seen != token and not is_redis_url(store_url):
+            problems.append(f"the store {store_url} is not the driver's store there "
+                            "(use a path every node sees, or a Redis URL)")
+        elif seen != token:
+            problems.append("the Redis URL reaches another Redis there "
+                            "(use an address every node resolves to the same server)")
     except Exception as e:
         problems.append(f"the store is unreachable there ({str(e).splitlines()[0][:160]})")
     if corpus_file is not None:
@@ -203,12 +189,11 @@ def check_nodes(ray, store, store_url: str, files: list, timeout: float = 300.0)
     token = secrets.token_hex(8)
     write_marker(store, token)
     try:
-        root = str(store.root) if getattr(store, "root", None) is not None else None
         sample = files[0] if files else None
         probe = ray.remote(num_cpus=0, max_retries=2)(probe_node)
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
-                .remote(store_url, root, token, sample.path if sample else None,
+                .remote(store_url, token, sample.path if sample else None,
                         sample.size if sample else None) for n in nodes]
         try:
             results = ray.get(refs, timeout=timeout)

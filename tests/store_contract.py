@@ -265,3 +265,29 @@ class StoreContract:
         assert bytes(memoryview(store.get("ro")).cast("B")) == b
         other.close()
         assert store.contains("ro")  # closing one handle leaves the other working
+
+    def test_notes_are_beside_the_entries(self, store):
+        store.put("n1", blob("n1"))
+        where = store.put_note("job-marker", "tok-1")
+        assert isinstance(where, str) and where
+        assert store.get_note("job-marker") == "tok-1"
+        other = store.reopen()  # another handle (another node) reads it back
+        assert other.get_note("job-marker") == "tok-1"
+        other.close()
+        assert sorted(store.identifiers()) == ["n1"] and store.count() == 1  # not an entry
+        assert store.get_note("no-such-note") is None
+        store.delete_note("job-marker")
+        store.delete_note("job-marker")  # absent: no error
+        assert store.get_note("job-marker") is None
+
+    def test_summary_if_unchanged_is_none_or_a_full_scan(self, store):
+        from encache.connectors.store.scanning import scan, summarize_entries
+        for i in ("s1", "s2", "s3"):
+            store.put(i, blob(i, n=32))
+        full = summarize_entries(scan(store))
+        list(store.scan())  # a scan may record what a later summary can reuse
+        fast = store.summary_if_unchanged()
+        assert fast is None or fast == full
+        store.delete("s2")
+        fast = store.summary_if_unchanged()
+        assert fast is None or fast == summarize_entries(scan(store))

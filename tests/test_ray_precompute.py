@@ -164,22 +164,23 @@ def test_node_check_refuses_a_store_another_node_sees_differently(tmp_path, redi
     from encache.connectors.store import open_store
     from encache.jobs.ray_cluster import node_problems, remove_marker, write_marker
 
+    assert "not the driver's store" in node_problems(str(tmp_path / "absent"), "tok0",
+                                                     None, None)[0]  # no store at that path
     disk = open_store(str(tmp_path / "s"), create=True)
     write_marker(disk, "tok1")
-    assert node_problems(str(disk.url), str(disk.root), "tok1", None, None) == []
+    assert node_problems(str(disk.url), "tok1", None, None) == []
     other = open_store(str(tmp_path / "elsewhere"), create=True)  # "the same path, another node"
-    assert "not the driver's store" in node_problems(str(other.url), str(other.root), "tok1",
-                                                     None, None)[0]
+    assert "not the driver's store" in node_problems(str(other.url), "tok1", None, None)[0]
     remove_marker(disk, "tok1")
-    assert node_problems(str(disk.url), str(disk.root), "tok1", None, None)
+    assert node_problems(str(disk.url), "tok1", None, None)
 
     a, b = redis_factory(), redis_factory()
     store_a = open_store(a.url_for(0), create=True)
     write_marker(store_a, "tok2")
-    assert node_problems(a.url_for(0), None, "tok2", None, None) == []
-    assert "another Redis" in node_problems(b.url_for(0), None, "tok2", None, None)[0]
+    assert node_problems(a.url_for(0), "tok2", None, None) == []
+    assert "another Redis" in node_problems(b.url_for(0), "tok2", None, None)[0]
     f = next(iter(os.scandir(ROOT / "scripts")))
-    assert node_problems(a.url_for(0), None, "tok2", f.path, f.stat().st_size + 1)  # corpus
+    assert node_problems(a.url_for(0), "tok2", f.path, f.stat().st_size + 1)  # corpus
     remove_marker(store_a, "tok2")
 
 

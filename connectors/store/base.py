@@ -219,6 +219,27 @@ class Store(ABC):
         """Human-readable problems with the backend's capacity settings (none known)."""
         return []
 
+    def summary_if_unchanged(self):
+        """The store's :class:`~.scanning.Summary` without reading any header, when the
+        backend keeps an index it can prove current (disk: the header index); None when
+        it cannot (then the caller scans)."""
+        return None
+
+    # -- notes: short texts beside the entries (never listed or counted as entries) -----
+    @abstractmethod
+    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
+        """Leave ``text`` under ``name`` (e.g. a marker every node of a cluster job must
+        read back to prove it sees this same store); it may expire after ``ttl`` s.
+        Returns where it went, for messages."""
+
+    @abstractmethod
+    def get_note(self, name: str) -> str | None:
+        """The note's text, or None if absent (or expired)."""
+
+    @abstractmethod
+    def delete_note(self, name: str) -> None:
+        """Remove a note (no error if absent)."""
+
     def stray_files(self, older_than: float = 0.0) -> list[Path]:
         """Leftovers of interrupted writes that ``verify --repair`` may remove."""
         return []

@@ -8,6 +8,7 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/counters/*.cnt            one in-place counter file per running process
     {root}/.encache/header-index.pickle       parsed headers by file version (scan cache)
     {root}/.encache/*.lock                    exclusive locks (precompute)
+    {root}/.encache/notes/NAME                notes (``put_note``: e.g. a Ray job's marker)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
 renamed over ``encoder_cache.safetensors`` — the rename is the commit point, so a reader
@@ -44,11 +45,11 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
+from .files import TEMP_PREFIX, atomic_write_json
 from .keys import from_name, is_entry_name, name_for, to_name
 
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
-TEMP_PREFIX = ".tmp-"
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
@@ -439,6 +440,22 @@ class DiskStore(Store):
     def _meta(self, name: str) -> Path:
         return self.root / META_DIR / name
 
+    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
+        path = self._meta("notes") / name  # ttl: a note file is tiny; its writer removes it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, text)
+        return str(path)
+
+    def get_note(self, name: str) -> str | None:
+        try:
+            return json.loads((self._meta("notes") / name).read_text("utf-8"))
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            return None
+
+    def delete_note(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            (self._meta("notes") / name).unlink()
+
     def _read_config(self) -> dict:
         try:
             return json.loads(self._meta("config.json").read_text())
@@ -446,7 +463,7 @@ class DiskStore(Store):
             return {}
 
     def _write_config(self) -> None:
-        _atomic_write_json(self._meta("config.json"), self._config)
+        atomic_write_json(self._meta("config.json"), self._config)
 
     @contextlib.contextmanager
     def _counters_locked(self, shared: bool = False):
@@ -464,7 +481,7 @@ class DiskStore(Store):
         from .. import counters
 
         with self._counters_locked():
-            counters.compact(self._meta(""), _atomic_write_json)
+            counters.compact(self._meta(""), atomic_write_json)
         return counters.live_counters(self._meta(""))
 
     def add_counters(self, deltas: dict[str, float]) -> None:
@@ -478,7 +495,7 @@ class DiskStore(Store):
             for k, v in deltas.items():
                 counters[k] = counters.get(k, 0) + v
             counters["updated"] = time.time()
-            _atomic_write_json(self._meta("counters.json"), counters)
+            atomic_write_json(self._meta("counters.json"), counters)
 
     def read_counters(self) -> dict[str, float]:
         """Folded totals + every running process's counter file. Folds the files of
@@ -489,7 +506,7 @@ class DiskStore(Store):
         meta = self._meta("")
         try:
             with self._counters_locked():
-                counters.compact(meta, _atomic_write_json)
+                counters.compact(meta, atomic_write_json)
                 return counters.read_totals(meta)
         except OSError:  # read-only or foreign store: no lock, no compaction
             return counters.read_totals(meta)
@@ -498,7 +515,7 @@ class DiskStore(Store):
         from .. import counters
 
         with self._counters_locked():
-            counters.reset(self._meta(""), _atomic_write_json)
+            counters.reset(self._meta(""), atomic_write_json)
 
     def info(self) -> StoreInfo:
         extra = {"filesystem": self.fs_type,
@@ -592,9 +609,3 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _atomic_write_json(path: Path, data: dict) -> None:
-    from .files import atomic_write_json
-
-    atomic_write_json(path, data, prefix=TEMP_PREFIX)

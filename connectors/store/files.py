@@ -2,9 +2,8 @@
 
 :func:`atomic_write_json` — a JSON file replaced whole or not at all (temp file in the
 same directory, then ``os.replace``): a reader or a crash never sees half a file. Used for
-precompute manifests (:mod:`encache.connectors.corpus`); the disk store's own bookkeeping
-writer (``disk._atomic_write_json``) is the same code and moves here when ``disk.py`` is
-next edited. Reading without touching the access time is
+precompute manifests (:mod:`encache.connectors.corpus`) and the disk store's bookkeeping
+(config, counters, notes). Reading without touching the access time is
 :func:`encache.connectors.store.disk.open_untracked`.
 """
 

@@ -18,6 +18,7 @@ Redis by using different prefixes — no prefix may be a prefix of another's ``e
     P atime            ZSET    identifier -> last load (epoch s; put time until first load)
     P counters         HASH    consumer counters (HINCRBYFLOAT) + "updated"
     P lock:{name}      STRING  "{token} pid N on HOST" with a PX expiry, renewed while held
+    P note:{name}      STRING  a note (``put_note``, e.g. a Ray job's marker), with an expiry
 
 Why a side hash for headers: ``scan()`` (``encache list/stats/verify`` on 100k entries)
 must neither transfer tensors nor *touch* the entry keys — every read of a key (even
@@ -199,6 +200,7 @@ class RedisStore(Store):
         self._counters_key = p + b"counters"
         self._gen_key = p + b"gen"  # bumped by every put/delete: lets readers skip rescans
         self._lock_prefix = p + b"lock:"
+        self._note_prefix = p + b"note:"
         retry = _Retry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                       retry=retry, client_name="encache",
@@ -653,6 +655,21 @@ class RedisStore(Store):
                 continue
             out[k.decode("utf-8", "replace")] = int(x) if x.is_integer() and k != b"updated" else x
         return out
+
+    @_wrapped
+    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
+        self._r.set(self._note_prefix + name.encode("utf-8"), text.encode("utf-8"),
+                    px=max(1000, int(ttl * 1000)))
+        return f"the key {self.prefix}note:{name}"
+
+    @_wrapped
+    def get_note(self, name: str) -> str | None:
+        value = self._r.get(self._note_prefix + name.encode("utf-8"))
+        return None if value is None else value.decode("utf-8", "replace")
+
+    @_wrapped
+    def delete_note(self, name: str) -> None:
+        self._r.delete(self._note_prefix + name.encode("utf-8"))
 
     @_wrapped
     def reset_counters(self) -> None:

@@ -298,8 +298,7 @@ def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None =
     across that many processes (each re-opens ``url``); small stores are scanned inline.
     """
     if flt is None or not flt.active:
-        fast = getattr(store, "summary_if_unchanged", None)  # disk: from the header index
-        summary = fast() if fast is not None else None
+        summary = store.summary_if_unchanged()  # disk: from the header index, if current
         if summary is not None:
             if progress is not None:
                 progress(summary.entries)
