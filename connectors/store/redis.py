@@ -40,6 +40,12 @@ a short exponential backoff (~0.1 s in all); timeouts and auth failures are not 
 ``socket_timeout`` (per socket read, so large entries on slow links are fine) and
 ``connect_timeout`` bound each call: a dead server is reported in ~0.1 s, a hung one in
 ``socket_timeout`` (2 s by default), never a hang.
+
+Why one module of ~670 lines: the key layout, the ``MULTI`` writes and the scan that
+repairs drift keep one invariant (blob, header record and access time move together) and
+read best side by side. The parts that stand alone live next door: the job lock
+(:mod:`.redis_lock`), error text and retries (:mod:`.redis_errors`), the server's memory
+settings (:mod:`.redis_memory`), the cluster layout (:mod:`.redis_cluster`).
 """
 
 from __future__ import annotations
@@ -47,26 +53,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import secrets
-import socket
 import struct
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis as _redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
-                              ConnectionError as RedisConnectionError, NoPermissionError,
-                              OutOfMemoryError, ReadOnlyError, RedisClusterException,
-                              RedisError, TimeoutError as RedisTimeoutError)
-from redis.retry import Retry
+from redis.exceptions import RedisClusterException, RedisError
 
-from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import CorruptEntry, header_length
 from .keys import validate
+from .redis_errors import ERRORS, ConnectionRetry, describe_error
+from .redis_lock import RedisLock
+from .redis_memory import memory_info, memory_warnings
 from .url import redact
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,6 @@ _HEAD_READ = 4096
 _META = struct.Struct("<Qd")  # size, put time
 _JOIN_LIMIT = 1 << 20  # parts smaller than this are joined; larger go as SET + APPEND
 _BATCH = 500
-RECOMMENDED_POLICIES = ("allkeys-lru", "allkeys-lfu")
-_TTL_POLICIES = ("volatile-lru", "volatile-lfu", "volatile-ttl")
 
 # atomic "remove side records whose entry is gone": KEYS = meta, atime, e:id1..; ARGV = ids
 _PRUNE_LUA = """
@@ -91,31 +90,6 @@ for i = 1, #ARGV do
 end
 return n
 """
-_UNLOCK_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_RENEW_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-
-class _Retry(Retry):
-    """Retry dropped/refused connections (a restart, a stale pooled socket), but neither a
-    refused password nor a timeout (a hung or overloaded server: waiting again only
-    multiplies the delay every caller sees)."""
-
-    def __init__(self, backoff, retries):
-        super().__init__(backoff, retries, supported_errors=(RedisConnectionError,))
-
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        def retryable(e):
-            if isinstance(e, (AuthenticationError, AuthorizationError)):
-                return False
-            return is_retryable is None or is_retryable(e)
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
-
 
 def _enc(identifier: str) -> bytes:
     return identifier.encode("utf-8", "surrogatepass")
@@ -134,8 +108,6 @@ def _glob_escape(raw: bytes) -> bytes:
     return bytes(out)
 
 
-#: what redis-py raises (cluster topology errors are not RedisErrors)
-_ERRORS = (RedisError, RedisClusterException)
 
 
 def _wrapped(method):
@@ -144,7 +116,7 @@ def _wrapped(method):
     def inner(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except _ERRORS as e:
+        except ERRORS as e:
             raise self._store_error(e) from None
     return inner
 
@@ -201,7 +173,7 @@ class RedisStore(Store):
         self._gen_key = p + b"gen"  # bumped by every put/delete: lets readers skip rescans
         self._lock_prefix = p + b"lock:"
         self._note_prefix = p + b"note:"
-        retry = _Retry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
+        retry = ConnectionRetry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                       retry=retry, client_name="encache",
                       max_connections=max(1, int(max_connections or 64)),
@@ -211,8 +183,8 @@ class RedisStore(Store):
         except (ValueError, TypeError, RedisClusterException) as e:
             raise StoreError(f"bad Redis URL {self._redacted}: {self._scrub(str(e))}") from None
         self._prune_script = self._r.register_script(_PRUNE_LUA)
-        self._unlock_script = self._r.register_script(_UNLOCK_LUA)
-        self._renew_script = self._r.register_script(_RENEW_LUA)
+        self._locks = RedisLock(self._r, describe_error=self._store_error, url=self.url,
+                                prefix=prefix)
         self._touched: dict[str, float] = {}
 
     SCHEMES = ("redis", "rediss", "unix")
@@ -289,46 +261,14 @@ class RedisStore(Store):
         return text
 
     def _store_error(self, e: BaseException) -> StoreError:
-        msg = " ".join(str(e).split()) or e.__class__.__name__
-        low = msg.lower()
-        if isinstance(e, (AuthenticationError, NoPermissionError)) or "noauth" in low \
-                or "wrongpass" in low or "invalid password" in low \
-                or "invalid username-password" in low or "already authenticated" in low:
-            if not self._password:
-                what = "authentication failed: the server requires a password (the URL has none)"
-            elif "wrongpass" in low or "invalid" in low:
-                what = "authentication failed: wrong password (or user)"
-            else:
-                what = f"authentication failed ({msg})"
-        elif isinstance(e, RedisTimeoutError) or "timed out" in low or "timeout" in low:
-            what = f"timed out after {self.socket_timeout:g}s ({msg})"
-        elif isinstance(e, OutOfMemoryError) or "maxmemory" in low or low.startswith("oom"):
-            what = ("out of memory: maxmemory reached and the policy evicts nothing "
-                    "(use maxmemory-policy allkeys-lru; see `encache stats`)")
-        elif isinstance(e, ReadOnlyError):
-            what = "the server is a read-only replica (point the URL at the primary)"
-        elif isinstance(e, BusyLoadingError):
-            what = "Redis is still loading its dataset; retry shortly"
-        elif isinstance(e, RedisConnectionError) or "cannot be connected" in low:
-            if "refused" in low:
-                what = "connection refused (is redis-server running there?)"
-            elif "no such file" in low:
-                what = "unix socket not found"
-            elif "name or service not known" in low or "nodename" in low:
-                what = "unknown host"
-            else:
-                what = f"connection failed ({msg})"
-        else:
-            what = f"command failed ({msg})"
-        if len(what) > 300:
-            what = what[:297] + "..."
-        return StoreError(self._scrub(f"Redis {self._redacted}: {what}"))
+        return describe_error(e, url=self._redacted, password=self._password,
+                              socket_timeout=self.socket_timeout)
 
     @contextlib.contextmanager
     def _errors(self):
         try:
             yield
-        except _ERRORS as e:
+        except ERRORS as e:
             raise self._store_error(e) from None
 
     @_wrapped
@@ -603,7 +543,7 @@ class RedisStore(Store):
                 pass
             out[ident] = _META.pack(size, now) + head
         if out:
-            with contextlib.suppress(*_ERRORS):  # best effort (e.g. a read-only replica)
+            with contextlib.suppress(*ERRORS):  # best effort (e.g. a read-only replica)
                 raw = [_enc(k) for k in out]
                 vals = list(out.values())
                 for (meta_key, _), pos in self._grouped(raw).items():
@@ -681,19 +621,7 @@ class RedisStore(Store):
         return sum(len(p) for p in self._scan_pages())
 
     def _memory_info(self, **node) -> dict:
-        """``maxmemory``/``maxmemory_policy``/``used_memory`` from INFO, else CONFIG GET
-        (``node``: ``target_nodes=`` for one cluster node)."""
-        mem: dict = {}
-        with contextlib.suppress(*_ERRORS):
-            mem = dict(self._r.info("memory", **node))
-        if "maxmemory" not in mem or "maxmemory_policy" not in mem:
-            with contextlib.suppress(*_ERRORS):  # CONFIG may be renamed away (managed Redis)
-                cfg = self._r.config_get("maxmemory*", **node)
-                if "maxmemory" in cfg:
-                    mem.setdefault("maxmemory", int(cfg["maxmemory"]))
-                if "maxmemory-policy" in cfg:
-                    mem.setdefault("maxmemory_policy", cfg["maxmemory-policy"])
-        return mem
+        return memory_info(self._r, ERRORS, **node)
 
     @_wrapped
     def capacity_warnings(self, memory: dict | None = None) -> list[str]:
@@ -701,35 +629,7 @@ class RedisStore(Store):
         return self._memory_warnings(self._memory_info() if memory is None else memory)
 
     def _memory_warnings(self, mem: dict) -> list[str]:
-        """What is wrong with one server's ``maxmemory``/policy/usage for a cache."""
-        warnings = []
-        maxmemory, policy = mem.get("maxmemory"), mem.get("maxmemory_policy")
-        if maxmemory is None or policy is None:
-            return ["could not read maxmemory / maxmemory-policy (INFO and CONFIG unavailable); "
-                    "make sure the server is bounded and evicts with allkeys-lru or allkeys-lfu"]
-        maxmemory = int(maxmemory)
-        if maxmemory == 0:
-            warnings.append("maxmemory is 0 (unbounded): Redis grows until the host runs out of "
-                            "memory; set maxmemory to what the cache may use (and "
-                            "maxmemory-policy allkeys-lru)")
-        if policy == "noeviction":
-            warnings.append("maxmemory-policy is noeviction: once maxmemory is reached every "
-                            "new entry fails to save (OOM); use allkeys-lru or allkeys-lfu")
-        elif policy.startswith("volatile-") and not (self.ttl and policy in _TTL_POLICIES):
-            why = ("it evicts at random among them" if self.ttl else
-                   "encache entries have no TTL (ttl option unset), so nothing is evictable and "
-                   "writes fail with OOM when full")
-            warnings.append(f"maxmemory-policy is {policy}: it only evicts keys with a TTL and "
-                            f"{why}; use allkeys-lru or allkeys-lfu")
-        elif policy == "allkeys-random":
-            warnings.append("maxmemory-policy is allkeys-random: hot entries are evicted as "
-                            "readily as cold ones; allkeys-lru or allkeys-lfu is recommended")
-        used = mem.get("used_memory")
-        if maxmemory and used is not None and int(used) >= 0.9 * maxmemory \
-                and policy not in RECOMMENDED_POLICIES:
-            warnings.append(f"Redis is at {100 * int(used) / maxmemory:.0f}% of maxmemory "
-                            "and its policy will not make room")
-        return warnings
+        return memory_warnings(mem, self.ttl)
 
     @_wrapped
     def info(self) -> StoreInfo:
@@ -754,54 +654,16 @@ class RedisStore(Store):
         return StoreInfo(url=self.url, backend=self.backend,
                          max_bytes=int(maxmemory) if maxmemory else None, extra=extra)
 
-    @contextlib.contextmanager
     def lock(self, name: str, wait: float = 0.0):
-        """Exclusive lock: ``SET NX PX`` with a random token, renewed by a thread while
-        held (so a crashed holder frees it after ``lock_ttl`` s), released by a Lua
-        compare-and-delete. Yields a handle whose ``lost`` tells if renewal failed."""
-        key = self._lock_prefix + name.encode("utf-8")
-        holder = f"pid {os.getpid()} on {socket.gethostname()}"
-        value = f"{secrets.token_hex(8)} {holder}".encode()
-        ttl_ms = max(1000, int(self.lock_ttl * 1000))
-        deadline = time.monotonic() + max(0.0, wait)
-        with self._errors():
-            while not self._r.set(key, value, nx=True, px=ttl_ms):
-                if time.monotonic() >= deadline:
-                    held = self._r.get(key)
-                    who = held.decode(errors="replace").split(" ", 1)[-1] if held else "just released"
-                    raise LockBusy(f"store {self.url} (prefix {self.prefix}) is locked by "
-                                   f"another {name} ({who})")
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())) or 0.01)
-        handle = _LockHandle()
-        stop = threading.Event()
-
-        def renew():
-            while not stop.wait(ttl_ms / 3000):
-                try:
-                    if not self._renew_script(keys=[key], args=[value, ttl_ms]):
-                        handle.lost = True
-                        log.warning("lost the %s lock on %s", name, self.url)
-                        return
-                except RedisError as e:  # keep trying: the server may come back in time
-                    log.warning("could not renew the %s lock: %s", name, self._store_error(e))
-
-        thread = threading.Thread(target=renew, name=f"encache-lock-{name}", daemon=True)
-        thread.start()
-        try:
-            yield handle
-        finally:
-            stop.set()
-            thread.join()
-            with contextlib.suppress(RedisError):
-                self._unlock_script(keys=[key], args=[value])
+        """Exclusive lock (see :mod:`.redis_lock`): taken with ``SET NX PX``, renewed while
+        held (a crashed holder frees it after ``lock_ttl`` s), released by compare-and-
+        delete. Yields a handle whose ``lost`` tells if renewal failed."""
+        return self._locks.hold(self._lock_prefix + name.encode("utf-8"), name,
+                                ttl=self.lock_ttl, wait=wait)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._pool.disconnect()
-
-
-class _LockHandle:
-    lost = False
 
 
 def _leading(views: list[memoryview], n: int) -> bytes:

@@ -67,7 +67,8 @@ from redis.exceptions import (AskError, ClusterDownError, ConnectionError as Red
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
 from .base import StoreError, StoreInfo
-from .redis import _ERRORS, RedisStore, _dec, _glob_escape, _wrapped
+from .redis import RedisStore, _dec, _glob_escape, _wrapped
+from .redis_errors import ERRORS
 from .url import redact
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class RedisClusterStore(RedisStore):
                     raise
                 time.sleep(delay)
                 delay = min(0.25, delay * 2)
-                with contextlib.suppress(*_ERRORS):
+                with contextlib.suppress(*ERRORS):
                     self._r.nodes_manager.initialize()  # learn where the slot is now
 
     def _transact(self, build) -> list:
@@ -406,9 +407,9 @@ class RedisClusterStore(RedisStore):
         for node in self._primaries():
             mem = self._memory_info(target_nodes=node)
             keys = replicas = None
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*ERRORS):
                 keys = self._r.dbsize(target_nodes=node)
-            with contextlib.suppress(*_ERRORS):  # as the primary itself sees them
+            with contextlib.suppress(*ERRORS):  # as the primary itself sees them
                 replicas = int(self._r.info("replication", target_nodes=node)
                                .get("connected_slaves", 0))
             facts.append({"node": node.name, "used_memory": mem.get("used_memory"),
@@ -438,7 +439,7 @@ class RedisClusterStore(RedisStore):
         self._r.ping(target_nodes=RedisCluster.PRIMARIES)  # unreachable: the real reason
         facts = self._node_facts()
         version = None
-        with contextlib.suppress(*_ERRORS):
+        with contextlib.suppress(*ERRORS):
             version = self._r.info("server", target_nodes=self._primaries()[0]).get("redis_version")
         maxes = [int(f["maxmemory"] or 0) for f in facts]
         total_max = sum(maxes) if maxes and all(maxes) else None

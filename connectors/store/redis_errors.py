@@ -1,0 +1,77 @@
+"""Redis failures as one line each, and which of them are worth retrying.
+
+Every redis-py error a store method meets becomes a :class:`.base.StoreError` with one
+line a person can act on (connection refused, authentication failed, timed out, out of
+memory, read-only replica, still loading), naming the URL with its password redacted.
+:class:`ConnectionRetry` retries dropped or refused connections only.
+"""
+
+from __future__ import annotations
+
+from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
+                              ConnectionError as RedisConnectionError, NoPermissionError,
+                              OutOfMemoryError, ReadOnlyError, RedisClusterException,
+                              RedisError, TimeoutError as RedisTimeoutError)
+from redis.retry import Retry
+
+from .base import StoreError
+
+#: what redis-py raises (cluster topology errors are not RedisErrors)
+ERRORS = (RedisError, RedisClusterException)
+
+
+class ConnectionRetry(Retry):
+    """Retry dropped/refused connections (a restart, a stale pooled socket), but neither a
+    refused password nor a timeout (a hung or overloaded server: waiting again only
+    multiplies the delay every caller sees)."""
+
+    def __init__(self, backoff, retries):
+        super().__init__(backoff, retries, supported_errors=(RedisConnectionError,))
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(e):
+            if isinstance(e, (AuthenticationError, AuthorizationError)):
+                return False
+            return is_retryable is None or is_retryable(e)
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+def describe_error(e: BaseException, *, url: str, password: str | None,
+                   socket_timeout: float) -> StoreError:
+    """One line for what went wrong, naming ``url`` (already redacted); the password is
+    scrubbed from anything the server or redis-py put in the message."""
+    msg = " ".join(str(e).split()) or e.__class__.__name__
+    low = msg.lower()
+    if isinstance(e, (AuthenticationError, NoPermissionError)) or "noauth" in low \
+            or "wrongpass" in low or "invalid password" in low \
+            or "invalid username-password" in low or "already authenticated" in low:
+        if not password:
+            what = "authentication failed: the server requires a password (the URL has none)"
+        elif "wrongpass" in low or "invalid" in low:
+            what = "authentication failed: wrong password (or user)"
+        else:
+            what = f"authentication failed ({msg})"
+    elif isinstance(e, RedisTimeoutError) or "timed out" in low or "timeout" in low:
+        what = f"timed out after {socket_timeout:g}s ({msg})"
+    elif isinstance(e, OutOfMemoryError) or "maxmemory" in low or low.startswith("oom"):
+        what = ("out of memory: maxmemory reached and the policy evicts nothing "
+                "(use maxmemory-policy allkeys-lru; see `encache stats`)")
+    elif isinstance(e, ReadOnlyError):
+        what = "the server is a read-only replica (point the URL at the primary)"
+    elif isinstance(e, BusyLoadingError):
+        what = "Redis is still loading its dataset; retry shortly"
+    elif isinstance(e, RedisConnectionError) or "cannot be connected" in low:
+        if "refused" in low:
+            what = "connection refused (is redis-server running there?)"
+        elif "no such file" in low:
+            what = "unix socket not found"
+        elif "name or service not known" in low or "nodename" in low:
+            what = "unknown host"
+        else:
+            what = f"connection failed ({msg})"
+    else:
+        what = f"command failed ({msg})"
+    if len(what) > 300:
+        what = what[:297] + "..."
+    text = f"Redis {url}: {what}"
+    return StoreError(text.replace(password, "***") if password else text)
