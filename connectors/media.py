@@ -199,13 +199,18 @@ def _describe(head: bytes) -> str:
     return f"unknown signature {head[:8].hex(' ')}"
 
 
-def unreadable_reason(e: BaseException) -> str:
-    """One line (at most 300 characters, no object reprs) for a file that would not read
-    or decode; a message already saying "not a …" (a :class:`MediaError` from the hasher)
-    is kept as is. (``encache precompute``'s ``_clean_error`` and the hasher's wrapper do
-    the same and are to use this.)"""
+def error_text(e: BaseException) -> str:
+    """An exception's message on one line, without the ``<_io.BytesIO object at 0x…>``
+    reprs decoders put in it (so the same bad file gives the same line every run)."""
     import re
 
     text = " ".join(str(e).split()) or type(e).__name__
-    text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+    return re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+
+
+def unreadable_reason(e: BaseException) -> str:
+    """One line (at most 300 characters, no object reprs) for a file that would not read
+    or decode; a message already saying "not a …" (a :class:`MediaError` from the hasher)
+    is kept as is."""
+    text = error_text(e)
     return (text if text.startswith("not a") else f"not a readable image ({text})")[:300]

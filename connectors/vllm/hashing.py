@@ -56,9 +56,8 @@ def _decoding(kind: str):
     except ImportError:  # the environment, not the file: let the caller say so
         raise
     except Exception as e:
-        text = " ".join(str(e).split()) or type(e).__name__
-        import re
-        text = re.sub(r"\s*<_io\.\w+ object at 0x[0-9a-f]+>", "", text)
+        from ..media import error_text
+        text = error_text(e)
         raise MediaError(f"not a readable {kind} ({type(e).__name__}: {text})"[:300]) from e
 
 
