@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from encache.connectors import lookup as lookup_mod
+from encache.connectors.lookup import loader as lookup_mod  # where the load path reads and validates
 from encache.connectors.lookup import EntryLookup, parse_verify
 from encache.connectors.store import encode, open_store
 from encache.connectors.store.disk import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
