@@ -126,14 +126,14 @@ class EntryLookup:
         return self.index.wait_ready(timeout)
 
     # -- the scheduler's questions -------------------------------------------------
-    def probably_stored(self, identifier: str) -> bool:
+    def probably_stored(self, identifier: str, now: float | None = None) -> bool:
         """Is ``identifier`` worth a read? False while the breaker is open or the entry
         was rejected lately; else what the index says (memory speed, may be stale)."""
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if self.breaker.is_open(now) or self.misses.is_rejected(identifier, now):
             return False
         try:
-            return self.index.holds(identifier)
+            return self.index.holds(identifier, now)
         except Exception as e:
             self.breaker.trip()
             self.warn.warning("load", "encache: cannot reach %s: %s; re-encoding", self.store.url, e)
@@ -154,7 +154,7 @@ class EntryLookup:
         state = self.loader.inflight_state(identifier, now)
         if state is not None:
             return state
-        if not self.probably_stored(identifier):
+        if not self.probably_stored(identifier, now):
             return State.MISS
         if inline and self.store.mapped_loads:
             staged = self.loader.load(identifier, inline=True)

@@ -54,18 +54,19 @@ class StoreIndex:
         with self._lock:
             return len(self._ids)
 
-    def holds(self, identifier: str) -> bool:
+    def holds(self, identifier: str, now: float | None = None) -> bool:
         """Does the store (probably) hold ``identifier``? Memory speed, except one
         ``stat`` for an unknown identifier on a local store; may be stale. Raises what
         the store raises on that ``stat``."""
-        now = time.monotonic()
-        with self._lock:
-            if identifier in self._ids:
-                return True
-            if not self.store.local:
-                return False
-            if self._absent.get(identifier, 0) > now:
-                return False
+        # single set/dict reads, atomic under the GIL (the set is swapped whole by
+        # refresh()): no lock on the scheduler's per-item path
+        if identifier in self._ids:
+            return True
+        if not self.store.local:
+            return False
+        now = time.monotonic() if now is None else now
+        if self._absent.get(identifier, 0) > now:
+            return False
         found = self.store.contains(identifier)  # one stat on a local disk
         with self._lock:
             if found:

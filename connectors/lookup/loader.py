@@ -81,8 +81,7 @@ class Loader:
     def inflight_state(self, identifier: str, now: float) -> State | None:
         """PENDING while a read of ``identifier`` runs, MISS once it ran longer than
         ``load_timeout_s``; None when no read is in flight."""
-        with self._lock:
-            inflight = self._inflight.get(identifier)
+        inflight = self._inflight.get(identifier)  # one dict read: atomic under the GIL
         if inflight is None:
             return None
         return State.PENDING if now - inflight[1] < self.timeout_s else State.MISS

@@ -33,8 +33,7 @@ class MissReasons:
 
     def is_rejected(self, identifier: str, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        with self._lock:
-            return self._rejected.get(identifier, 0) > now
+        return self._rejected.get(identifier, 0) > now  # one dict read: atomic under the GIL
 
     def reason(self, identifier: str) -> str:
         """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an

@@ -44,13 +44,13 @@ class StagingArea:
     def nbytes(self) -> int:
         return self._bytes
 
+    # Reads are one dict operation each, atomic under the GIL: no lock on the scheduler's
+    # per-item path (has_cache_item). Changes take the lock.
     def __contains__(self, identifier: str) -> bool:
-        with self._lock:
-            return identifier in self._entries
+        return identifier in self._entries
 
     def get(self, identifier: str) -> Staged | None:
-        with self._lock:
-            return self._entries.get(identifier)
+        return self._entries.get(identifier)
 
     def touch(self, identifier: str) -> bool:
         """Is it staged? Marks it most recently used if so."""
