@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .encoder_config import holds
-from .lookup import RateLimitedLog
+from .ratelimit import RateLimitedLog
 from .store.base import Store
 from .store.entry import encode_parts
 
@@ -39,7 +39,7 @@ class EntryWriter:
         self._pending_bytes = 0
         self._pending = 0
         self.counters: dict[str, float] = {}
-        from .lookup import open_live_counters
+        from .lookup.metrics import open_live_counters
         self._live = open_live_counters(store, self.warn)  # survives SIGKILL (disk)
         self.saved: list[str] = []  # identifiers written by this writer (bounded)
         self.errors: dict[str, str] = {}

@@ -14,7 +14,9 @@ import torch
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.vllm.connector import EncacheConnector, LoadItem
+from encache.connectors.vllm.connector import LoadItem
+from encache.connectors.vllm.scheduler import EncacheSchedulerConnector
+from encache.connectors.vllm.worker import EncacheWorkerConnector
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def staged(tmp_path):
 
 
 def worker():
-    w = object.__new__(EncacheConnector)
+    w = object.__new__(EncacheWorkerConnector)
     w.model_dtype = torch.float16
     w._device = torch.device("cpu")
     return w
@@ -127,12 +129,12 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
     store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
-    c = object.__new__(EncacheConnector)
+    c = object.__new__(EncacheSchedulerConnector)
     c.config = ConnectorConfig.from_extra({"store": str(tmp_path)})
     c.store, c.lookup, c._worker_reads = store, lk, True
     c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
     c._step, c._pinned_fds = 0, 0
-    c._is_producer, c._lora_digests = False, {}  # a consumer (vLLM's base reads _is_producer)
+    c.is_producer, c._lora_digests = False, {}  # a consumer
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
         meta = c.build_connector_meta(None)
@@ -140,13 +142,13 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
         assert refs["small"] is None and refs["big"] is not None
         fd = refs["big"][1]
         os.fstat(fd)  # open while workers may read it
-        monkeypatch.setattr(EncacheConnector, "PIN_SECONDS", 0.0)
-        for _ in range(EncacheConnector.PIN_STEPS + 1):
+        monkeypatch.setattr(EncacheSchedulerConnector, "PIN_SECONDS", 0.0)
+        for _ in range(EncacheSchedulerConnector.PIN_STEPS + 1):
             c.build_connector_meta(None)
         with pytest.raises(OSError):
             os.fstat(fd)  # released
         assert c._pinned_fds == 0
-        monkeypatch.setattr(EncacheConnector, "PIN_MAX_FDS", 0)
+        monkeypatch.setattr(EncacheSchedulerConnector, "PIN_MAX_FDS", 0)
         c._need_loads = {"big": lk.load_now("big")}
         assert c.build_connector_meta(None).loads[0].ref is None  # capped: bytes
     finally:

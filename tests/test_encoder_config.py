@@ -78,8 +78,8 @@ def test_lookup_serves_only_its_own_config(store):
     try:
         assert default.load_now("plain") is not None  # unstamped = default config
         assert default.load_now("kw") is None  # another config: a miss, not its bytes
-        assert default._counters.get("config_mismatches") == 1
-        assert not default._counters.get("load_errors")  # not corruption
+        assert default.metrics.pending("config_mismatches") == 1
+        assert not default.metrics.pending("load_errors")  # not corruption
     finally:
         default.close()
     other = lookup(store, encoder_config="1111222233334444")
@@ -99,14 +99,14 @@ def test_mismatched_entry_is_not_staged_by_background_requests(store):
     put(store, "kw", encoder_config="1111222233334444")
     lk = lookup(store, encoder_config="")
     try:
-        assert lk._index_ready.wait(10)  # a remote store is known through its index
-        assert lk.known("kw")
+        assert lk.wait_index(10)  # a remote store is known through its index
+        assert lk.probably_stored("kw")
         lk.request("kw")
         lk.wait_idle(10)
         assert lk.get_staged("kw") is None
         lk.request("kw")  # remembered for a while: not read again at once
         lk.wait_idle(10)
-        assert lk._counters.get("config_mismatches") == 1
+        assert lk.metrics.pending("config_mismatches") == 1
     finally:
         lk.close()
 

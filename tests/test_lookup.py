@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from encache.connectors import lookup as lookup_mod
+from encache.connectors.lookup import loader as lookup_mod  # where the load path reads and validates
 from encache.connectors.lookup import EntryLookup, parse_verify
 from encache.connectors.store import encode, open_store
 from encache.connectors.store.disk import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
@@ -402,3 +402,41 @@ def test_verify_ahead_hashes_new_entries_before_their_first_load(tmp_path, count
         assert off.verified_count(["later"]) == 0
     finally:
         off.close()
+
+
+def test_circuit_breaker_backs_off_and_closes():
+    """A store error opens the breaker for 1 s, doubling per consecutive failure up to
+    30 s; a success closes it at once."""
+    from encache.connectors.lookup.breaker import CircuitBreaker
+
+    b = CircuitBreaker()
+    assert not b.is_open()
+    now = time.monotonic()
+    b.trip()
+    assert b.is_open() and not b.is_open(now + 1.5)  # 1 s
+    for _ in range(3):
+        b.trip()
+    assert b.is_open(now + 7.5) and not b.is_open(now + 8.5)  # 1, 2, 4, 8 s
+    for _ in range(10):
+        b.trip()
+    assert b.is_open(now + 29.5) and not b.is_open(now + 31)  # capped at 30 s
+    b.reset()
+    assert not b.is_open()
+
+
+def test_staging_is_a_byte_bounded_lru_that_keeps_the_newest():
+    from encache.connectors.lookup.staging import Staged, StagingArea
+
+    def st(name, n):
+        return Staged(name, None, bytearray(n), 0, 0.0)
+
+    area = StagingArea(max_bytes=100)
+    area.add(st("a", 40))
+    area.add(st("b", 40))
+    assert area.touch("a")  # a is now the most recently used
+    area.add(st("c", 40))  # over the bound: the least recently used (b) goes
+    assert "a" in area and "c" in area and "b" not in area and area.nbytes == 80
+    area.add(st("big", 500))  # alone over the bound: kept, everything else goes
+    assert area.get("big") is not None and "a" not in area and area.nbytes == 500
+    area.discard("big")
+    assert area.nbytes == 0 and not area.touch("big")

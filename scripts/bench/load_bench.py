@@ -11,7 +11,7 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   ecexample           vLLM's ECExampleConnector.start_load_caches (its real code: makedirs,
                       safetensors.torch.load_file, which maps the file) for one item, then
                       the tensor copied into the destination buffer
-  encache.repeat      EntryLookup.load_now + EncacheConnector._to_tensor (the engine's code,
+  encache.repeat      EntryLookup.load_now + EncacheWorkerConnector._to_tensor (the engine's code,
                       defaults) of a stored version already verified, then the copy
   encache.staged      a repeat load served from the lookup's staging tier (the engine's
                       path for an entry loaded recently: request() -> READY -> staged
@@ -68,10 +68,11 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.lookup import EntryLookup, State
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
-    from encache.connectors.vllm.connector import EncacheConnector, LoadItem
+    from encache.connectors.vllm.connector import LoadItem
+    from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     torch.set_num_threads(1)
-    worker = object.__new__(EncacheConnector)  # the worker half: only these fields matter
+    worker = object.__new__(EncacheWorkerConnector)  # the worker half: only these fields matter
     worker.model_dtype = torch.float16
     worker._device = torch.device("cpu")
 

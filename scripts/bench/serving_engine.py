@@ -85,7 +85,7 @@ class TimedECExample(_TimedLoads, ECExampleConnector):
 class TimedEncache(_TimedLoads, EncacheConnector):
     def update_state_after_alloc(self, request, index: int) -> None:
         if self.lookup is not None:
-            staged = self._pinned.get(request.mm_features[index].identifier) \
+            staged = self.scheduler._pinned.get(request.mm_features[index].identifier) \
                 or self.lookup.get_staged(request.mm_features[index].identifier)
             if staged is not None:
                 REC["staged"].append(staged.load_seconds)
@@ -316,7 +316,7 @@ def run_config(kind: str, model: str, images: dict, files: dict, enc_dir: Path, 
         if kind == "encache":
             from vllm.distributed.ec_transfer import get_ec_transfer
             with contextlib.suppress(Exception):
-                res["worker_stats"] = dict(get_ec_transfer()._worker_stats)
+                res["worker_stats"] = dict(get_ec_transfer().worker.stats)
     finally:
         shutdown(llm)
         gc.collect()
@@ -334,8 +334,9 @@ def direct_load_times(ids: list[str], enc_dir: Path, ex_dir: Path, rounds: int =
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store import open_store
     from encache.connectors.vllm.connector import LoadItem
+    from encache.connectors.vllm.worker import EncacheWorkerConnector
 
-    worker = object.__new__(EncacheConnector)
+    worker = object.__new__(EncacheWorkerConnector)
     worker.model_dtype = torch.float32
     worker._device = torch.device("cpu")
     store = open_store(str(enc_dir))

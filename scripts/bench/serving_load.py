@@ -17,7 +17,7 @@ Reference (the limit on this machine)
   memcpy.ram         numpy.copyto between two in-memory buffers (RAM bandwidth, no syscall)
 
 encache (exactly the code that runs in the engine)
-  encache.disk       EntryLookup.load_now + EncacheConnector._to_tensor with the defaults:
+  encache.disk       EntryLookup.load_now + EncacheWorkerConnector._to_tensor with the defaults:
                      the entry file is memory-mapped (load_mode auto, local filesystem) and
                      the checksum runs once per stored file version — steady state, the
                      version was verified by an earlier load
@@ -85,10 +85,11 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
     from encache.connectors.store.entry import checksum as entry_checksum
     from encache.connectors.store.entry import encode_parts, parse_header
     from encache.connectors.store.redis import RedisStore
-    from encache.connectors.vllm.connector import EncacheConnector, LoadItem
+    from encache.connectors.vllm.connector import LoadItem
+    from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     # the worker half of EncacheConnector without a VllmConfig: only these two fields matter
-    worker = object.__new__(EncacheConnector)
+    worker = object.__new__(EncacheWorkerConnector)
     worker.model_dtype = torch.float16
     worker._device = torch.device("cpu")
 

@@ -17,7 +17,7 @@ ECExampleConnector's miss is measured twice: *first* lookup of an identifier (it
 
 Each call is timed alone with ``time.perf_counter_ns`` (its own overhead, reported as
 ``timer_overhead_ns``, is included in every sample); calls of all connectors are
-interleaved round by round. The pin set (``EncacheConnector._pinned``) is cleared every
+interleaved round by round. The pin set (``EncacheSchedulerConnector._pinned``) is cleared every
 round by ``build_connector_meta`` as the engine does every step.
 """
 

@@ -19,7 +19,7 @@ preallocated buffer (the engine's merge). Designs, interleaved step by step:
                  as bytes.oob): the metadata carries a pinned file (scheduler
                  pid + open fd + verified version, ``pin_entry``); each worker opens
                  ``/proc/<pid>/fd/<n>``, checks the version, maps (1 MiB+) or reads it,
-                 and copies (``EncacheConnector._to_tensor`` / ``open_pinned``)
+                 and copies (``EncacheWorkerConnector._to_tensor`` / ``open_pinned``)
 
 The scheduler side (index, verify-once, staging) is the same for all three.
 
@@ -75,12 +75,12 @@ def _worker(handle, rank, store_root, shapes, results):
     import torch
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    from encache.connectors.vllm.connector import EncacheConnector
+    from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     torch.set_num_threads(1)
     mq = MessageQueue.create_from_handle(handle, rank)
     mq.wait_until_ready()
-    w = object.__new__(EncacheConnector)
+    w = object.__new__(EncacheWorkerConnector)
     w.model_dtype = torch.float16
     w._device = torch.device("cpu")
     dst = {tuple(s): torch.empty(s, dtype=torch.float16) for s in shapes}

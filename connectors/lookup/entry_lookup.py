@@ -1,0 +1,225 @@
+"""EntryLookup: the consumer scheduler's view of the store, composed of its parts.
+
+One object per scheduler-side connector (:mod:`encache.connectors.vllm.scheduler`). It
+wires the parts together and runs their background thread; each part is its own module:
+
+* :mod:`.index` — what the store holds (``StoreIndex``);
+* :mod:`.breaker` — store down: every lookup a miss for a while (``CircuitBreaker``);
+* :mod:`.loader` — the load pool, in-flight reads, inline loads, verify ahead;
+* :mod:`.verified` — verify once per stored version (``VerifiedVersions``);
+* :mod:`.staging` — validated bytes waiting for the worker (``StagingArea``);
+* :mod:`.checks` — encoder-config and LoRA stamps (``EntryChecks``);
+* :mod:`.misses` — why an item was a miss, unusable entries skipped (``MissReasons``);
+* :mod:`.metrics` — counters to the store and to vLLM's metrics (``LookupMetrics``).
+
+The background thread (``encache-index``) refreshes the index every ``index_refresh_s``
+(and queues verify-ahead passes for new entries), samples store-wide facts every
+``store_stats_s`` and flushes counters every ``counters_flush_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..ratelimit import RateLimitedLog
+from ..store.base import Store
+from .breaker import CircuitBreaker
+from .checks import EntryChecks
+from .index import StoreIndex
+from .loader import DEFER, Loader, State
+from .metrics import LookupMetrics
+from .misses import MissReasons
+from .staging import Staged, StagingArea
+from .verified import VerifiedVersions
+
+log = logging.getLogger("encache.lookup")
+
+
+class EntryLookup:
+    def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
+                 load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
+                 verify: bool | str = True, counters_flush_s: float = 5.0,
+                 store_stats_s: float = 30.0, encoder_config: str | None = None,
+                 verify_ahead: bool = True):
+        self.store = store
+        self.store_stats_s = store_stats_s
+        self.index_refresh_s = index_refresh_s
+        self.counters_flush_s = counters_flush_s
+        self.warn = RateLimitedLog(log)
+        self.verified = VerifiedVersions(verify)
+        self.verify, self.verify_always = self.verified.verify, self.verified.verify_always
+        # versions only help when checksums run once: nothing to do ahead otherwise
+        # (and only a local store has versions: Redis values are verified on every load)
+        self.verify_ahead = (verify_ahead and self.verify and not self.verify_always
+                             and store.local)
+        self.breaker = CircuitBreaker()
+        self.index = StoreIndex(store, index_refresh_s)
+        self.staging = StagingArea(staging_bytes)
+        self.misses = MissReasons()
+        # counts go straight into a per-process file where the store offers one (disk):
+        # they survive the engine's SIGKILL; otherwise they are batched and flushed
+        self.metrics = LookupMetrics(store, self.warn, counters_flush_s)
+        self.checks = EntryChecks(store.url, encoder_config, self.misses, self.metrics,
+                                  self.warn)
+        self.loader = Loader(store, threads=load_threads, timeout_s=load_timeout_s,
+                             index=self.index, verified=self.verified, staging=self.staging,
+                             checks=self.checks, misses=self.misses, metrics=self.metrics,
+                             breaker=self.breaker, warn=self.warn)
+        self._closed = threading.Event()
+        self._background = threading.Thread(target=self._background_loop, name="encache-index",
+                                             daemon=True)
+        self._background.start()
+
+    # -- settings the connector shares ---------------------------------------------
+    @property
+    def encoder_config(self) -> str | None:
+        """The engine's encoder-config digest (None: accept any entry)."""
+        return self.checks.encoder_config
+
+    @property
+    def lora_digests(self) -> dict[str, str]:
+        """LoRA name -> adapter digest this engine serves (the connector keeps it)."""
+        return self.checks.lora_digests
+
+    @lora_digests.setter
+    def lora_digests(self, value: dict[str, str]) -> None:
+        self.checks.lora_digests = value
+
+    @property
+    def load_timeout_s(self) -> float:
+        return self.loader.timeout_s
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.staging.max_bytes
+
+    # -- background ----------------------------------------------------------------
+    def _background_loop(self) -> None:
+        """Refresh the index and persist counters, each on its own period."""
+        next_index = 0.0
+        next_stats = 0.0
+        tick = max(0.05, min(self.index_refresh_s, self.counters_flush_s, self.store_stats_s))
+        while not self._closed.is_set():
+            now = time.monotonic()
+            if now >= next_index:
+                try:
+                    new = self.index.refresh()
+                    if self.verify_ahead and self.index.is_ready() and new:
+                        self.loader.verify_ahead(new, self._closed)
+                    self.breaker.reset()
+                except Exception as e:  # store down: keep the old index, retry later
+                    self.breaker.trip()
+                    self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
+                                      self.store.url, e)
+                self.index.mark_ready()
+                next_index = now + self.index_refresh_s
+            if now >= next_stats and not self.breaker.is_open():
+                self.metrics.sample_store(len(self.index))
+                next_stats = now + self.store_stats_s
+            self.metrics.maybe_flush()
+            self._closed.wait(tick)
+
+    def wait_index(self, timeout: float | None = None) -> bool:
+        """Block until the first index refresh finished (or failed)."""
+        return self.index.wait_ready(timeout)
+
+    # -- the scheduler's questions -------------------------------------------------
+    def probably_stored(self, identifier: str, now: float | None = None) -> bool:
+        """Is ``identifier`` worth a read? False while the breaker is open or the entry
+        was rejected lately; else what the index says (memory speed, may be stale)."""
+        now = time.monotonic() if now is None else now
+        if self.breaker.is_open(now) or self.misses.is_rejected(identifier, now):
+            return False
+        try:
+            return self.index.holds(identifier, now)
+        except Exception as e:
+            self.breaker.trip()
+            self.warn.warning("load", "encache: cannot reach %s: %s; re-encoding", self.store.url, e)
+            return False
+
+    def request(self, identifier: str, inline: bool = False) -> State:
+        """Where an item stands; starts a background read for a stored, unstaged item.
+
+        ``inline`` (a disk store on a local filesystem): load it here and now when that
+        is cheap — mapping a file, or reading one under ``MMAP_MIN_BYTES``, takes tens of
+        microseconds, less than handing it to a thread and waiting for the answer. A large
+        entry whose stored version is not verified yet (a checksum pass over every page,
+        possibly from a cold disk) still goes to the background threads. The caller bounds
+        how much inline work it allows per step."""
+        now = time.monotonic()
+        if self.staging.touch(identifier):
+            return State.READY
+        state = self.loader.inflight_state(identifier, now)
+        if state is not None:
+            return state
+        if not self.probably_stored(identifier, now):
+            return State.MISS
+        if inline and self.store.mapped_loads:
+            staged = self.loader.load(identifier, inline=True)
+            if staged is not DEFER:
+                return State.READY if staged is not None else State.MISS
+        return self.loader.start(identifier, now)
+
+    def wait(self, identifiers, timeout: float) -> None:
+        """Block up to ``timeout`` s for the in-flight reads of ``identifiers``."""
+        self.loader.wait(identifiers, timeout)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Block until no read is in flight (tests, benchmarks)."""
+        self.loader.wait_idle(timeout)
+
+    def is_ready(self, identifier: str) -> bool:
+        return identifier in self.staging
+
+    def get_staged(self, identifier: str) -> Staged | None:
+        return self.staging.get(identifier)
+
+    def load_now(self, identifier: str) -> Staged | None:
+        """Synchronous read + verify, not staged (tools, tests, benchmarks)."""
+        return self.loader.load(identifier, register=False)
+
+    def reject(self, identifier: str, reason: str) -> None:
+        """Drop a staged entry the engine cannot use (e.g. wrong token count)."""
+        self.staging.discard(identifier)
+        self.misses.reject(identifier, "corrupt")
+        self.metrics.count("load_errors")
+        self.warn.warning("reject:" + reason, "encache: entry %s unusable (%s); re-encoding",
+                          identifier, reason)
+
+    def miss_reason(self, identifier: str) -> str:
+        """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an
+        entry was found but not usable), else ``absent``."""
+        return self.misses.reason(identifier)
+
+    # -- verified versions ---------------------------------------------------------
+    def verified_count(self, identifiers) -> int:
+        """How many of ``identifiers`` have a verified version on record (tests, benchmarks)."""
+        return self.verified.count(identifiers)
+
+    def forget_verified(self) -> None:
+        """Verify every stored version again on its next load (tests, benchmarks)."""
+        self.verified.forget_all()
+
+    # -- counters ------------------------------------------------------------------
+    def count(self, name: str, value: float = 1) -> None:
+        self.metrics.count(name, value)
+
+    def observe_load(self, seconds: float) -> None:
+        self.metrics.observe_load(seconds)
+
+    def take_interval(self) -> dict:
+        """Counter deltas and load latencies since the last call (for vLLM's metrics)."""
+        return self.metrics.take_interval(self.staging.nbytes)
+
+    def maybe_flush(self, force: bool = False) -> None:
+        """Persist counter deltas to the store (called by the background thread)."""
+        self.metrics.maybe_flush(force)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.metrics.maybe_flush(force=True)
+        self.loader.shutdown()

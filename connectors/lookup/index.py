@@ -1,0 +1,87 @@
+"""What the store holds: a set of identifiers kept fresh in the background.
+
+The scheduler asks "is this item stored?" per item per step, so the answer comes from
+memory. The set is scanned at start and refreshed every ``index_refresh_s`` by the
+lookup's background thread (skipped while the store's ``index_version()`` is unchanged).
+For a local disk store an identifier not in the set is also checked with one ``stat``
+(negative-cached for one refresh period), so an entry written a moment ago is seen at
+once. A stale positive costs one background read that finds nothing: a miss.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..store.base import Store
+
+ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
+
+
+class StoreIndex:
+    def __init__(self, store: Store, refresh_s: float):
+        self.store = store
+        self.refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+        self._absent: dict[str, float] = {}  # identifier -> expiry (local stores)
+        self._last_version = None
+        self._ready = threading.Event()
+
+    def refresh(self) -> set[str]:
+        """Re-list the store if its index version moved; the identifiers that appeared.
+        Raises what the store raises (the caller trips the breaker and keeps the old set)."""
+        version = self.store.index_version()
+        if version is not None and version == self._last_version:
+            return set()
+        ids = set(self.store.identifiers())
+        with self._lock:
+            old, self._ids = self._ids, ids
+        self._last_version = version
+        return ids - old
+
+    def mark_ready(self) -> None:
+        """The first refresh finished (or failed): lookups may trust the set now."""
+        self._ready.set()
+
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ids)
+
+    def holds(self, identifier: str, now: float | None = None) -> bool:
+        """Does the store (probably) hold ``identifier``? Memory speed, except one
+        ``stat`` for an unknown identifier on a local store; may be stale. Raises what
+        the store raises on that ``stat``."""
+        # single set/dict reads, atomic under the GIL (the set is swapped whole by
+        # refresh()): no lock on the scheduler's per-item path
+        if identifier in self._ids:
+            return True
+        if not self.store.local:
+            return False
+        now = time.monotonic() if now is None else now
+        if self._absent.get(identifier, 0) > now:
+            return False
+        found = self.store.contains(identifier)  # one stat on a local disk
+        with self._lock:
+            if found:
+                self._ids.add(identifier)
+            else:
+                self._note_absent(identifier, now)
+        return found
+
+    def forget(self, identifier: str) -> None:
+        """A read found nothing: the entry is gone (until the next refresh lists it)."""
+        with self._lock:
+            self._ids.discard(identifier)
+            self._note_absent(identifier, time.monotonic())
+
+    def _note_absent(self, identifier: str, now: float) -> None:  # caller holds the lock
+        self._absent[identifier] = now + self.refresh_s
+        if len(self._absent) > ABSENT_MAX:
+            self._absent.clear()

@@ -1,0 +1,190 @@
+"""Reading entries: the load pool, in-flight reads, inline loads, verify ahead.
+
+A request's stored item is read and fully validated (header, size, checksum — once per
+stored version, :mod:`.verified`) by a thread pool while the engine keeps stepping; the
+request is deferred at most ``load_timeout_s``, then the item is a miss and re-encoded.
+A local store's entry may instead be read inline, in the caller's thread, when that is
+cheaper than a thread hand-off (the caller budgets inline work per step). A valid entry
+is checked for this engine (:mod:`.checks`) and staged (:mod:`.staging`). A corrupt
+entry is rejected for a while (:mod:`.misses`); a store error trips the breaker
+(:mod:`.breaker`): both are misses, never an outage.
+
+*Verify ahead*: an entry that appears while the engine runs (a producer wrote it) is
+validated by the same threads as soon as the index refresh sees it, so its first
+request-path load already finds a verified version.
+
+The read and the validation of one entry are :func:`read_entry` and :func:`validate`:
+the one place to change how the lookup reads or checks a stored entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from enum import Enum
+
+from ..ratelimit import RateLimitedLog
+from ..store.base import Store
+from ..store.disk import prefault
+from ..store.entry import CorruptEntry, EntryMeta, validate_blob
+from .breaker import CircuitBreaker
+from .checks import EntryChecks
+from .index import StoreIndex
+from .metrics import LookupMetrics
+from .misses import MissReasons
+from .staging import Staged, StagingArea
+from .verified import VerifiedVersions
+
+log = logging.getLogger("encache.lookup")
+
+INLINE_VERIFY_MAX = 1 << 20  # larger unverified entries are checked in the background
+PREFAULT_AFTER_S = 10.0  # a verified mapping not loaded for this long gets readahead
+VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
+DEFER = object()  # load(inline=True): too big to do in the caller's thread
+
+
+class State(Enum):
+    READY = "ready"  # verified bytes are staged: say yes
+    PENDING = "pending"  # a read is in flight: defer the request
+    MISS = "miss"  # not in the store, unreadable, or too slow: encode
+
+
+def read_entry(store: Store, identifier: str):
+    """``(blob, version)`` of the stored entry, or None (not there)."""
+    return store.read_entry(identifier)
+
+
+def validate(verified: VerifiedVersions, identifier: str, blob, version) -> tuple[EntryMeta, int]:
+    """Header, size and (per ``verify``) checksum checks; remembered per version."""
+    meta, offset = validate_blob(blob, identifier=identifier, verify=verified.verify)
+    verified.remember(identifier, version, meta, offset)
+    return meta, offset
+
+
+class Loader:
+    def __init__(self, store: Store, *, threads: int, timeout_s: float, index: StoreIndex,
+                 verified: VerifiedVersions, staging: StagingArea, checks: EntryChecks,
+                 misses: MissReasons, metrics: LookupMetrics, breaker: CircuitBreaker,
+                 warn: RateLimitedLog):
+        self.store, self.timeout_s = store, timeout_s
+        self.index, self.verified, self.staging = index, verified, staging
+        self.checks, self.misses, self.metrics = checks, misses, metrics
+        self.breaker, self.warn = breaker, warn
+        self._lock = threading.Lock()
+        self._inflight: dict[str, tuple[Future, float]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="encache-load")
+
+    # -- background reads ----------------------------------------------------------
+    def inflight_state(self, identifier: str, now: float) -> State | None:
+        """PENDING while a read of ``identifier`` runs, MISS once it ran longer than
+        ``load_timeout_s``; None when no read is in flight."""
+        inflight = self._inflight.get(identifier)  # one dict read: atomic under the GIL
+        if inflight is None:
+            return None
+        return State.PENDING if now - inflight[1] < self.timeout_s else State.MISS
+
+    def start(self, identifier: str, now: float) -> State:
+        """Start a background read (unless one runs or the entry is staged already)."""
+        with self._lock:
+            if identifier in self._inflight:
+                return State.PENDING
+            if identifier in self.staging:
+                return State.READY
+            fut = self._pool.submit(self.load, identifier)
+            self._inflight[identifier] = (fut, now)
+        return State.PENDING
+
+    def wait(self, identifiers, timeout: float) -> None:
+        """Block up to ``timeout`` s for the in-flight reads of ``identifiers`` (the
+        waiting releases the GIL, so the load threads run at full speed meanwhile)."""
+        with self._lock:
+            futs = [self._inflight[i][0] for i in identifiers if i in self._inflight]
+        if futs and timeout > 0:
+            wait_futures(futs, timeout=timeout)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                futs = [f for f, _ in self._inflight.values()]
+            if not futs:
+                return
+            for f in futs:
+                f.exception(timeout=max(0.0, deadline - time.monotonic()))
+
+    # -- one load ------------------------------------------------------------------
+    def load(self, identifier: str, register: bool = True, inline: bool = False):
+        """Read + validate one entry; stage it (``register``). Returns the Staged entry,
+        None for a miss, or ``DEFER`` (``inline`` only) when the work is too big to do
+        in the caller's thread."""
+        t0 = time.perf_counter()
+        staged = None
+        try:
+            got = read_entry(self.store, identifier)
+            if got is None:
+                self.index.forget(identifier)
+            else:
+                blob, version = got
+                record = self.verified.find(identifier, version)
+                if inline and len(blob) > INLINE_VERIFY_MAX and record is None:
+                    return DEFER
+                if record is None:
+                    meta, offset = validate(self.verified, identifier, blob, version)
+                else:
+                    meta, offset = record.meta, record.offset
+                    now = time.monotonic()
+                    if now - record.last_load > PREFAULT_AFTER_S:
+                        # not read for a while: its pages may have left the page cache;
+                        # start fetching them now rather than in the model step
+                        prefault(blob)
+                    record.last_load = now
+                if self.checks.usable(identifier, meta):
+                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
+                                    version)
+        except CorruptEntry as e:
+            self.misses.reject(identifier, "corrupt")
+            self.metrics.count("load_errors")
+            self.warn.warning("corrupt", "encache: entry %s in %s is corrupt (%s); re-encoding",
+                              identifier, self.store.url, e)
+        except Exception as e:  # store unreachable, I/O error: a miss, never an outage
+            self.breaker.trip()
+            self.metrics.count("load_errors")
+            self.warn.warning("load", "encache: cannot load %s from %s: %s; re-encoding",
+                              identifier, self.store.url, e)
+        if register:
+            if staged is not None:
+                self.staging.add(staged)  # before the read stops being in flight
+            with self._lock:
+                self._inflight.pop(identifier, None)
+        return staged
+
+    # -- verify ahead --------------------------------------------------------------
+    def verify_ahead(self, identifiers, closed: threading.Event) -> None:
+        """Queue checksum passes for entries that appeared since the last refresh."""
+        for n, identifier in enumerate(identifiers):
+            if n >= VERIFY_AHEAD_MAX or closed.is_set():
+                break
+            try:
+                self._pool.submit(self._verify_one, identifier)
+            except RuntimeError:  # the pool was shut down (close() raced us)
+                break
+
+    def _verify_one(self, identifier: str) -> None:
+        """Background: validate the stored version (remembered, not staged). Errors are
+        left to the request-path load, which counts and reports them."""
+        try:
+            got = read_entry(self.store, identifier)
+            if got is None:
+                return
+            blob, version = got
+            if version is not None and self.verified.find(identifier, version) is None:
+                validate(self.verified, identifier, blob, version)
+            del blob
+        except Exception:
+            return
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

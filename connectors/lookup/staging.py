@@ -1,0 +1,78 @@
+"""Staging: validated entries in memory, waiting to be handed to the worker.
+
+The scheduler only says "yes, stored" (``has_cache_item``) for an entry whose bytes are
+already read and verified: they wait here, in a byte-bounded LRU (``staging_bytes``),
+until the step's connector metadata carries them to the worker, and stay as a small hot
+tier for popular images. The newest entry is always kept, even when alone it exceeds
+the bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..store.entry import EntryMeta
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A verified entry in memory: ``blob[offset:offset+meta.data_bytes]`` is the tensor."""
+
+    identifier: str
+    meta: EntryMeta
+    blob: bytearray | bytes
+    offset: int
+    load_seconds: float
+    #: the stored version these bytes were verified as (a disk file's identity), or None
+    version: object = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob)
+
+
+class StagingArea:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, Staged] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    # Reads are one dict operation each, atomic under the GIL: no lock on the scheduler's
+    # per-item path (has_cache_item). Changes take the lock.
+    def __contains__(self, identifier: str) -> bool:
+        return identifier in self._entries
+
+    def get(self, identifier: str) -> Staged | None:
+        return self._entries.get(identifier)
+
+    def touch(self, identifier: str) -> bool:
+        """Is it staged? Marks it most recently used if so."""
+        with self._lock:
+            if identifier not in self._entries:
+                return False
+            self._entries.move_to_end(identifier)
+            return True
+
+    def add(self, staged: Staged) -> None:
+        with self._lock:
+            old = self._entries.pop(staged.identifier, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[staged.identifier] = staged
+            self._bytes += staged.nbytes
+            while self._bytes > self.max_bytes and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+
+    def discard(self, identifier: str) -> None:
+        with self._lock:
+            st = self._entries.pop(identifier, None)
+            if st is not None:
+                self._bytes -= st.nbytes

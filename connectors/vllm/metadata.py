@@ -1,0 +1,130 @@
+"""What the scheduler ships to the worker each step: load items in the connector metadata.
+
+A :class:`LoadItem` is one verified entry the scheduler staged: its bytes (in-process
+workers get the staged buffer itself, no copy) or, for large disk entries and workers in
+other processes, a *pinned file* — the scheduler keeps the verified file open and the
+worker opens it through ``/proc/<pid>/fd/<n>`` (:func:`pin_entry`, :func:`open_pinned`),
+so the very inode that was verified is read even if the entry was replaced since. Across
+processes the tensor bytes travel out of band with pickle protocol 5 (vLLM's shared-memory
+queue). Imports torch (dtype tables) and vLLM's metadata base class.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
+
+TORCH_DTYPES = {
+    "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "BOOL": torch.bool,
+}
+DTYPE_CODES = {v: k for k, v in TORCH_DTYPES.items()}
+DTYPE_BYTES = {k: torch.empty(0, dtype=v).element_size() for k, v in TORCH_DTYPES.items()}
+
+
+#: entries at least this big reach multiprocess workers as pinned files (worker_loads auto)
+WORKER_READS_MIN_BYTES = 1 << 20
+
+
+@dataclass
+class LoadItem:
+    identifier: str
+    blob: Any  # any buffer holding the whole entry (bytes, bytearray, uint8 array)
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    #: (scheduler pid, open fd, verified version, path) of a disk entry the scheduler
+    #: pinned: a worker in another process opens it itself instead of receiving the bytes
+    ref: tuple | None = None
+
+    def __reduce_ex__(self, protocol):
+        if self.ref is not None:  # the worker reads the pinned file (see open_pinned)
+            return (_rebuild_load_item_ref, (self.identifier, self.offset, self.dtype,
+                                             tuple(self.shape), self.ref))
+        # Shipped to worker processes only with a multiprocess executor: send just the
+        # tensor bytes. With pickle protocol 5 (vLLM's shared-memory message queue) they
+        # go as an out-of-band PickleBuffer: written once from the staged buffer (often the
+        # page cache itself) into the queue, instead of a tobytes() copy that the pickler
+        # then copies again into its stream (tests/test_connector_pickle.py, issue #11).
+        view = memoryview(self.blob).cast("B")
+        nbytes = DTYPE_BYTES[self.dtype]
+        for s in self.shape:
+            nbytes *= s
+        part = view[self.offset:self.offset + nbytes]
+        payload = pickle.PickleBuffer(part) if protocol >= 5 else part.tobytes()
+        return (_rebuild_load_item, (self.identifier, payload, self.dtype, tuple(self.shape)))
+
+
+def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
+    """Scheduler side: open a verified disk entry and check it is still that version;
+    ``(fd, ref)`` for a :class:`LoadItem`, or None (replaced, purged: ship the bytes).
+    The caller keeps ``fd`` open until the workers have read it."""
+    path = str(store.entry_path(identifier))
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if version is None or (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(version):
+        os.close(fd)
+        return None
+    return fd, (os.getpid(), fd, tuple(version), path)
+
+
+def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:
+    return LoadItem(identifier, None, offset, dtype, shape, ref)
+
+
+def open_pinned(ref, mmap_min: int):
+    """A worker process's view of an entry the scheduler verified and pinned: opened
+    through the scheduler's own descriptor (``/proc/<pid>/fd/<n>``), so the very inode it
+    verified is read even if the entry was replaced or purged since; the version is
+    checked again (no checksum: the scheduler hashed this exact version). Falls back to
+    the entry's path when /proc is not reachable, with the same version check."""
+    import mmap
+
+    pid, fd, version, path = ref
+    try:
+        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
+    except OSError:
+        f = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(f)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(version):
+            raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
+        if st.st_size >= mmap_min:
+            return mmap.mmap(f, st.st_size, access=mmap.ACCESS_COPY)
+        buf = bytearray(st.st_size)
+        view, got = memoryview(buf), 0
+        while got < st.st_size:
+            n = os.readv(f, [view[got:]])
+            if n == 0:
+                raise RuntimeError(f"encache: pinned entry {path} is shorter than verified")
+            got += n
+        return buf
+    finally:
+        os.close(f)
+
+
+def _rebuild_load_item(identifier, payload, dtype, shape) -> LoadItem:
+    if not isinstance(payload, (bytes, bytearray)):
+        payload = memoryview(payload)  # an out-of-band buffer (a zmq frame, a PickleBuffer)
+    return LoadItem(identifier, payload, 0, dtype, shape)
+
+
+@dataclass
+class EncacheConnectorMetadata(ECConnectorMetadata):
+    loads: list[LoadItem] = field(default_factory=list)
+    #: LoRA name -> adapter digest of the requests scheduled so far (producers stamp it)
+    lora_digests: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,264 @@
+"""EncacheSchedulerConnector: the scheduler-side half of :class:`EncacheConnector`.
+
+A consumer's scheduler answers "is this item stored?" from memory and prefetches
+verified entries in the background (:class:`~encache.connectors.lookup.EntryLookup`):
+
+``ensure_cache_available`` requests the request's items (inline within a per-step budget
+or on the load threads; the request is deferred while reads run) ->
+``has_cache_item`` says yes only for a staged entry and pins it for this step ->
+``update_state_after_alloc`` counts the hit (or the miss and its reason) and queues the
+pinned entry -> ``build_connector_meta`` ships the queued entries to the worker as
+:class:`~.metadata.LoadItem` (bytes, or a pinned file for large disk entries and
+workers in other processes).
+
+A producer's scheduler keeps the adapter digest of each LoRA name it serves (sent to the
+worker in the metadata, stamped into entries) and reports each finished request's items.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..diagnosis import MissDiagnosis
+from ..lookup import EntryLookup, State
+from ..lora_stamp import adapter_digest
+from .config import ConnectorConfig
+from .metadata import WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry
+from .metrics import EncacheStats
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("encache.connector")
+
+
+class EncacheSchedulerConnector:
+    PIN_STEPS = 16  # a pinned entry stays open this many scheduler steps…
+    PIN_SECONDS = 1.0  # …and at least this long (workers read it within their step)
+    PIN_MAX_FDS = 1024  # more pinned at once: ship bytes (never crowd the fd limit)
+
+    def __init__(self, vllm_config: VllmConfig, config: ConnectorConfig, store, *,
+                 is_producer: bool, is_consumer: bool, encoder_config: str):
+        self.config, self.store = config, store
+        self.is_producer, self.is_consumer = is_producer, is_consumer
+        model_config = vllm_config.model_config
+        self.model_id = model_config.model
+        # named in diagnostics: entry shapes are family-specific (crops, dynamic resolution)
+        self.architecture = getattr(model_config, "architecture", None) or "this model"
+        self.lookup: EntryLookup | None = None
+        self.diagnosis: MissDiagnosis | None = None
+        self._pinned: dict[str, Any] = {}  # staged entries has_cache_item said yes to
+        self._need_loads: dict[str, Any] = {}  # ...and that were allocated: ship them
+        self._inline_budget = config.inline_wait_s
+        # LoRA name -> digest of the adapter served under it (stale-LoRA guard)
+        self._lora_digests: dict[str, str] = {}
+        self._lora_checked: dict[tuple[str, str], float] = {}
+        if is_consumer:
+            self.lookup = EntryLookup(
+                store, **config.lookup_options(),
+                encoder_config=encoder_config if config.check_encoder_config else None)
+            self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
+            self.diagnosis = MissDiagnosis(store, self.model_id)
+            self.diagnosis.start()
+        if is_producer:
+            from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+            self._resolver = PlaceholderMetadataResolver(model_config)
+        self._step = 0
+        self._pins: collections.deque = collections.deque()
+        self._pinned_fds = 0
+        self._check_capacity()
+        self._worker_reads = self._choose_worker_reads(vllm_config)
+
+    def _check_capacity(self) -> None:
+        """Warn at start-up when the store can fill up badly (Redis maxmemory/policy)."""
+        check = self.store.capacity_warnings
+        if check is None:
+            return
+        try:
+            for warning in check():
+                log.warning("encache: %s: %s", self.store.url, warning)
+        except Exception as e:  # unreachable now: lookups will be misses until it is back
+            log.warning("encache: cannot check %s at start-up: %s", self.store.url, e)
+
+    # -- lookups -------------------------------------------------------------------
+    def has_cache_item(self, identifier: str) -> bool:
+        """Memory-speed: yes only for an entry already read and verified (staged)."""
+        if self.lookup is None:
+            return False
+        staged = self.lookup.get_staged(identifier)
+        if staged is None:
+            return False
+        self._pinned[identifier] = staged  # survives staging eviction until this step ships
+        return True
+
+    def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
+        """Start background reads for this request's stored items; defer it while they run."""
+        if self.lookup is None:
+            return True
+        self._note_lora(request)
+        pending = self._start_loads(request, num_computed_tokens)
+        if pending and self._inline_budget > 0:
+            # Most loads take well under a millisecond: wait for them here (a bounded
+            # budget per scheduler step) rather than deferring the request by a whole step.
+            t0 = time.perf_counter()
+            self.lookup.wait(pending, self._inline_budget)
+            self._inline_budget -= time.perf_counter() - t0
+            pending = self._start_loads(request, num_computed_tokens)
+        return not pending
+
+    def _start_loads(self, request: Request, num_computed_tokens: int) -> list[str]:
+        """Request every stored item the request still needs; return those in flight."""
+        pending = []
+        for i, feature in enumerate(request.mm_features):
+            pos = feature.mm_position
+            if pos.offset + pos.length <= num_computed_tokens:
+                continue  # already consumed into the KV cache
+            if self._inline_budget > 0:
+                # a local read inline (budgeted per step) beats a thread hand-off
+                t0 = time.perf_counter()
+                state = self.lookup.request(feature.identifier, inline=True)
+                self._inline_budget -= time.perf_counter() - t0
+            else:
+                state = self.lookup.request(feature.identifier)
+            if state is State.PENDING:
+                pending.append(feature.identifier)
+            elif state is State.READY:
+                staged = self.lookup.get_staged(feature.identifier)
+                want = request.get_num_encoder_embeds(i)
+                if staged is not None and len(staged.meta.shape) == 2 and staged.meta.shape[0] != want:
+                    self.lookup.reject(feature.identifier,
+                                       f"{staged.meta.shape[0]} embeddings stored, {want} expected "
+                                       f"by {self.architecture}")
+        return pending
+
+    def _note_lora(self, request: Request) -> None:
+        """Remember the digest of the adapter this request's LoRA name stands for (files
+        re-checked at most every 10 s per name and path; hashed only when they change)."""
+        lr = getattr(request, "lora_request", None)
+        if lr is None:
+            return
+        name, path = lr.lora_name, getattr(lr, "lora_path", "") or ""
+        now = time.monotonic()
+        key = (name, path)
+        if now - self._lora_checked.get(key, -1e9) < 10.0 and name in self._lora_digests:
+            return
+        self._lora_checked[key] = now
+        digest = adapter_digest(path)
+        if digest:
+            self._lora_digests[name] = digest
+        else:
+            self._lora_digests.pop(name, None)
+
+    def update_state_after_alloc(self, request: Request, index: int) -> None:
+        if self.is_producer:
+            self._note_lora(request)
+        if self.lookup is None:
+            return
+        identifier = request.mm_features[index].identifier
+        # Only what has_cache_item said yes to this step is an external load; an entry that
+        # became ready after that answer was already scheduled for encoding.
+        staged = self._pinned.get(identifier)
+        if staged is None:
+            self.lookup.count("misses")
+            reason = self.lookup.miss_reason(identifier)
+            if self.diagnosis is not None:
+                reason = self.diagnosis.classify(reason)
+            self.lookup.count("misses_" + reason)
+            return
+        self._need_loads[identifier] = staged
+        self.lookup.count("hits")
+        self.lookup.count("bytes_loaded", staged.meta.data_bytes)
+        self.lookup.count("load_seconds", staged.load_seconds)
+        self.lookup.observe_load(staged.load_seconds)
+
+    # -- the step's metadata -------------------------------------------------------
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> EncacheConnectorMetadata:
+        meta = EncacheConnectorMetadata()
+        if self.is_producer and self._lora_digests:
+            meta.lora_digests = dict(self._lora_digests)
+        self._step += 1
+        fds = []
+        for identifier, st in self._need_loads.items():
+            ref = None
+            # workers in other processes read a pinned file for large entries; small ones
+            # ride in the metadata (cheaper than a file open per worker: benchmarks/tp.json)
+            if self._worker_reads and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
+                    self.config.worker_loads == "files"
+                    or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
+                pinned = pin_entry(self.store, identifier, st.version)
+                if pinned is not None:
+                    fds.append(pinned[0])
+                    ref = pinned[1]
+            meta.loads.append(LoadItem(identifier, st.blob, st.offset, st.meta.dtype,
+                                       st.meta.shape, ref))
+        if fds:
+            self._pins.append((self._step, time.monotonic(), fds))
+            self._pinned_fds += len(fds)
+        self._release_pins()
+        self._need_loads.clear()
+        self._pinned.clear()
+        self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
+        return meta
+
+    def _release_pins(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        while self._pins and (everything or (self._step - self._pins[0][0] > self.PIN_STEPS
+                                             and now - self._pins[0][1] > self.PIN_SECONDS)):
+            fds = self._pins.popleft()[2]
+            self._pinned_fds -= len(fds)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _choose_worker_reads(self, vllm_config) -> bool:
+        """Workers read disk entries themselves (the metadata carries a pinned file, not
+        the bytes) when they are separate local processes: the multiprocess executor on
+        one node, a local disk store, and /proc/<pid>/fd usable (benchmarks/tp.json:
+        2.9-8x less per-step time than shipping the bytes at 2.75-10 MB)."""
+        mode = self.config.worker_loads
+        if mode == "bytes" or self.lookup is None:
+            return False
+        if getattr(self.store, "backend", None) != "disk" or not self.store.local:
+            return False
+        pc = vllm_config.parallel_config
+        if mode == "auto" and (pc.distributed_executor_backend != "mp"
+                               or getattr(pc, "nnodes", 1) > 1):
+            return False
+        try:  # the descriptor path workers will open
+            fd = os.open(self.store.root, os.O_RDONLY)
+            try:
+                os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDONLY))
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+        return True
+
+    # -- metrics and request end ---------------------------------------------------
+    def get_ec_connector_stats(self):
+        if self.lookup is None:
+            return None
+        data = self.lookup.take_interval()
+        return EncacheStats(data=data) if data else None
+
+    def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        if not self.is_producer:
+            return False, None
+        from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata
+        items = collect_ec_item_metadata(request.mm_features, self._resolver)
+        return False, (items or None)
+
+    def shutdown(self) -> None:
+        if self.lookup is not None:
+            self.lookup.close()
+            self.lookup = None
+        self._pinned.clear()
+        self._need_loads.clear()
+        self._release_pins(everything=True)

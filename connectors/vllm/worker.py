@@ -1,0 +1,153 @@
+"""EncacheWorkerConnector: the worker-side half of :class:`EncacheConnector`.
+
+A consumer's worker turns the step's :class:`~.metadata.LoadItem` list into tensors in
+vLLM's encoder cache (``start_load_caches``): a view over the staged buffer, no copy on
+CPU, or for a pinned file the worker opens itself (another process). No store I/O is
+left on this path, so it cannot fail for a stored entry's sake.
+
+A producer's worker hands each encoder output to a background writer
+(:class:`~encache.connectors.writer.EntryWriter`) with the stamps that make it a valid
+entry for consumers (model id, vLLM version, hash algorithm, encoder config, LoRA
+adapter digest learned from the scheduler's metadata).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import torch
+
+from ..store.keys import split_lora
+from ..writer import EntryWriter
+from .config import ConnectorConfig
+from .metadata import DTYPE_CODES, TORCH_DTYPES, EncacheConnectorMetadata, LoadItem, open_pinned
+
+log = logging.getLogger("encache.connector")
+
+
+class EncacheWorkerConnector:
+    _warned_dtype = False  # one warning per worker when stored dtypes are cast
+    _device: torch.device | None = None
+
+    def __init__(self, vllm_config, config: ConnectorConfig, store, *, is_producer: bool,
+                 encoder_config: str):
+        model_config = vllm_config.model_config
+        self.store = store
+        self.model_id = model_config.model
+        self.model_dtype = model_config.dtype
+        mm_config = getattr(model_config, "multimodal_config", None)
+        self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
+        self.encoder_config = encoder_config
+        self.writer: EntryWriter | None = None
+        if is_producer:
+            self.writer = EntryWriter(store, **config.writer_options(),
+                                      encoder_config=encoder_config)
+        self.stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
+        # LoRA name -> adapter digest, learned from the scheduler's metadata (producers)
+        self._lora_digests: dict[str, str] = {}
+
+    # -- consumer: loads -----------------------------------------------------------
+    def start_load_caches(self, metadata, encoder_cache: dict[str, torch.Tensor]) -> None:
+        if not isinstance(metadata, EncacheConnectorMetadata) or not metadata.loads:
+            return
+        t0 = time.perf_counter()
+        for item in metadata.loads:
+            if item.identifier in encoder_cache:
+                continue
+            encoder_cache[item.identifier] = self._to_tensor(item)
+            self.stats["loaded"] += 1
+        self.stats["load_calls"] += 1
+        self.stats["load_block_seconds"] += time.perf_counter() - t0
+
+    def _to_tensor(self, item: LoadItem) -> torch.Tensor:
+        dtype = TORCH_DTYPES[item.dtype]
+        numel = 1
+        for s in item.shape:
+            numel *= s
+        blob = item.blob
+        if blob is None:  # a pinned disk entry: read it here (another process)
+            item.blob = blob = open_pinned(item.ref, self._mmap_min())
+        if isinstance(blob, bytes) or (isinstance(blob, memoryview) and blob.readonly):
+            # read-only (Redis, a worker process's copy)
+            with warnings.catch_warnings():  # the cache never writes to it
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
+        else:  # writable: a copy-on-write mapping or a buffer read into
+            t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
+        t = t.view(item.shape)
+        if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
+            if not self._warned_dtype:  # hits, but not what this engine's tower computes
+                self._warned_dtype = True
+                log.warning("encache: entries stored as %s are cast to this engine's %s: outputs "
+                            "differ slightly from encoding here; precompute with --dtype %s",
+                            t.dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
+            t = t.to(self.model_dtype)
+        device = self._target_device()
+        if device.type != "cpu":
+            t = t.to(device, non_blocking=False)
+        return t
+
+    def _mmap_min(self) -> int:
+        from ..store.disk import MMAP_MIN_BYTES
+        return MMAP_MIN_BYTES
+
+    def _target_device(self) -> torch.device:
+        if self._device is None:
+            from vllm.platforms import current_platform
+            name = current_platform.device_type
+            if current_platform.is_cuda_alike():
+                name = f"{name}:{current_platform.current_device()}"
+            self._device = torch.device(name)
+        return self._device
+
+    # -- producer: saves -----------------------------------------------------------
+    def start_save_caches(self, metadata) -> None:
+        """Producers: learn the adapter digests of this step's LoRA requests."""
+        if isinstance(metadata, EncacheConnectorMetadata) and metadata.lora_digests:
+            self._lora_digests.update(metadata.lora_digests)
+
+    def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
+        if self.writer is None:
+            return
+        tensor = encoder_cache[mm_hash].detach()
+        code = DTYPE_CODES.get(tensor.dtype)
+        if code is None:
+            self.writer.warn.warning("dtype", "encache: cannot store dtype %s", tensor.dtype)
+            return
+
+        def data():  # runs in the writer thread: device->host copy and byte view
+            host = tensor.to("cpu").contiguous()
+            return host.reshape(-1).view(torch.uint8).numpy(), code, tuple(host.shape)
+
+        from vllm import __version__ as vllm_version
+        lora_name = split_lora(mm_hash)[0]
+        self.writer.submit(mm_hash, data, tensor.numel() * tensor.element_size(),
+                           model=self.model_id, vllm_version=vllm_version,
+                           hash_algo=self.hash_algo, encoder_config=self.encoder_config,
+                           lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "")
+
+    def wait_for_saves(self, timeout: float | None = None) -> bool:
+        """Block until queued saves are written (precompute calls this before exiting)."""
+        if self.writer is None:
+            return True
+        done = self.writer.flush(timeout)
+        self._flush_writer_counters()
+        return done
+
+    def _flush_writer_counters(self) -> None:
+        if self.writer is None:
+            return
+        deltas = self.writer.take_counters()
+        if deltas:
+            try:
+                self.store.add_counters(deltas)
+            except Exception as e:
+                self.writer.warn.warning("counters", "encache: cannot record counters: %s", e)
+
+    def shutdown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self._flush_writer_counters()
+            self.writer = None
