@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict
 from typing import Annotated
 
@@ -34,9 +33,11 @@ _parse_engine_args = parse_engine_args  # the name cli/warm.py used
 
 def _render(summary: Summary, as_json: bool) -> None:
     if as_json:
+        from .render import emit_json
+
         data = asdict(summary)
         data["images_per_second"] = summary.images_per_second
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        emit_json(data, indent=2, ascii=True)
         return
     from rich.console import Console
     from rich.table import Table

@@ -202,8 +202,7 @@ def _describe(head: bytes) -> str:
 def unreadable_reason(e: BaseException) -> str:
     """One line (at most 300 characters, no object reprs) for a file that would not read
     or decode; a message already saying "not a …" (a :class:`MediaError` from the hasher)
-    is kept as is. (``encache precompute``'s ``_clean_error`` and the hasher's wrapper do
-    the same and are to use this.)"""
+    is kept as is. (Precompute's identify phase uses it for a file's failure.)"""
     import re
 
     text = " ".join(str(e).split()) or type(e).__name__
