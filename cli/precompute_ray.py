@@ -7,13 +7,14 @@ is library code (:mod:`encache.jobs.ray_precompute`).
 from __future__ import annotations
 
 
-def run(corpus: str, model: str, store: str, *, address: str, engines: int,
-        gpus_per_engine: float, cpus_per_engine: float | None, **kwargs):
-    from ..jobs.ray_precompute import run_precompute_ray
+def run(corpus: str, options, *, address: str, engines: int, gpus_per_engine: float,
+        cpus_per_engine: float | None, **run_kwargs):
+    from ..jobs.ray_precompute import RayOptions, precompute_on_ray
 
-    return run_precompute_ray(corpus, model, store, address=address, engines=engines,
-                              gpus_per_engine=gpus_per_engine,
-                              cpus_per_engine=cpus_per_engine, **kwargs)
+    return precompute_on_ray(corpus, options,
+                             RayOptions(address=address, engines=engines,
+                                        gpus_per_engine=gpus_per_engine,
+                                        cpus_per_engine=cpus_per_engine), **run_kwargs)
 
 
 def render_engines(summary) -> None:

@@ -1,9 +1,9 @@
 """The CLI's one output path: Rich tables for people (stdout), JSON for machines (stdout),
 progress bars, notes and confirmation prompts on stderr. Commands build plain data first
 and hand it to one renderer per format; no command writes to stdout/stderr, draws a
-progress bar or asks a question any other way (``precompute``, ``list`` and ``stats``
-still have a few of their own, to be moved here: precompute's ``_RichProgress`` is
-:class:`PhaseProgress`, its ``--json`` dump is ``emit_json(data, indent=2, ascii=True)``).
+progress bar or asks a question any other way (``list`` and ``stats`` still have a few
+of their own, to be moved here; ``precompute`` draws its phases with
+:class:`PhaseProgress` and dumps ``--json`` with ``emit_json(data, indent=2, ascii=True)``).
 
 Rich is imported lazily (only when a table or a progress bar is drawn), so ``--json``
 and ``-q`` paths start fast.
@@ -259,7 +259,7 @@ class PhaseProgress:
     ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
     the last and the bar disappears at the end (else every phase's bar stays);
     ``show_failures``: print ``failed …`` lines as ``advance(failed=…)`` reports them.
-    (precompute's ``_RichProgress`` is ``PhaseProgress(quiet, width=15, transient=False,
+    (precompute uses ``PhaseProgress(quiet, width=15, transient=False,
     show_failures=True, terminal_only=False)``.)"""
 
     def __init__(self, quiet: bool = False, *, width: int = 16, transient: bool = True,

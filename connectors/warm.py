@@ -17,8 +17,8 @@ and renders a :class:`WarmSummary`; everything that touches entries is here, ove
 
 Media files are hashed exactly as ``vllm serve`` hashes them
 (:func:`encache.connectors.vllm.hashing.identify_file`); vLLM is imported only then.
-``--compute-missing`` (encoding with a producer engine) stays in the CLI until the
-precompute job has a library API.
+The whole job, with ``--compute-missing`` (encoding with a producer engine through
+:func:`encache.jobs.precompute.precompute_files`), is :func:`encache.jobs.warm.warm`.
 """
 
 from __future__ import annotations

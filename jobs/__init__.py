@@ -1,6 +1,7 @@
 """Jobs as library code: functions that run a whole encache job and return its summary.
 
-The CLI parses options and renders what these return. ``ray_precompute`` is the first
-job here; the single-host precompute (``encache.cli.precompute.run_precompute``) moves
-next to it with the job-API refactor (issue #12).
+The CLI parses options and renders what these return. ``precompute`` (over a corpus or a
+list of files; ``precompute_options``/``precompute_identify``/``precompute_encode`` are
+its parts), ``warm`` (the whole warm job), ``ray_precompute`` (the precompute job's Ray
+stage) and ``ray_cluster`` (connecting, the every-node check). See docs/api.md.
 """

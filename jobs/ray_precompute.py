@@ -34,6 +34,12 @@ store reachable under the same path/URL. Environment variables the engine reads
 (``VLLM_*``, ``HF_*``, ``TRANSFORMERS_*``, ``ENCACHE_*``) are forwarded from the driver in
 the job's runtime environment. Connecting and the node check live in
 :mod:`encache.jobs.ray_cluster`.
+
+Everything that is not Ray-specific -- the options, what a file's row means
+(:func:`~encache.jobs.precompute.classify`), the counting (``account``), the store check of
+encoded identifiers (``record_encoded``), prune and the manifest -- is the single-host job's
+(:mod:`encache.jobs.precompute`): :class:`RayStage` is its ``Stage`` with identify as Ray
+tasks and encode on an actor pool, run by :func:`precompute_corpus` itself.
 """
 
 from __future__ import annotations
@@ -43,11 +49,11 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..cli.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
-from ..cli.precompute import (NON_MEDIA, UNREADABLE, Summary, identify_or_mark, engine_encoder_config,
-                              hashing_settings, manifest_key, validate_args)
+from .precompute import (Encoded, PrecomputeOptions, Summary, classify, engine_store_url,
+                         media_item, precompute_corpus, validate_args)
 from .ray_cluster import RayNotices, check_nodes, connect
 
 log = logging.getLogger("encache.ray")
@@ -66,47 +72,53 @@ class RaySummary(Summary):
     identify_seconds: float = 0.0  # the manifest/hash/skip-present stage on the cluster (wall)
 
 
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how the engines run. ``address``: ``auto`` or the head's ``host:port``;
+    ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the identify
+    tasks and other work on a small node still get CPU); ``resources_per_engine`` places
+    engines by custom resources (e.g. ``{"encache_engine": 1}`` on nodes started with
+    that resource); a died actor is restarted up to ``max_restarts`` times; a pool the
+    cluster cannot place fails after ``start_timeout`` seconds."""
+
+    address: str = "auto"
+    engines: int = 1
+    gpus_per_engine: float = 0.0
+    cpus_per_engine: float | None = None
+    max_restarts: int = 3
+    resources_per_engine: dict | None = None
+    start_timeout: float = 900.0
+
+    def check(self) -> RayOptions:
+        """Usage checks (exit 2); returns the options with the CPU default filled in."""
+        if self.engines < 1:
+            raise EncacheError("--engines must be at least 1", EXIT_USAGE)
+        if self.gpus_per_engine < 0 or (self.cpus_per_engine is not None
+                                        and self.cpus_per_engine <= 0):
+            raise EncacheError("--gpus-per-engine must be >= 0 and --cpus-per-engine > 0",
+                               EXIT_USAGE)
+        if self.cpus_per_engine is None:
+            return replace(self, cpus_per_engine=1.0 if self.gpus_per_engine else 0.5)
+        return self
+
+
 # --------------------------------------------------------------------------- identify
 
-def identify_chunk(chunk: list, store_url: str, model: str, lora: str | None, hash_algo: str,
-                   media_io_kwargs: dict | None, digest: str) -> list:
-    """Runs as a Ray task: for each ``(CorpusFile, manifest record or None)``, the manifest
-    check, the identifier (hashed if new/changed) and whether the store holds it already.
-
-    Returns ``[(rel, identifier, hashed, state)]`` with state ``present`` /
-    ``other_config`` / ``missing`` / ``unreadable`` / ``non_media`` (as single-host:
-    media found by content, any decode error one file's failure)."""
-    from ..connectors.corpus import Manifest
+def identify_chunk(chunk: list, store_url: str, options: PrecomputeOptions,
+                   encoder_config: str, lora_digest: str) -> list:
+    """Runs as a Ray task: for each ``(CorpusFile, manifest record or None)``, the
+    single-host row (:func:`~encache.jobs.precompute.classify`: the manifest check, the
+    identifier, hashed if new/changed, and what the store holds under it: one header
+    read). Returns ``[(rel, identifier, hashed, state)]``."""
     from ..connectors.store import open_store
 
     store = open_store(store_url, create=False)
-    lookup = Manifest(None, {})
-    out = []
     try:
-        for f, record in chunk:
-            lookup.files = {f.rel: record} if record else {}
-            ident = lookup.lookup(f)
-            hashed = ident is None
-            if hashed:
-                ident = identify_or_mark(f, model, lora=lora, hash_algo=hash_algo,
-                                         media_io_kwargs=media_io_kwargs)
-            if ident.startswith(NON_MEDIA):
-                out.append((f.rel, ident, hashed, "non_media"))
-                continue
-            if ident.startswith(UNREADABLE):
-                out.append((f.rel, ident, hashed, "unreadable"))
-                continue
-            info = store.stat(ident)  # holds(): one header read
-            if info is None:
-                state = "missing"
-            elif info.meta is not None and info.meta.encoder_config == digest:
-                state = "present"
-            else:
-                state = "other_config"
-            out.append((f.rel, ident, hashed, state))
+        return [(f.rel, *classify(f, record, store=store, options=options,
+                                  encoder_config=encoder_config, lora_digest=lora_digest))
+                for f, record in chunk]
     finally:
         store.close()
-    return out
 
 
 # --------------------------------------------------------------------------- encode
@@ -119,12 +131,11 @@ def read_batch(batch: dict) -> dict:
     the pool's input (identifiers and paths) then exists in full before the first dispatch,
     so every free engine gets a batch at once. A read stage in front of a fast encoder
     trickles its blocks out, and whichever engine is free first takes them all."""
-    from ..cli.precompute import _media_item
     from ..connectors.corpus import CorpusFile
 
     urls, kinds, errors = [], [], []
     for ident, rel, path in zip(batch["identifier"], batch["rel"], batch["path"]):
-        item, error = _media_item(str(ident), CorpusFile(str(path), str(rel), 0, 0))
+        item, error = media_item(str(ident), CorpusFile(str(path), str(rel), 0, 0))
         urls.append(item[1] if item else "")
         kinds.append(item[2] if item else "image")
         errors.append(error or "")
@@ -270,98 +281,35 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
 
 # --------------------------------------------------------------------------- the job
 
-def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str = "auto",
-                       engines: int = 1, gpus_per_engine: float = 0.0,
-                       cpus_per_engine: float | None = None,
-                       max_restarts: int = 3, resources_per_engine: dict | None = None,
-                       start_timeout: float = 900.0, lora: str | None = None, lora_path: str | None = None, batch: int = 16,
-                       wait: float = 0.0, prune_missing: bool = False, shard: str | None = None,
-                       use_manifest: bool = True, dry_run: bool = False,
-                       max_model_len: int | None = None, dtype: str | None = None,
-                       engine_args: dict | None = None, max_bytes: int | None = None,
-                       hash_algo: str = "blake3", tag: str | None = None,
-                       progress=None) -> RaySummary:
-    """The precompute job on a Ray cluster; the same result as ``run_precompute``.
+class RayStage:
+    """The precompute job's ``Stage`` on a Ray cluster (see the module docstring)."""
 
-    ``cpus_per_engine`` defaults to 1 with GPUs, else 0.5 (fractional, so the identify
-    tasks and other work on a small node still get CPU). ``resources_per_engine`` places engines by custom
-    resources (e.g. ``{"encache_engine": 1}`` on nodes started with that resource)."""
-    shard_spec = validate_args(corpus, batch, lora, lora_path, shard)
-    if engines < 1:
-        raise EncacheError("--engines must be at least 1", EXIT_USAGE)
-    if gpus_per_engine < 0 or (cpus_per_engine is not None and cpus_per_engine <= 0):
-        raise EncacheError("--gpus-per-engine must be >= 0 and --cpus-per-engine > 0", EXIT_USAGE)
-    if cpus_per_engine is None:
-        cpus_per_engine = 1.0 if gpus_per_engine else 0.5
-    with contextlib.redirect_stdout(RayNotices()):  # stdout stays the summary's (--json)
-        return _connect_and_run(address, dict(
-                    corpus=corpus, model=model, store_url=store_url, engines=engines,
-                    gpus_per_engine=gpus_per_engine, cpus_per_engine=cpus_per_engine,
-                    max_restarts=max_restarts,
-                    resources_per_engine=resources_per_engine, start_timeout=start_timeout,
-                    lora=lora, lora_path=lora_path, batch=batch, wait=wait,
-                    prune_missing=prune_missing, shard=shard, shard_spec=shard_spec,
-                    use_manifest=use_manifest, dry_run=dry_run, max_model_len=max_model_len,
-                    dtype=dtype, engine_args=engine_args, max_bytes=max_bytes,
-                    hash_algo=hash_algo, tag=tag, progress=progress))
+    summary_class = RaySummary
 
+    def __init__(self, ray, ray_options: RayOptions):
+        self.ray = ray
+        self.opts = ray_options
 
-def _connect_and_run(address: str, kw: dict) -> RaySummary:
-    from ..connectors.corpus import Manifest, shard_of, walk
-    from ..connectors.store import open_store
-    from ..connectors.store.url import is_redis_url
-
-    ray, started = connect(address)
-    try:
-        return _run(ray, address=address, walk=walk, shard_of=shard_of, Manifest=Manifest,
-                    open_store=open_store, is_redis_url=is_redis_url, **kw)
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cpus_per_engine,
-         max_restarts, resources_per_engine, start_timeout, lora, lora_path, batch, wait,
-         prune_missing, shard, shard_spec, use_manifest, dry_run, max_model_len, dtype,
-         engine_args, max_bytes, hash_algo, tag, progress, walk, shard_of, Manifest,
-         open_store, is_redis_url) -> RaySummary:
-    store = open_store(store_url, create=True, **({"max_bytes": max_bytes} if max_bytes else {}))
-    # what every node opens: the real URL for Redis (store.url is redacted), the absolute
-    # path for a disk store
-    node_url = store_url if is_redis_url(store_url) else str(store.url)
-    summary = RaySummary(store=store.url, model=model, lora=lora, ray_address=address)
-    engine_args = dict(engine_args or {})
-    summary.encoder_config = engine_encoder_config(engine_args, tag)
-    media_io_kwargs, hash_algo = hashing_settings(engine_args, hash_algo)
-    t_start = time.perf_counter()
-    with store.lock("precompute", wait=wait):
-        files = walk(corpus)
-        if shard_spec:
-            files = [f for f in files if shard_of(f.rel, *shard_spec)]
-        summary.files = len(files)
+    def identify(self, files, records, store, options, summary, lora_digest, progress) -> list:
+        ray = self.ray
+        node_url = engine_store_url(options, store)
+        summary.ray_address = self.opts.address
         if progress:
             progress.start("checking nodes", 1)
         summary.nodes = check_nodes(ray, store, node_url, files)
         if progress:
             progress.advance(1)
-        key = manifest_key(corpus, model, lora, hash_algo, shard, media_io_kwargs)
-        manifest = Manifest.load(Manifest.location(store, key), key)
-        if not use_manifest:
-            manifest.files = {}
-        by_rel = {f.rel: f for f in files}
         # hashing is CPU-bound and each worker imports vLLM's hasher once: one CPU per
         # task, chunks of HASH_CHUNK files, fewer when that would leave CPUs idle
         identify = ray.remote(num_cpus=1, max_retries=3)(identify_chunk)
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         chunk_size = max(1, min(HASH_CHUNK, max(32, -(-len(files) // cpus))))
-        refs = [identify.remote([(f, manifest.files.get(f.rel)) for f in files[i:i + chunk_size]],
-                                node_url, model, lora, hash_algo, media_io_kwargs,
-                                summary.encoder_config)
+        refs = [identify.remote([(f, records.get(f.rel)) for f in files[i:i + chunk_size]],
+                                node_url, options, summary.encoder_config, lora_digest)
                 for i in range(0, len(files), chunk_size)]
         if progress:
             progress.start("hashing", len(files))
         t_identify = time.perf_counter()
-        todo: dict[str, object] = {}
         results: dict[str, tuple] = {}
         pending = list(refs)
         while pending:  # collect as they finish, for the progress bar
@@ -372,82 +320,63 @@ def _run(ray, *, corpus, model, store_url, address, engines, gpus_per_engine, cp
                     if progress:
                         progress.advance(1, failed=row[0] if row[3] == "unreadable" else None)
         summary.identify_seconds = time.perf_counter() - t_identify
-        for f in files:  # in corpus order, as single-host (first file of an identifier wins)
-            rel, ident, hashed, state = results[f.rel]
-            if hashed:
-                manifest.record(f, ident)
-            if state == "non_media":  # remembered: an unchanged file is not sniffed again
-                summary.skipped_non_media += 1
-                summary.non_media.append({"path": rel, "reason": ident[len(NON_MEDIA):]})
-                continue
-            if hashed:
-                summary.hashed += 1
-            else:
-                summary.from_manifest += 1
-            if state == "unreadable":
-                summary.failed += 1
-                summary.failures.append({"path": rel, "error": ident[len(UNREADABLE):]})
-            elif state == "present" and ident not in todo:
-                summary.present += 1
-            else:
-                if state == "other_config" and ident not in todo:
-                    summary.other_config += 1
-                todo.setdefault(ident, f)
-        if todo and not dry_run:
-            _encode(ray, todo, model, node_url, store, summary, lora=lora, lora_path=lora_path,
-                    batch=batch, max_model_len=max_model_len, dtype=dtype,
-                    engine_args=engine_args, max_bytes=max_bytes, tag=tag, engines=engines,
-                    cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
-                    max_restarts=max_restarts,
-                    resources_per_engine=resources_per_engine, start_timeout=start_timeout,
-                    progress=progress)
-        if prune_missing and not dry_run:  # as single-host (driver side)
-            current = set(by_rel)
-            gone = [rel for rel in list(manifest.files) if rel not in current]
-            still_used = {manifest.files[r][2] for r in manifest.files if r in current}
-            for rel in gone:
-                ident = manifest.files[rel][2]
-                if not ident.startswith(("!", UNREADABLE)) and ident not in still_used \
-                        and store.delete(ident):
-                    summary.pruned += 1
-                manifest.drop(rel)
-        if not dry_run:
-            manifest.save()
-    summary.seconds = time.perf_counter() - t_start
-    return summary
+        # in corpus order, as single-host (the first file of an identifier wins)
+        return [(f, *results[f.rel][1:]) for f in files]
+
+    def encode(self, todo, store, options, summary, progress) -> Encoded:
+        from ..connectors.media import sniff
+
+        # the media kinds the engines must accept (a header read per file, as single-host)
+        kinds = {sniff(f.path, name=f.rel).kind or "image" for f in todo.values()}
+        opts = options.engine_options(engine_store_url(options, store), kinds)
+        summary.engine_started = True
+        o = self.opts
+        ok, failed, saved = encode_on_ray(
+            self.ray, todo, opts, summary, engines=o.engines, batch=options.batch,
+            cpus_per_engine=o.cpus_per_engine, gpus_per_engine=o.gpus_per_engine,
+            max_restarts=o.max_restarts, resources_per_engine=o.resources_per_engine,
+            start_timeout=o.start_timeout, progress=progress)
+        return Encoded(ok=ok, failed=failed, saved=saved)
 
 
-def _encode(ray, todo, model, node_url, store, summary, *, lora, lora_path, batch,
-            max_model_len, dtype, engine_args, max_bytes, tag, engines, cpus_per_engine,
-            gpus_per_engine, max_restarts, resources_per_engine, start_timeout,
-            progress) -> None:
-    from ..connectors.media import sniff
+def precompute_on_ray(corpus: str, options: PrecomputeOptions,
+                      ray_options: RayOptions = RayOptions(), *, shard: str | None = None,
+                      use_manifest: bool = True, prune_missing: bool = False,
+                      dry_run: bool = False, wait: float = 0.0, progress=None) -> RaySummary:
+    """:func:`~encache.jobs.precompute.precompute_corpus` on a Ray cluster: the same
+    result (identifiers, entries, ``Summary`` fields), plus where the work ran. Not
+    supported yet: ``over_capacity="skip"`` (the room budget is checked batch by batch
+    on one engine)."""
+    validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
+    if options.over_capacity != "keep-served":
+        raise EncacheError("--ray does not take --over-capacity skip yet", EXIT_USAGE)
+    ray_options = ray_options.check()
+    with contextlib.redirect_stdout(RayNotices()):  # stdout stays the summary's (--json)
+        ray, started = connect(ray_options.address)
+        try:
+            return precompute_corpus(corpus, options, shard=shard, use_manifest=use_manifest,
+                                     prune_missing=prune_missing, dry_run=dry_run, wait=wait,
+                                     progress=progress, stage=RayStage(ray, ray_options))
+        finally:
+            if started:
+                ray.shutdown()
 
-    # the media kinds the engines must accept (a header read per file, as single-host)
-    kinds = {sniff(f.path, name=f.rel).kind or "image" for f in todo.values()}
-    opts = dict(model=model, store=node_url, max_model_len=max_model_len, dtype=dtype,
-                lora_name=lora, lora_path=lora_path, extra=engine_args,
-                store_options={**({"max_bytes": max_bytes} if max_bytes else {}),
-                               **({"tag": tag} if tag else {})} or None,
-                modalities=tuple(sorted(kinds)))
-    summary.engine_started = True
-    ok, failed, saved = encode_on_ray(ray, todo, opts, summary, engines=engines, batch=batch,
-                               cpus_per_engine=cpus_per_engine, gpus_per_engine=gpus_per_engine,
-                               max_restarts=max_restarts,
-                               resources_per_engine=resources_per_engine,
-                               start_timeout=start_timeout, progress=progress)
-    for ident, err in failed.items():
-        summary.failed += 1
-        summary.failures.append({"path": todo[ident].rel, "error": err})
-    for ident in ok:  # as single-host: the store is the truth
-        info = store.stat(ident)
-        if info is None and ident in saved:  # written, then evicted to honour max_bytes
-            summary.encoded += 1
-            summary.evicted += 1
-        elif info is None:
-            summary.failed += 1
-            summary.failures.append({"path": todo[ident].rel, "error":
-                                     "the engine stored no entry under the expected identifier"})
-        else:
-            summary.encoded += 1
-            summary.bytes_written += info.size
+
+def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str = "auto",
+                       engines: int = 1, gpus_per_engine: float = 0.0,
+                       cpus_per_engine: float | None = None, max_restarts: int = 3,
+                       resources_per_engine: dict | None = None, start_timeout: float = 900.0,
+                       shard: str | None = None, use_manifest: bool = True,
+                       prune_missing: bool = False, dry_run: bool = False, wait: float = 0.0,
+                       progress=None, engine_args: dict | None = None,
+                       **option_kwargs) -> RaySummary:
+    """:func:`precompute_on_ray` with keyword arguments (the older call form)."""
+    options = PrecomputeOptions(model=model, store=store_url,
+                                engine_args=dict(engine_args or {}), **option_kwargs)
+    ray_options = RayOptions(address=address, engines=engines, gpus_per_engine=gpus_per_engine,
+                             cpus_per_engine=cpus_per_engine, max_restarts=max_restarts,
+                             resources_per_engine=resources_per_engine,
+                             start_timeout=start_timeout)
+    return precompute_on_ray(corpus, options, ray_options, shard=shard,
+                             use_manifest=use_manifest, prune_missing=prune_missing,
+                             dry_run=dry_run, wait=wait, progress=progress)

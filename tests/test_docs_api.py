@@ -23,8 +23,9 @@ def blocks() -> list[str]:
 
 def test_every_entry_point_has_an_example():
     text = "\n".join(blocks())
-    for name in ("run_precompute(", "open_store(", "identify_file(", "verify_store(",
-                 "promote(", "read_into_page_cache("):
+    for name in ("precompute_corpus(", "precompute_files(", "run_precompute(", "open_store(",
+                 "identify_file(", "verify_store(", "promote(", "read_into_page_cache(",
+                 "warm("):
         assert name in text, name
 
 
@@ -50,6 +51,12 @@ def test_examples_run(tmp_path, tiny_model, redis_factory):  # noqa: F811
     out = r.stdout
     assert out.count("--- block") == len(blocks())
     assert "4 files: 4 encoded, 0 already there, 0 failed" in out
+    assert "4 from the manifest, 4 present, False" in out  # dry run: no file read, no engine
+    assert "2 given: 2 encoded, 2 re-encoded for the new tag, 0 failed" in out
+    assert "2 present under the tag" in out
     assert "clean in 4 entries" in out
     assert "4 copied, 0 already there, []" in out
     assert "4 entry files," in out
+    # warm --compute-missing as a library call: the 2 re-tagged entries are not usable
+    # under the default config, so they are encoded into Redis; the 2 others were copied
+    assert "4 requested: 2 computed, 0 copied, 2 already there, 0 failed" in out

@@ -282,3 +282,43 @@ def test_cluster_run_survives_killed_driver_and_killed_engine(cluster, corpus, t
     # media found by content on the cluster as on one host: the text file is skipped, listed
     assert again["skipped_non_media"] == 1
     assert [m["path"] for m in again["non_media"]] == ["README.txt"]
+
+
+def test_ray_hashes_request_mm_processor_kwargs_as_single_host(cluster, corpus, tiny_model,
+                                                               tmp_path):
+    """--request-mm-processor-kwargs on Ray: the identify tasks hash each file with the
+    requests' kwargs exactly as single-host (identify_file) does, so entries made for such
+    requests are "present" and plain ones are not; --over-capacity skip stays refused."""
+    import numpy as np
+
+    from encache.connectors.corpus import non_media_reason, walk
+    from encache.connectors.store import encode, open_store
+    from encache.connectors.vllm.hashing import identify_file
+
+    env = _env(cluster)
+    kw = {"max_pixels": 50176}
+    store = tmp_path / "kw"
+    args = ("--dry-run", "--request-mm-processor-kwargs", json.dumps(kw))
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, *args),
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first = json.loads(out.stdout)
+    assert first["hashed"] == PAGES and first["present"] == 0
+    assert first["engine_started"] is False
+    st = open_store(str(store), create=False)
+    for f in walk(corpus):
+        if non_media_reason(f) is None:
+            ident = identify_file(f.path, tiny_model, mm_processor_kwargs=kw).identifier
+            arr = np.zeros((4, 8), np.float16)
+            st.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=tiny_model))
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, *args),
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    again = json.loads(out.stdout)
+    assert again["present"] == PAGES and again["engine_started"] is False, again
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--dry-run"),
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert json.loads(out.stdout)["present"] == 0  # plain requests: other identifiers
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--over-capacity", "skip"),
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 2 and "--ray does not take --over-capacity skip" in out.stderr

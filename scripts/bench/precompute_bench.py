@@ -7,7 +7,7 @@ chat prompt, one generated token, batches of ``--batch`` conversations:
   bare       LLM(..., ec_transfer_config=ECExampleConnector ec_producer) + LLM.chat over
              the images (vLLM decodes and hashes each image itself; the connector writes
              one safetensors file per item, synchronously in the worker)
-  encache    ``encache.cli.precompute.run_precompute`` (what ``encache precompute`` runs:
+  encache    ``encache.jobs.precompute.run_precompute`` (what ``encache precompute`` runs:
              hash every file, start the producer engine, encode the missing ones, wait for
              the background writes) into an empty store
 
@@ -81,7 +81,7 @@ model, corpus, store, batch, engine = sys.argv[1], sys.argv[2], sys.argv[3], int
 from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.media.image import ImageMediaIO
 from encache.connectors.vllm import hashing
-from encache.cli.precompute import run_precompute
+from encache.jobs.precompute import run_precompute
 from encache.connectors.vllm import producer
 import_s = time.perf_counter() - t_import
 closing = []

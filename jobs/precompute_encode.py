@@ -1,0 +1,214 @@
+"""Precompute's encode phase in this process: one in-process producer engine.
+
+What: :class:`LocalStage` (the job's default ``Stage``): identify in this process, then
+encode ``todo`` batch by batch with a
+:class:`~encache.connectors.vllm.producer.ProducerEngine` whose connector writes to the
+store (writes are asynchronous: ``wait_for_saves`` at the end), trimming each batch to
+the free room with ``--over-capacity skip`` and stopping when the store's filesystem is
+full (exit 7). :class:`Encoded` is what any encode stage reports. The Ray stage
+(:mod:`encache.jobs.ray_precompute`) shares :func:`media_item` and
+:func:`engine_store_url`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..cli.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
+from .precompute_identify import UNREADABLE, classify
+from .precompute_options import PrecomputeOptions, Summary
+
+
+@dataclass
+class Encoded:
+    """What an encode stage reports: identifiers the engines encoded (``ok``), the rest
+    with their error (``failed``), the identifiers the engines' writers saved (to tell an
+    entry evicted after its write from a lost one) and write errors by identifier."""
+
+    ok: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)
+    saved: set = field(default_factory=set)
+    save_errors: dict = field(default_factory=dict)
+
+
+_FULL = tuple(os.strerror(e) for e in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+
+
+def store_full(save_errors: dict[str, str]) -> str | None:
+    """The reason when writes failed because the store cannot take more (no space,
+    quota, read-only filesystem): no later write can succeed, so the run stops."""
+    for err in save_errors.values():
+        for reason in _FULL:
+            if reason in err:
+                return reason
+    return None
+
+
+def media_item(ident: str, f) -> tuple[tuple | None, str | None]:
+    """``((identifier, data URL, kind), None)`` for the engine, or ``(None, error)`` when
+    the file cannot be read or is no longer media (changed since it was hashed)."""
+    from ..connectors.media import mime_type, sniff
+    from ..connectors.vllm.producer import data_url
+
+    try:
+        with open(f.path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        return None, f"cannot read: {e.strerror}"
+    found = sniff(data, name=f.rel)
+    if not found:
+        return None, f"not a readable image or video ({found.reason})"
+    return (ident, data_url(data, mime=mime_type(found)), found.kind), None
+
+
+def engine_store_url(options: PrecomputeOptions, store) -> str:
+    """The URL the engine's connector opens: the real one for Redis (``store.url`` is
+    redacted for display and would fail AUTH), the absolute path for a disk store."""
+    from ..connectors.store.url import is_redis_url
+
+    return options.store if is_redis_url(options.store) else str(store.url)
+
+
+def engine_error(model: str, e: BaseException) -> EncacheError:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return EncacheError(f"vLLM engine failed to start for {model!r}: {text}", EXIT_ENGINE,
+                        hint="set ENCACHE_DEBUG=1 for vLLM's traceback")
+
+
+class LocalStage:
+    """Identify in this process; encode with one in-process producer engine, ``batch``
+    files per engine call, with the ``--over-capacity skip`` room budget and a stop when
+    the store's filesystem is full. A reader thread reads batch ``k+1``'s files while the
+    engine encodes batch ``k`` (the connector's writes are already asynchronous), so the
+    engine does not wait for the disk between batches."""
+
+    summary_class = Summary
+
+    def __init__(self, *, prefetch: bool = True, trace=None):
+        #: read the next batch while the engine encodes this one (False: one after the other)
+        self.prefetch = prefetch
+        #: ``trace(stage, batch_index, t_start, t_end)`` for each batch's "read" and
+        #: "encode" (``time.perf_counter`` seconds; tests show the overlap with it)
+        self.trace = trace
+
+    def _note(self, stage: str, k: int, t_start: float) -> None:
+        if self.trace is not None:
+            self.trace(stage, k, t_start, time.perf_counter())
+
+    def _read(self, k: int, chunk: list) -> list:
+        """``[(identifier, engine item or None, error or None)]`` of one batch."""
+        t_start = time.perf_counter()
+        read = [(ident, *media_item(ident, f)) for ident, f in chunk]
+        self._note("read", k, t_start)
+        return read
+
+    def identify(self, files, records, store, options, summary, lora_digest, progress) -> list:
+        present = set(store.identifiers())
+        encoder_config = summary.encoder_config
+        rows = []
+        if progress:
+            progress.start("hashing", len(files))
+        for f in files:
+            ident, hashed, state = classify(f, records.get(f.rel), store=store, options=options,
+                                            encoder_config=encoder_config,
+                                            lora_digest=lora_digest, present=present)
+            rows.append((f, ident, hashed, state))
+            if progress:
+                progress.advance(1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
+                                 if state == "unreadable" else None)
+        return rows
+
+    def encode(self, todo, store, options, summary, progress) -> Encoded | None:
+        from ..connectors.media import sniff
+        from ..connectors.vllm.producer import EngineOptions, ProducerEngine
+
+        budget = None
+        if options.over_capacity == "skip" and store.max_bytes:
+            from ..connectors.capacity import RoomBudget, mean_entry_bytes
+            budget = RoomBudget(store, store.max_bytes, store.low_watermark,
+                                mean_entry_bytes(store, store.identifiers()))
+            if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
+                summary.skipped_capacity += len(todo)
+                return None
+        # the kind of each item routes it to an image_url or a video_url part (a header read)
+        kinds = {ident: sniff(f.path, name=f.rel).kind or "image" for ident, f in todo.items()}
+        opts = EngineOptions(**options.engine_options(engine_store_url(options, store),
+                                                      kinds.values()))
+        items = list(todo.items())
+        chunks = [items[i:i + options.batch] for i in range(0, len(items), options.batch)]
+        if progress:
+            progress.start("starting engine", None)
+        try:
+            engine = ProducerEngine(opts)
+        except Exception as e:
+            raise engine_error(options.model, e) from e
+        summary.engine_started = True
+        t0 = time.perf_counter()
+        out = Encoded()
+        # one reader thread (started after the engine: no thread across its start-up), at
+        # most one batch ahead: reading the next batch's files (bytes -> sniff -> data URL)
+        # overlaps the engine's encode of this one; results are taken in batch order, so
+        # the output is the same as without it
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encache-read")
+        ahead = reader.submit(self._read, 0, chunks[0]) if chunks and self.prefetch else None
+        try:
+            if progress:
+                progress.start("encoding", len(items))
+            for k, chunk in enumerate(chunks):
+                if self.prefetch:
+                    read = ahead.result()
+                    ahead = (reader.submit(self._read, k + 1, chunks[k + 1])
+                             if k + 1 < len(chunks) else None)
+                else:  # one after the other: this batch is read once the last is encoded
+                    read = self._read(k, chunk)
+                if budget is not None:
+                    if out.ok and budget.mean_bytes is None:
+                        engine.wait_for_saves()
+                        budget.mean_bytes = mean_entry_bytes(store, out.ok)
+                    elif out.ok:
+                        engine.wait_for_saves()  # the store's usage must include what is queued
+                    n = budget.fits(len(chunk))
+                    summary.skipped_capacity += len(chunk) - n
+                    if progress and n < len(chunk):
+                        progress.advance(len(chunk) - n)
+                    chunk, read = chunk[:n], read[:n]
+                    if not chunk:
+                        continue
+                payload = []
+                for ident, item, error in read:
+                    if item is None:
+                        out.failed[ident] = error
+                    else:
+                        payload.append(item)
+                t_encode = time.perf_counter()
+                for res in engine.encode(payload) if payload else []:
+                    if res.ok:
+                        out.ok.append(res.identifier)
+                    else:
+                        out.failed[res.identifier] = res.error
+                self._note("encode", k, t_encode)
+                if progress:
+                    progress.advance(len(chunk))
+                if store_full(engine.save_errors()):
+                    break  # the store's filesystem is full: stop encoding, report below
+            engine.wait_for_saves()
+            out.save_errors = engine.save_errors()
+            out.saved = engine.saved_identifiers()
+        finally:
+            reader.shutdown(wait=True, cancel_futures=True)
+            engine.close()
+        summary.encode_seconds = time.perf_counter() - t0
+        full = store_full(out.save_errors)
+        if full:
+            written = sum(1 for ident in out.ok if ident in out.saved)
+            raise EncacheError(
+                f"the store's filesystem is full ({full}): {len(todo) - written:,} of "
+                f"{len(todo):,} entries were not written to {store.url}; every entry written is "
+                f"whole", EXIT_STORE,
+                hint="free space or set --max-bytes below the free space, then rerun: it "
+                     "encodes only what is missing")
+        return out

@@ -1,0 +1,51 @@
+"""Jobs are library code: nothing under jobs/ or connectors/ imports the CLI layer except
+its exit codes and error type (cli/errors.py), so a Python user or a Ray worker never runs
+CLI code; and the CLI modules of precompute and warm hold no job logic of their own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli_imports(path: Path) -> list[str]:
+    found = []
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            mod = ("." * node.level) + (node.module or "")
+            names = [a.name for a in node.names]
+            if mod.startswith("encache.cli") or mod.lstrip(".").startswith("cli") and node.level:
+                if mod.rstrip(".").split(".")[-1] != "errors":
+                    found.append(f"{where}: from {mod} import {names}")
+            elif mod.strip(".") == "" and node.level >= 2 and "cli" in names:
+                found.append(f"{where}: from {mod} import cli")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("encache.cli") and a.name != "encache.cli.errors":
+                    found.append(f"{where}: import {a.name}")
+    return found
+
+
+def test_jobs_and_connectors_do_not_import_the_cli():
+    bad = [hit for folder in ("jobs", "connectors") for p in sorted((ROOT / folder).rglob("*.py"))
+           for hit in _cli_imports(p)]
+    assert bad == []
+
+
+def test_the_checker_sees_a_cli_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from ..cli.render import note\nfrom ..cli.errors import EncacheError\n"
+                     "from encache.cli import render\nimport encache.cli.warm\n")
+    assert len(_cli_imports(probe)) == 3
+
+
+def test_cli_precompute_and_warm_only_parse_and_render():
+    for name in ("precompute.py", "warm.py"):
+        tree = ast.parse((ROOT / "cli" / name).read_text())
+        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defs & {"run_precompute", "_hash_phase", "_encode_missing",
+                           "_check_capacity", "compute_missing", "_drop_manifest",
+                           "_RichProgress", "_clean_error"}, (name, defs)
