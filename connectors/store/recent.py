@@ -35,7 +35,7 @@ from collections import OrderedDict
 
 MAX_ITEMS = 4096
 MAPPED_BYTES = 2 << 30
-READ_BYTES = 64 << 20
+READ_BYTES = 256 << 20
 MAX_AGE_S = 60.0
 
 
