@@ -83,14 +83,82 @@ def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
 
 
 def render_json(url: str, entries: list, total: int | None = None) -> None:
-    from encache.cli.render import emit_json
+    import sys
 
-    emit_json({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
-               "entries": entry_dicts(entries)})
+    sys.stdout.write(json_document(url, entries))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
 
 
 def entry_dicts(entries) -> list[dict]:
     return [entry_dict(e) for e in entries]
+
+
+def json_document(url: str, entries: list) -> str:
+    """``json_text({"store", "count", "bytes", "entries": entry_dicts(entries)})``, the
+    same text byte for byte, written record by record from a template instead of through
+    100,000 dicts and the generic encoder: ~3x less CPU for ``list --json`` at scale
+    (tests/test_cli_list.py checks the equality)."""
+    from encache.cli.render import json_text
+
+    head = json_text({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
+                      "entries": []})
+    return head[:-2] + ", ".join(_records(entries)) + "]}"
+
+
+_RECORD = ('{"identifier": %s, "lora": %s, "model": %s, "shape": %s, "dtype": %s, '
+           '"size": %s, "created": %s, "accessed": %s, "legacy": %s, "vllm_version": %s, '
+           '"hash_algo": %s, "error": %s}')
+
+
+def _records(entries):
+    from json.encoder import encode_basestring  # the C encoder's, as json.dumps uses
+
+    from encache.cli.render import json_text
+
+    cache: dict = {None: "null"}  # shared values (model, LoRA, dtype, shape...) once each
+    finite = float.__repr__
+
+    def enc(v):
+        try:
+            return cache[v]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable: the generic encoder
+            return json_text(v)
+        if type(v) is str:
+            out = encode_basestring(v)
+        elif type(v) is tuple and all(type(x) is int for x in v):
+            out = "[" + ", ".join(map(str, v)) + "]"
+        else:
+            out = json_text(v)  # bool, odd types; raises on NaN like json.dumps
+        if len(cache) < 65536:
+            cache[v] = out
+        return out
+
+    def num(v):
+        if v is None:
+            return "null"
+        if type(v) is float and v - v == 0.0:  # finite
+            return finite(v)
+        if type(v) is int:
+            return str(v)
+        return json_text(v)
+
+    for e in entries:
+        m = e.meta
+        if m is not None:
+            yield _RECORD % (
+                encode_basestring(e.identifier),
+                enc(m.lora if m.lora else split_lora(e.identifier)[0]), enc(m.model),
+                enc(m.shape), enc(m.dtype), num(e.size), num(e.created), num(e.accessed),
+                "true" if m.legacy else "false", enc(m.vllm_version), enc(m.hash_algo),
+                enc(e.error))
+        else:
+            yield _RECORD % (
+                encode_basestring(e.identifier), enc(split_lora(e.identifier)[0]), "null",
+                "null", "null", num(e.size), num(e.created), num(e.accessed), "false",
+                "null", "null", enc(e.error))
 
 
 def render_table(url: str, entries: list, filtered: str) -> None:
@@ -141,16 +209,18 @@ def register(app: typer.Typer) -> None:
         from encache.cli.render import progress
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
-        with opened(store) as st, no_gc():
-            url = display_url(store, st)
-            with progress("Scanning", quiet=quiet or json_) as tick:
-                entries = build_list(st, flt, parse_sort(sort) if sort else None, limit, tick)
-        if quiet:
-            import sys
+        with no_gc():  # the rendering too: 100,000 records, no cycles to collect
+            with opened(store) as st:
+                url = display_url(store, st)
+                with progress("Scanning", quiet=quiet or json_) as tick:
+                    entries = build_list(st, flt, parse_sort(sort) if sort else None, limit,
+                                         tick)
+            if quiet:
+                import sys
 
-            sys.stdout.write("".join(e.identifier + "\n" for e in entries))
-        elif json_:
-            render_json(url, entries)
-        else:
-            render_table(url, entries, flt.describe())
+                sys.stdout.write("".join(e.identifier + "\n" for e in entries))
+            elif json_:
+                render_json(url, entries)
+            else:
+                render_table(url, entries, flt.describe())
 
