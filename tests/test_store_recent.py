@@ -115,3 +115,20 @@ def test_bounds_items_bytes_and_age():
     time.sleep(0.1)
     old.put("y", 1, b)  # an insert sweeps items unused for longer than max_age_s
     assert old.get("x", 1)[0] is None and old.get("y", 1)[0] is b
+
+
+def test_eviction_and_delete_drop_the_held_buffer(tmp_path):
+    store = DiskStore(tmp_path, max_bytes=3 * (LARGE * 16 + 4096), low_watermark=0.5)
+    store.put("a", blob("a", n=LARGE))
+    store.read_entry("a")
+    path = str(store.entry_path("a"))
+    assert store._recent.get(path, store.read_entry("a")[1])[0] is not None
+    for k in "bcde":  # over capacity: "a" (least recently used) is evicted
+        store.put(k, blob(k, n=LARGE))
+    assert not os.path.exists(path)
+    assert all(p != path for p in store._recent._items)  # before any read noticed it
+    assert store.read_entry("a") is None
+    store.read_entry("e")
+    assert any(p.endswith("/e/encoder_cache.safetensors") for p in store._recent._items)
+    store.delete("e")
+    assert all(not p.endswith("/e/encoder_cache.safetensors") for p in store._recent._items)

@@ -452,6 +452,8 @@ class DiskStore(Store):
                 if used <= target:
                     break
                 path = self.root / name / ENTRY_FILE
+                if self._recent is not None:  # do not hold an evicted file's blocks
+                    self._recent.discard(str(path))
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                     used -= size
