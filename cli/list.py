@@ -106,9 +106,9 @@ def json_document(url: str, entries: list) -> str:
     return head[:-2] + ", ".join(_records(entries)) + "]}"
 
 
-_RECORD = ('{"identifier": %s, "lora": %s, "model": %s, "shape": %s, "dtype": %s, '
-           '"size": %s, "created": %s, "accessed": %s, "legacy": %s, "vllm_version": %s, '
-           '"hash_algo": %s, "error": %s}')
+_RECORD = '{"identifier": %s, %s, "size": %s, "created": %s, "accessed": %s, %s, "error": %s}'
+_MIDDLE = '"lora": %s, "model": %s, "shape": %s, "dtype": %s'
+_TAIL = '"legacy": %s, "vllm_version": %s, "hash_algo": %s'
 
 
 def _records(entries):
@@ -116,49 +116,43 @@ def _records(entries):
 
     from encache.cli.render import json_text
 
-    cache: dict = {None: "null"}  # shared values (model, LoRA, dtype, shape...) once each
-    finite = float.__repr__
-
-    def enc(v):
-        try:
-            return cache[v]
-        except KeyError:
-            pass
-        except TypeError:  # unhashable: the generic encoder
-            return json_text(v)
-        if type(v) is str:
-            out = encode_basestring(v)
-        elif type(v) is tuple and all(type(x) is int for x in v):
-            out = "[" + ", ".join(map(str, v)) + "]"
-        else:
-            out = json_text(v)  # bool, odd types; raises on NaN like json.dumps
-        if len(cache) < 65536:
-            cache[v] = out
-        return out
-
-    def num(v):
+    def enc(v):  # one value as json.dumps writes it (raises on NaN like json.dumps)
         if v is None:
             return "null"
-        if type(v) is float and v - v == 0.0:  # finite
-            return finite(v)
-        if type(v) is int:
-            return str(v)
-        return json_text(v)
+        if type(v) is str:
+            return encode_basestring(v)
+        if type(v) is tuple and all(type(x) is int for x in v):
+            return "[" + ", ".join(map(str, v)) + "]"
+        return json_text(list(v) if type(v) is tuple else v)
 
+    def num(v):
+        if type(v) is float and v - v == 0.0:  # finite: float.__repr__, as json.dumps
+            return repr(v)
+        return "null" if v is None else enc(v)
+
+    # the record's fields that many entries share (LoRA, model, shape, dtype, legacy,
+    # versions) are rendered once per distinct combination
+    parts: dict = {}
     for e in entries:
-        m = e.meta
+        m, ident = e.meta, e.identifier
+        lora = m.lora if m is not None and m.lora else (
+            split_lora(ident)[0] if ":" in ident else None)
         if m is not None:
-            yield _RECORD % (
-                encode_basestring(e.identifier),
-                enc(m.lora if m.lora else split_lora(e.identifier)[0]), enc(m.model),
-                enc(m.shape), enc(m.dtype), num(e.size), num(e.created), num(e.accessed),
-                "true" if m.legacy else "false", enc(m.vllm_version), enc(m.hash_algo),
-                enc(e.error))
+            key = (lora, m.model, m.shape, m.dtype, m.legacy, m.vllm_version, m.hash_algo)
         else:
-            yield _RECORD % (
-                encode_basestring(e.identifier), enc(split_lora(e.identifier)[0]), "null",
-                "null", "null", num(e.size), num(e.created), num(e.accessed), "false",
-                "null", "null", enc(e.error))
+            key = (lora, None, None, None, False, None, None)
+        both = parts.get(key)
+        if both is None:
+            both = (_MIDDLE % (enc(key[0]), enc(key[1]), enc(key[2]), enc(key[3])),
+                    _TAIL % ("true" if key[4] else "false", enc(key[5]), enc(key[6])))
+            if len(parts) < 65536:
+                parts[key] = both
+        c, a, size = e.created, e.accessed, e.size
+        yield _RECORD % (
+            encode_basestring(ident), both[0], str(size) if type(size) is int else enc(size),
+            repr(c) if type(c) is float and c - c == 0.0 else num(c),
+            repr(a) if type(a) is float and a - a == 0.0 else num(a),
+            both[1], "null" if e.error is None else enc(e.error))
 
 
 def render_table(url: str, entries: list, filtered: str) -> None:
