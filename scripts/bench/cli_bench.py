@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cli")
     ap.add_argument("--skip", default="", help="comma-separated substrings of case names to skip")
     args = ap.parse_args(argv)
+    load_at_start = os.getloadavg()
     store = args.store or Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{args.entries}"
     print(f"building / reusing {store} ({args.entries:,} entries)", file=sys.stderr)
     spec = build_store(store, args.entries)
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "encache CLI over a synthetic disk store",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "loadavg_at_start": os.getloadavg(),
+                    "platform": platform.platform(), "loadavg_at_start": load_at_start,
                     "shared": "yes: other helpers ran vLLM engines on the same CPUs; cases "
                               "interleaved per repetition, compare medians and ratios"},
         "store": {**spec, "path": str(store), "du_bytes": int(du),
