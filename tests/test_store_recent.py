@@ -132,3 +132,11 @@ def test_eviction_and_delete_drop_the_held_buffer(tmp_path):
     assert any(p.endswith("/e/encoder_cache.safetensors") for p in store._recent._items)
     store.delete("e")
     assert all(not p.endswith("/e/encoder_cache.safetensors") for p in store._recent._items)
+
+
+def test_expired_buffers_go_on_lookups_too():
+    r = RecentBuffers(max_age_s=0.05)
+    a = np.zeros(4, np.uint8)
+    r.put("x", 1, a)
+    time.sleep(0.1)
+    assert r.get("other", 1)[0] is None and len(r) == 0  # a lookup of anything sweeps

@@ -18,7 +18,8 @@ Guarantees kept:
     for another version, only dropped);
   * bounded: at most ``max_items`` buffers, ``mapped_bytes`` of mappings (a mapping of a
     deleted file holds its disk blocks until dropped) and ``read_bytes`` of private
-    buffers (anonymous memory), each unused for at most ``max_age_s`` (swept on insert).
+    buffers (anonymous memory), each unused for at most ``max_age_s`` (swept on every
+    lookup and insert; a store nobody reads any more keeps its last buffers until then).
 
 The same buffer object is handed to every load of a version, as the lookup's staging
 tier already does for repeat requests: consumers must not write into a loaded tensor
@@ -62,6 +63,10 @@ class RecentBuffers:
         """``(buffer, touched_ns)`` held for ``path`` if it holds ``version``; else
         ``(None, 0)`` (and a buffer of another version is dropped)."""
         with self._lock:
+            if self._items:  # expire from the old end on every call, not only on inserts
+                now = time.monotonic()
+                while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
+                    self._drop(next(iter(self._items)))
             item = self._items.get(path)
             if item is None:
                 return None, 0
