@@ -141,3 +141,32 @@ def test_huge_listing_is_plain_aligned_text(tmp_path):
     assert len(rows) == n and rows[0].split()[0] == f"{0:064x}"
     assert len({ln.index(" m ") for ln in rows}) == 1  # columns aligned
     assert lines[-1].startswith(f"{n:,} entries, ") and lines[-1].endswith("KiB")
+
+
+def test_json_document_is_the_generic_encoding_byte_for_byte(store):
+    """``list --json`` writes its records from a template (cli/list.py json_document): the
+    text must be exactly json.dumps of the dict records, for every kind of entry."""
+    from dataclasses import replace
+
+    from encache.cli.list import build_list, entry_dicts, json_document
+    from encache.cli.render import json_text
+    from encache.connectors.store.base import EntryInfo
+
+    p = store.entry_path(H[0])
+    p.write_bytes(p.read_bytes()[:-7])  # an unreadable entry: meta None, error set
+    entries = build_list(store)
+    assert any(e.error for e in entries) and any(e.meta and e.meta.legacy for e in entries)
+    odd = entries[1].meta
+    entries += [
+        EntryInfo("ad2:" + H[5], 12, None, None, None, "gone"),  # no times, LoRA by prefix
+        EntryInfo(H[6], 2**40, replace(odd, model='mo"dèl\\\n☃', lora="ünï", shape=(),
+                                       vllm_version=None), 1e-7, 1.5e16, None),
+        EntryInfo(H[7], 0, replace(odd, shape=(3, 0, 5), dtype="BF16"), 0.0, -1.0),
+    ]
+    for url in (str(store.root), 'redis://h:1/0?x="y"'):
+        want = json_text({"store": url, "count": len(entries),
+                          "bytes": sum(e.size for e in entries),
+                          "entries": entry_dicts(entries)})
+        assert json_document(url, entries) == want
+        assert json_document(url, []) == json_text({"store": url, "count": 0, "bytes": 0,
+                                                     "entries": []})

@@ -47,6 +47,7 @@ from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_b
 from .entry import header_length
 from .files import TEMP_PREFIX, atomic_write_json
 from .keys import from_name, is_entry_name, name_for, to_name
+from .recent import RecentBuffers
 
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
@@ -77,7 +78,7 @@ class DiskStore(Store):
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
                  low_watermark: float = 0.9, load_mode: str = "auto",
-                 access_resolution_s: float = ACCESS_RESOLUTION_S):
+                 access_resolution_s: float = ACCESS_RESOLUTION_S, reuse_buffers: bool = True):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         #: the store's directory cannot be written (a read-only mount, a store synced
         #: without its .encache/): serving reads and read-only commands still work
@@ -107,6 +108,9 @@ class DiskStore(Store):
                                                     and self.fs_type in LOCAL_FILESYSTEMS)
         self._map_min = 1 if load_mode == "mmap" else MMAP_MIN_BYTES
         self._root_str = str(self.root)
+        # buffers of recently served versions (recent.py): mapped-load stores only, i.e.
+        # local filesystems, where a stat sees a writer's rename at once
+        self._recent = RecentBuffers() if self.mapped_loads and reuse_buffers else None
         self.eviction = eviction
         self.low_watermark = low_watermark
         self._config = self._read_config()
@@ -129,7 +133,9 @@ class DiskStore(Store):
 
     def reopen(self) -> DiskStore:
         return DiskStore(self.root, create=False, fsync=self.fsync, eviction=self.eviction,
-                         low_watermark=self.low_watermark, load_mode=self.load_mode)
+                         low_watermark=self.low_watermark, load_mode=self.load_mode,
+                         access_resolution_s=self.access_resolution_s,
+                         reuse_buffers=self._recent is not None or not self.mapped_loads)
 
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE
@@ -160,28 +166,48 @@ class DiskStore(Store):
 
     def _open_entry(self, identifier: str, mapped: bool):
         path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"  # names never hold "/"
+        recent = self._recent if mapped else None
+        if recent is not None and len(recent):
+            # a version served recently: one stat, no open / map / read (recent.py)
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                recent.discard(path)
+                return None
+            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            buf, touched = recent.get(path, version)
+            if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
+                    <= self.access_resolution_s * 1e9):
+                return buf, version
         try:
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
+            if recent is not None:
+                recent.discard(path)
             return None
         try:
             st = os.fstat(fd)
             size = st.st_size
-            if mapped and size >= self._map_min:
-                buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-            else:
-                buf = _uninitialized(size)
-                view, got = memoryview(buf), 0
-                while got < size:
-                    n = os.readv(fd, [view[got:]])
-                    if n == 0:  # shrank under us: impossible for renamed-in files; a miss
-                        return None
-                    got += n
+            version = (st.st_dev, st.st_ino, size, st.st_mtime_ns)
+            buf = recent.get(path, version)[0] if recent is not None else None
+            if buf is None:  # (else only the access time was due: refreshed below)
+                if mapped and size >= self._map_min:
+                    buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+                else:
+                    buf = _uninitialized(size)
+                    view, got = memoryview(buf), 0
+                    while got < size:
+                        n = os.readv(fd, [view[got:]])
+                        if n == 0:  # shrank under us: impossible for renamed-in files; a miss
+                            return None
+                        got += n
             now = time.time_ns()
             if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
                 with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
                     os.utime(fd, ns=(now, st.st_mtime_ns))
-            return buf, (st.st_dev, st.st_ino, size, st.st_mtime_ns)
+            if recent is not None:
+                recent.put(path, version, buf, now)
+            return buf, version
         finally:
             os.close(fd)
 
@@ -224,6 +250,8 @@ class DiskStore(Store):
 
     def delete(self, identifier: str) -> bool:
         directory = self.root / to_name(identifier)
+        if self._recent is not None:
+            self._recent.discard(f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}")
         try:
             os.unlink(directory / ENTRY_FILE)  # atomic: readers see all or nothing
             existed = True
@@ -425,6 +453,8 @@ class DiskStore(Store):
                 if used <= target:
                     break
                 path = self.root / name / ENTRY_FILE
+                if self._recent is not None:  # do not hold an evicted file's blocks
+                    self._recent.discard(str(path))
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
                     used -= size

@@ -11,20 +11,25 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   ecexample           vLLM's ECExampleConnector.start_load_caches (its real code: makedirs,
                       safetensors.torch.load_file, which maps the file) for one item, then
                       the tensor copied into the destination buffer
-  encache.repeat      EntryLookup.load_now + EncacheWorkerConnector._to_tensor (the engine's code,
-                      defaults) of a stored version already verified, then the copy
+  encache.repeat      EntryLookup.load_now + EncacheWorkerConnector._to_tensor (the engine's
+                      code, defaults) of a stored version already verified, then the copy; the
+                      store reuses the buffer of a version it served recently (recent.py)
+  encache.repeat.noreuse  the same with DiskStore(reuse_buffers=False): every load opens
+                      and maps (>= 1 MiB) or reads the file (the default before recent.py)
   encache.staged      a repeat load served from the lookup's staging tier (the engine's
                       path for an entry loaded recently: request() -> READY -> staged
                       buffer), then the copy
-  encache.first       the first load of a stored version: header parse + xxh3 checksum on
-                      the request path (load_now after forget_verified), then the copy
+  encache.first       the first load of a stored version, cold, checksum inline: a store
+                      that never served it (no reused buffer: open + map or read), header
+                      parse + xxh3 checksum on the request path (load_now after
+                      forget_verified), then the copy
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
   encache.always      verify="always": checksum on every load, then the copy
-  encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load with load_mode
-                      mmap (every entry mapped) / read (every entry read into a fresh
-                      buffer); the default (auto) picks by size (DiskStore.MMAP_MIN_BYTES)
+  encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
+                      reuse with load_mode mmap (every entry mapped) / read (every entry
+                      read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES)
 
 Ratios are medians of per-round ratios (method median / readinto median within the same
 round) and the overall median-time ratios; both are in the JSON. MB = 10^6 bytes.
@@ -52,7 +57,8 @@ from serving_common import (BENCH_DIR, code_changed, code_state, loadavg, machin
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.ahead", "encache.always", "encache.repeat.mmap", "encache.repeat.read"]
+           "encache.first.ahead", "encache.always", "encache.repeat.noreuse",
+           "encache.repeat.mmap", "encache.repeat.read"]
 GOAL_VS_READINTO = 0.9
 
 
@@ -88,7 +94,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                "machine": info,
                "params": {"rounds": rounds, "target_mb_per_size": target_mb, "code": code0,
                           "torch_threads": 1, "page_cache": "warm",
-                          "shared_machine": "yes: 4 other helpers ran vLLM engines on the "
+                          "shared_machine": "yes: 2 other helpers ran vLLM engines on the "
                                             "same 2 vCPUs; methods interleaved per round, "
                                             "ratios are within-round medians"},
                "sizes": []}
@@ -128,14 +134,17 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 kw.setdefault("index_refresh_s", 3600)
                 return EntryLookup(store, counters_flush_s=3600, load_threads=1, **kw)
             def make_mode_lookup(mode):
-                return EntryLookup(DiskStore(root / "encache", fsync=False, load_mode=mode),
+                return EntryLookup(DiskStore(root / "encache", fsync=False, load_mode=mode,
+                                             reuse_buffers=False),
                                    counters_flush_s=3600, load_threads=1, index_refresh_s=3600)
             lk = {"mmap": make_mode_lookup("mmap"), "read": make_mode_lookup("read"),
-                  "repeat": make_lookup(), "first": make_lookup(), "always": make_lookup(verify="always"),
+                  "noreuse": make_mode_lookup("auto"),
+                  "repeat": make_lookup(), "first": make_mode_lookup("auto"),
+                  "always": make_lookup(verify="always"),
                   "staged": make_lookup(staging_bytes=4 * target_mb * 10**6),
                   "ahead": make_lookup(index_refresh_s=0.05)}
             for i in ids:  # untimed: verify (and stage) every version once
-                for key in ("repeat", "mmap", "read"):
+                for key in ("repeat", "mmap", "read", "noreuse"):
                     lk[key].load_now(i)
                 assert lk["staged"].request(i) in (State.READY, State.PENDING)
             lk["staged"].wait_idle(60)
@@ -192,6 +201,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.ahead": encache("ahead", ahead_ids),
+                   "encache.repeat.noreuse": encache("noreuse", ids),
                    "encache.repeat.mmap": encache("mmap", ids),
                    "encache.repeat.read": encache("read", ids)}
             # correctness: every method yields the stored tensor
@@ -263,7 +273,8 @@ def goals(results: dict) -> dict:
     for row in results["sizes"]:
         m = row["methods"]
         g = {}
-        for name in ("encache.repeat", "encache.first", "encache.first.ahead", "encache.staged"):
+        for name in ("encache.repeat", "encache.first", "encache.first.ahead", "encache.staged",
+                     "encache.always", "encache.repeat.noreuse"):
             r = m[name]["vs_readinto_round_median"]
             g[name] = {"vs_readinto": round(r, 3), "readinto_goal_met": r >= GOAL_VS_READINTO,
                        "vs_ecexample": round(m[name]["vs_ecexample"], 3),

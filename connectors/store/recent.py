@@ -1,0 +1,114 @@
+"""RecentBuffers: the disk store's buffers of recently served entry versions.
+
+Why: a serving load of a disk entry used to open the file, map it (or read it into a
+fresh buffer) and unmap it again every time. With the engine's copy of the tensor
+counted, that set-up -- mmap + a page fault per 64 KiB + munmap, or a second full copy
+for a read -- kept a repeat load at 0.6-0.85x a plain ``readinto`` of the file
+(benchmarks/load.json). An entry served once is very likely served again (the reason the
+cache exists), so the store keeps the buffer it produced, keyed by the entry's path, with
+the file version it holds: (device, inode, size, mtime_ns). A later load ``stat``s the
+path (one syscall, no open) and, when the version is the same, returns the same buffer:
+its pages are already mapped or read, so the load is the engine's copy alone.
+
+Guarantees kept:
+  * a replaced entry (a writer renames a new file over it: new inode) or one written in
+    place (new mtime) is a different version: the old buffer is dropped and the file is
+    read again; a removed entry is a miss (the stat fails) and its buffer is dropped;
+  * a buffer handed out before a replacement keeps the bytes it had (it is never reused
+    for another version, only dropped);
+  * bounded: at most ``max_items`` buffers, ``mapped_bytes`` of mappings (a mapping of a
+    deleted file holds its disk blocks until dropped) and ``read_bytes`` of private
+    buffers (anonymous memory), each unused for at most ``max_age_s`` (swept on every
+    lookup and insert; a store nobody reads any more keeps its last buffers until then).
+
+The same buffer object is handed to every load of a version, as the lookup's staging
+tier already does for repeat requests: consumers must not write into a loaded tensor
+(vLLM does not; a mapping is copy-on-write, so a stray write never reaches the file).
+Used only on local filesystems, where ``stat`` sees a rename at once.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from collections import OrderedDict
+
+MAX_ITEMS = 4096
+MAPPED_BYTES = 2 << 30
+READ_BYTES = 256 << 20
+MAX_AGE_S = 60.0
+
+
+class RecentBuffers:
+    """LRU of ``path -> (version, buffer, last_used, touched_ns)``; thread-safe.
+
+    ``touched_ns``: when the store last refreshed (or tried to refresh) the file's access
+    time for this buffer, so a file whose atime cannot be set does not cost an open per
+    load."""
+
+    def __init__(self, *, max_items: int = MAX_ITEMS, mapped_bytes: int = MAPPED_BYTES,
+                 read_bytes: int = READ_BYTES, max_age_s: float = MAX_AGE_S):
+        self.max_items = max_items
+        self.limits = {True: mapped_bytes, False: read_bytes}
+        self.max_age_s = max_age_s
+        self._items: OrderedDict[str, list] = OrderedDict()
+        self._bytes = {True: 0, False: 0}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, path: str, version):
+        """``(buffer, touched_ns)`` held for ``path`` if it holds ``version``; else
+        ``(None, 0)`` (and a buffer of another version is dropped)."""
+        with self._lock:
+            if self._items:  # expire from the old end on every call, not only on inserts
+                now = time.monotonic()
+                while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
+                    self._drop(next(iter(self._items)))
+            item = self._items.get(path)
+            if item is None:
+                return None, 0
+            if item[0] != version:
+                self._drop(path)
+                return None, 0
+            item[2] = time.monotonic()
+            self._items.move_to_end(path)
+            return item[1], item[5]
+
+    def put(self, path: str, version, buf, touched_ns: int = 0) -> None:
+        mapped = isinstance(buf, mmap.mmap)
+        size = len(buf)
+        if size > self.limits[mapped]:
+            self.discard(path)
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._drop(path)
+            self._items[path] = [version, buf, now, mapped, size, touched_ns]
+            self._bytes[mapped] += size
+            while self._items:  # LRU first, then expired ones from the old end
+                _, oldest = next(iter(self._items.items()))
+                over = (len(self._items) > self.max_items
+                        or self._bytes[True] > self.limits[True]
+                        or self._bytes[False] > self.limits[False])
+                if not over and now - oldest[2] <= self.max_age_s:
+                    break
+                self._drop(next(iter(self._items)))
+
+    def discard(self, path: str) -> None:
+        with self._lock:
+            self._drop(path)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = {True: 0, False: 0}
+
+    def _drop(self, path: str) -> None:  # caller holds the lock
+        item = self._items.pop(path, None)
+        if item is not None:
+            self._bytes[item[3]] -= item[4]
+            # never close() a mapping here: a tensor handed out may still view it; the
+            # mapping goes away with its last reference
