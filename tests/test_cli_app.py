@@ -170,8 +170,12 @@ def test_management_commands_do_not_import_vllm_or_torch(tmp_path):
 
 
 def test_shell_completion():
-    r = invoke("--show-completion", "bash")
-    assert r.exit_code == 0 and "_encache_completion" in r.stdout
+    # --show-completion detects the user's shell from the process tree (shellingham): run
+    # it under bash, as a user would (the trailing `; true` keeps bash from exec'ing it, so
+    # the test does not depend on what started pytest)
+    r = subprocess.run(["bash", "-c", f"'{sys.executable}' -m encache.cli --show-completion; true"],
+                       capture_output=True, text=True, timeout=120)
+    assert "_encache_completion" in r.stdout, r.stderr[-2000:]
     p = subprocess.run([sys.executable, "-m", "encache.cli"], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "_ENCACHE_COMPLETE": "complete_bash",
                                          "COMP_WORDS": "encache size --by ", "COMP_CWORD": "3"})
