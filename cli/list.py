@@ -98,7 +98,7 @@ def json_document(url: str, entries: list) -> str:
     """``json_text({"store", "count", "bytes", "entries": entry_dicts(entries)})``, the
     same text byte for byte, written record by record from a template instead of through
     100,000 dicts and the generic encoder: ~3x less CPU for ``list --json`` at scale
-    (tests/test_cli_list.py checks the equality)."""
+    (tests/cli/test_cli_list.py checks the equality)."""
     from encache.cli.render import json_text
 
     head = json_text({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),

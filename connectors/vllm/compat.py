@@ -5,12 +5,12 @@ What: :data:`CHECKED_VERSIONS` lists the releases whose ``ECConnectorBase``,
 encache's adapter relies on, recorded from vLLM 0.32.0; 0.33.0's
 ``ec_connector/base.py``, ``factory.py`` and ``config/ec_transfer.py`` are identical).
 :func:`installed_spec` reads the same facts from the installed vLLM, so
-tests/test_adapter_api.py fails loudly on a release whose API differs, and
+tests/consumer/test_adapter_api.py fails loudly on a release whose API differs, and
 :func:`version_warning` lets the connector warn (not fail) on a release nobody checked.
 
 Why: vLLM's connector API moves between releases; an engine that starts with a connector
 whose hooks silently stopped being called serves 100 % misses ("working, just slower").
-To support a new release: install it, run tests/test_adapter_api.py, then add it here.
+To support a new release: install it, run tests/consumer/test_adapter_api.py, then add it here.
 """
 
 from __future__ import annotations
@@ -115,5 +115,5 @@ def version_warning(version: str) -> str | None:
     if version in CHECKED_VERSIONS:
         return None
     return (f"encache: vLLM {version} is not among the releases its connector API was checked "
-            f"against ({', '.join(CHECKED_VERSIONS)}); run tests/test_adapter_api.py before "
+            f"against ({', '.join(CHECKED_VERSIONS)}); run tests/consumer/test_adapter_api.py before "
             "relying on it (a changed API can mean silent misses)")

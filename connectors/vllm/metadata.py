@@ -52,7 +52,7 @@ class LoadItem:
         # tensor bytes. With pickle protocol 5 (vLLM's shared-memory message queue) they
         # go as an out-of-band PickleBuffer: written once from the staged buffer (often the
         # page cache itself) into the queue, instead of a tobytes() copy that the pickler
-        # then copies again into its stream (tests/test_connector_pickle.py, issue #11).
+        # then copies again into its stream (tests/consumer/test_connector_pickle.py, issue #11).
         view = memoryview(self.blob).cast("B")
         nbytes = DTYPE_BYTES[self.dtype]
         for s in self.shape:

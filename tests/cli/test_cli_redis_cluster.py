@@ -14,7 +14,7 @@ from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from redis_cluster_fixture import redis_cluster, redis_cluster_factory  # noqa: F401 (fixtures)
 from redis_fixture import free_port
-from test_cli_helpers import H, invoke, one_line_error, put
+from cli_support import H, invoke, one_line_error, put
 
 pytestmark = pytest.mark.redis
 

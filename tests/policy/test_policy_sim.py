@@ -24,7 +24,7 @@ from encache.policy.simulate import (L2Tier, PolicyCache, access_sequence, simul
 from encache.policy.workload import (Item, RagWorkload, Request, read_trace, trace_summary,
                                      write_trace)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "scripts" / "bench"   # policy_bench.py (the grid), policy_vllm.py (vLLM's manager)
 sys.path.insert(0, str(BENCH))
 ONLINE = ["fifo", "lru", "s3fifo", "wtinylfu", "dlfu"]

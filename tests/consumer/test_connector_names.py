@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from test_cli_helpers import invoke
+from cli_support import invoke
 
 
 def test_module_path_is_the_published_one_and_exists():

@@ -10,7 +10,7 @@ import pytest
 
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
-from test_cli_helpers import (H, file_sizes, invoke, one_line_error, populated, put,  # noqa: F401
+from cli_support import (H, file_sizes, invoke, one_line_error, populated, put,  # noqa: F401
                               rewrite_header, store)
 
 

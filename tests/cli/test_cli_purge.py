@@ -13,7 +13,7 @@ import time
 import pytest
 
 from encache.cli import errors
-from test_cli_helpers import (ALL_IDS, H, file_sizes, invoke, one_line_error, populated,  # noqa: F401
+from cli_support import (ALL_IDS, H, file_sizes, invoke, one_line_error, populated,  # noqa: F401
                               put, store)
 
 

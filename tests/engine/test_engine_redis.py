@@ -28,7 +28,7 @@ from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.transfer import copy_entries, shard_of
 from engine_support import PRECOMPUTE_KW, chat_texts, chat_within, engine_module_fixtures
 from redis_fixture import RedisServer, redis_factory, redis_server  # noqa: F401 (fixtures)
-from test_cli_helpers import invoke
+from cli_support import invoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

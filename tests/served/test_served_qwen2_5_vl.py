@@ -118,7 +118,7 @@ def test_request_kwargs_are_part_of_the_identifier(qwen):
     """An image stored for plain requests is a miss for a request carrying its own
     max_pixels (another identifier), and `encache hash --mm-processor-kwargs` names the
     stored identifier of a request-kwargs entry."""
-    from test_cli_helpers import invoke
+    from cli_support import invoke
 
     path = qwen["images"]["fresh"]["fresh2"]
     server, store = qwen["servers"]["ec"], qwen["store"]

@@ -7,7 +7,7 @@ import pytest
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.plan import build_purge_plan, build_repair_plan, execute
 from encache.connectors.store.scanning import EntryFilter, format_age, parse_age
-from test_cli_helpers import ALL_IDS, H, file_sizes, populated
+from cli_support import ALL_IDS, H, file_sizes, populated
 
 
 class FlakyDisk(DiskStore):

@@ -6,7 +6,7 @@ import json
 import time
 
 from encache.cli import errors
-from test_cli_helpers import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error, store  # noqa: F401
+from cli_support import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error, store  # noqa: F401
 
 ENTRY_KEYS = {"identifier", "lora", "model", "shape", "dtype", "size", "created", "accessed",
               "legacy", "vllm_version", "hash_algo", "error"}
@@ -127,7 +127,7 @@ def test_missing_store(tmp_path):
 def test_huge_listing_is_plain_aligned_text(tmp_path):
     from encache.cli.render import RICH_MAX_ROWS
     from encache.connectors.store.disk import DiskStore
-    from test_cli_helpers import put
+    from cli_support import put
     s = DiskStore(tmp_path / "big", fsync=False)
     n = RICH_MAX_ROWS + 50
     for i in range(n):

@@ -81,7 +81,7 @@ def test_precompute_hostile_corpus_through_the_engine(tiny_model, tmp_path, bomb
 
 
 def test_warm_compute_missing_with_hostile_images(tiny_model, tmp_path, bomb):
-    from test_cli_helpers import invoke
+    from cli_support import invoke
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.vllm.hashing import identify_file
 

@@ -7,7 +7,7 @@ import json
 
 from encache.connectors.store import open_store
 from encache.connectors.store.verify import repair_plan, repair_store, verify_store
-from test_cli_helpers import H, invoke, populated
+from cli_support import H, invoke, populated
 
 
 def _truncate(store, ident):

@@ -11,7 +11,7 @@ import pytest
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
 from media_files import BAD, NON_MEDIA, hostile_corpus, make_bomb, make_video
-from test_cli_helpers import invoke, put
+from cli_support import invoke, put
 
 pytestmark = pytest.mark.slow
 MODEL = "org/some-vlm"

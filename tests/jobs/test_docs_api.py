@@ -13,7 +13,7 @@ from pathlib import Path
 
 from redis_fixture import redis_factory  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "api.md"
 
 

@@ -15,7 +15,7 @@ from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from redis_fixture import redis_factory, redis_server  # noqa: F401 (fixtures)
-from test_cli_helpers import invoke, one_line_error, put
+from cli_support import invoke, one_line_error, put
 
 BASE = [f"{i:064x}" for i in range(1, 5)]
 LORA = [f"adA:{i:064x}" for i in range(20, 23)]

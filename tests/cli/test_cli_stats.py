@@ -7,7 +7,7 @@ import json
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.scanning import EntryFilter, summarize
-from test_cli_helpers import H, file_sizes, invoke, one_line_error, populated, put, store  # noqa: F401
+from cli_support import H, file_sizes, invoke, one_line_error, populated, put, store  # noqa: F401
 
 
 def stats_json(root, *extra):

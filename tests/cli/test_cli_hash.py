@@ -11,7 +11,7 @@ import pytest
 
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
-from test_cli_helpers import invoke, put
+from cli_support import invoke, put
 
 pytestmark = pytest.mark.slow
 MODEL = "org/some-vlm"
