@@ -25,7 +25,7 @@ Both run the same three phases, written once here:
    and the capacity note counted, then (corpus only) prune and save the manifest.
 
 Why: the CLI, warm and Ray used to call (or re-implement) CLI code; now each parses its own
-options and calls this. Errors are :class:`~encache.cli.errors.EncacheError` with the CLI's
+options and calls this. Errors are :class:`~encache.connectors.errors.EncacheError` with the CLI's
 exit codes (usage 2, store 7, engine 8); no printing here: ``progress`` is an optional
 object with ``start(phase, total)`` / ``advance(n, failed=None)``.
 

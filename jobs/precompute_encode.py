@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..cli.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
+from ..connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
 from .precompute_identify import UNREADABLE, classify
 from .precompute_options import PrecomputeOptions, Summary
 

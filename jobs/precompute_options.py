@@ -5,7 +5,7 @@ how its engine runs), :class:`Summary` (what a run did: the ``--json`` fields), 
 helpers that derive what the server hashes with (:func:`hashing_settings`), the
 encoder-config stamp (:func:`engine_encoder_config`) and the manifest's key
 (:func:`manifest_key`). Why apart: the CLI, warm and Ray build and check options without
-importing the job. Usage errors are :class:`~encache.cli.errors.EncacheError`, exit 2.
+importing the job. Usage errors are :class:`~encache.connectors.errors.EncacheError`, exit 2.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..cli.errors import EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_USAGE, EncacheError
 
 
 @dataclass

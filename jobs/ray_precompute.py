@@ -51,7 +51,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 
-from ..cli.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
 from .precompute import (Encoded, PrecomputeOptions, Summary, classify, engine_store_url,
                          media_item, precompute_corpus, validate_args)
 from .ray_cluster import RayNotices, check_nodes, connect

@@ -18,7 +18,7 @@ Progress is drawn by the caller: ``progress(label, total, unit)`` returns a cont
 manager yielding ``update(done)`` (the CLI passes ``encache.cli.render.progress``),
 ``phases()`` returns a context manager yielding a ``start(phase, total)`` /
 ``advance(n, failed=)`` object for the engine's phases (entered only while it runs), ``note(text)`` a one-line notice. Errors are
-:class:`~encache.cli.errors.EncacheError` (usage 2, store 7, engine 8).
+:class:`~encache.connectors.errors.EncacheError` (usage 2, store 7, engine 8).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..cli.errors import EXIT_ENGINE, EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, EncacheError
 from ..connectors.warm import WarmSummary
 from .precompute import PrecomputeOptions, engine_encoder_config, hashing_settings
 

@@ -1,6 +1,6 @@
-"""Jobs are library code: nothing under jobs/ or connectors/ imports the CLI layer except
-its exit codes and error type (cli/errors.py), so a Python user or a Ray worker never runs
-CLI code; and the CLI modules of precompute and warm hold no job logic of their own."""
+"""Jobs are library code: nothing under jobs/ or connectors/ imports the CLI layer (the
+exit codes and error type live in connectors/errors.py), so a Python user or a Ray worker
+never runs CLI code; and the CLI modules of precompute and warm hold no job logic."""
 
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ def _cli_imports(path: Path) -> list[str]:
             mod = ("." * node.level) + (node.module or "")
             names = [a.name for a in node.names]
             if mod.startswith("encache.cli") or mod.lstrip(".").startswith("cli") and node.level:
-                if mod.rstrip(".").split(".")[-1] != "errors":
-                    found.append(f"{where}: from {mod} import {names}")
+                found.append(f"{where}: from {mod} import {names}")
             elif mod.strip(".") == "" and node.level >= 2 and "cli" in names:
                 found.append(f"{where}: from {mod} import cli")
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("encache.cli") and a.name != "encache.cli.errors":
+                if a.name.startswith("encache.cli"):
                     found.append(f"{where}: import {a.name}")
     return found
 
@@ -39,7 +38,7 @@ def test_the_checker_sees_a_cli_import(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from ..cli.render import note\nfrom ..cli.errors import EncacheError\n"
                      "from encache.cli import render\nimport encache.cli.warm\n")
-    assert len(_cli_imports(probe)) == 3
+    assert len(_cli_imports(probe)) == 4
 
 
 def test_cli_precompute_and_warm_only_parse_and_render():
@@ -49,3 +48,17 @@ def test_cli_precompute_and_warm_only_parse_and_render():
         assert not defs & {"run_precompute", "_hash_phase", "_encode_missing",
                            "_check_capacity", "compute_missing", "_drop_manifest",
                            "_RichProgress", "_clean_error"}, (name, defs)
+
+
+def test_every_package_folder_is_installed():
+    """pyproject's explicit package list names every folder with an ``__init__.py``: a
+    missing one installs fine in editable mode (the tests) and breaks a wheel install."""
+    import tomllib
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    folders = {}
+    for name, folder in cfg["package-dir"].items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / folder)
+            folders[".".join([name, *rel.parts])] = init.parent
+    assert set(folders) <= listed, sorted(set(folders) - listed)
