@@ -52,8 +52,8 @@ from math import prod
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (BENCH_DIR, code_changed, code_state, loadavg, machine,  # noqa: E402
-                            set_engine_env, summary, table, write_json)
+from serving_common import (BENCH_DIR, code_state, finish_run, loadavg, machine,  # noqa: E402
+                            set_engine_env, summary, table)
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
@@ -259,12 +259,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     results["goals"] = goals(results)
-    results["machine"]["loadavg_end"] = loadavg()
-    code_changed(code0, results["params"])
-    write_json(out + ".json", results)
-    if plot:
-        plot_load(results, out + ".png")
-    return results
+    return finish_run(results, out, code0, plot_load if plot else None)
 
 
 def goals(results: dict) -> dict:

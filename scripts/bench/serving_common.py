@@ -136,6 +136,17 @@ def code_changed(start: dict, params: dict) -> bool:
     return changed
 
 
+def finish_run(results: dict, out: str, code0: dict, plot_fn=None) -> dict:
+    """The end of a benchmark run: the load average at its end, whether the measured code
+    changed meanwhile, ``OUT.json`` and (with ``plot_fn``) ``OUT.png``."""
+    results["machine"]["loadavg_end"] = loadavg()
+    code_changed(code0, results["params"])
+    write_json(out + ".json", results)
+    if plot_fn is not None:
+        plot_fn(results, out + ".png")
+    return results
+
+
 def write_json(name: str, data: dict) -> Path:
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     path = BENCH_DIR / name

@@ -59,8 +59,8 @@ from math import prod
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (RedisServer, code_changed, code_state, loadavg,  # noqa: E402
-                            machine, ratio, set_engine_env, summary, table, write_json)
+from serving_common import (code_state, finish_run, loadavg, machine, ratio, RedisServer,  # noqa: E402
+                            set_engine_env, summary, table)
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["memcpy.pagecache", "memcpy.ram", "encache.disk", "encache.disk.first",
@@ -278,12 +278,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
         redis.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     results["goals"] = goals(results)
-    results["machine"]["loadavg_end"] = loadavg()
-    code_changed(code0, results["params"])
-    write_json(out + ".json", results)
-    if plot:
-        plot_load(results, out + ".png")
-    return results
+    return finish_run(results, out, code0, plot_load if plot else None)
 
 
 def _redis_parser() -> str:

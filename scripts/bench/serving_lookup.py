@@ -34,8 +34,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (RedisServer, code_changed, code_state, loadavg,  # noqa: E402
-                            machine, set_engine_env, summary, table, write_json)
+from serving_common import (code_state, finish_run, loadavg, machine, RedisServer,  # noqa: E402
+                            set_engine_env, summary, table)
 
 GOAL_US = 5.0
 
@@ -164,12 +164,7 @@ def run(entries: int = 1000, rounds: int = 20, out: str = "serving_lookup", plot
                 pass
         redis.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    results["machine"]["loadavg_end"] = loadavg()
-    code_changed(code0, results["params"])
-    write_json(out + ".json", results)
-    if plot:
-        plot_lookup(results, out + ".png")
-    return results
+    return finish_run(results, out, code0, plot_lookup if plot else None)
 
 
 def report(results: dict) -> str:
