@@ -24,6 +24,12 @@ atimes, which :meth:`DiskStore.get` refreshes (at most once per ``access_resolut
 default a minute, per entry). That refresh keeps the file's mtime to the nanosecond (only
 writers set it), so the version a reader verified — (device, inode, size, mtime_ns) — is
 not changed by access tracking (it changes ctime, which the version leaves out).
+
+Why one module of ~640 lines: writes, reads, eviction and the bookkeeping files share one
+on-disk layout and its crash-safety rules, and read best together. What stands alone is
+next door: header parsing (:mod:`.entry`), the scan cache (:mod:`.header_index`), reused
+buffers of recently served versions (:mod:`.recent`), atomic files (:mod:`.files`),
+per-process counters (:mod:`encache.connectors.counters`).
 """
 
 from __future__ import annotations
