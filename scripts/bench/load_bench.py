@@ -94,9 +94,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                "machine": info,
                "params": {"rounds": rounds, "target_mb_per_size": target_mb, "code": code0,
                           "torch_threads": 1, "page_cache": "warm",
-                          "shared_machine": "yes: 2 other helpers ran vLLM engines on the "
-                                            "same 2 vCPUs; methods interleaved per round, "
-                                            "ratios are within-round medians"},
+                          "method": "methods interleaved per round, ratios are within-round "
+                                    "medians; the machine's load is in loadavg fields"},
                "sizes": []}
     try:
         for label, shape in SIZES:

@@ -155,8 +155,7 @@ def main(argv=None) -> int:
                                "12 layers) + tiny Llama, random weights",
                       "images": a.images, "engine": ENGINE, "max_model_len": MAX_MODEL_LEN,
                       "dtype": DTYPE, "reps": a.reps, "code": code_state(),
-                      "shared_machine": "yes: other helpers ran engines on the same 2 vCPUs; "
-                                        "runs alternate, medians"},
+                      "method": "runs alternate, medians; each run records its load average"},
            "batches": []}
     try:
         for batch in [int(b) for b in a.batch.split(",")]:

@@ -127,8 +127,7 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
                "steps": steps, "items_per_step": items, "workers": 2,
                "transport": "vllm MessageQueue (shm ring, zmq overflow), as the mp executor",
                "max_chunk_bytes": max_chunk, "code": code_state(),
-               "shared_machine": "yes: other helpers ran engines on the same 2 vCPUs; "
-                                 "designs interleaved per step, medians"},
+               "method": "designs interleaved per step, medians"},
            "sizes": []}
     try:
         for label, shape in SIZES:
