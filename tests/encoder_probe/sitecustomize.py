@@ -50,11 +50,12 @@ def _patch(cls) -> None:
     gate_seq = itertools.count()
 
     def embed_multimodal(self, **kwargs):
-        if _GATE and "_execute_mm_encoder" in _stack_names():
+        stack = _stack_names() if _GATE else ()
+        if "_execute_mm_encoder" in stack:
             import time
             name = os.path.join(_GATE, f"{os.getpid()}-{next(gate_seq)}")
             with open(name + ".running", "w") as fh:  # the call path, for a failing test
-                fh.write(" < ".join(_stack_names()))
+                fh.write(" < ".join(stack))
             deadline = time.monotonic() + 600
             while not (os.path.exists(name + ".go")
                        or os.path.exists(os.path.join(_GATE, "release"))) \
