@@ -21,7 +21,8 @@ Fixtures
 (the RedisServer objects), ``client()`` (redis-py ``RedisCluster``), ``primaries()`` /
 ``replicas()`` (live nodes by role, from ``CLUSTER NODES``), ``node_id(server)``,
 ``slots_of(server)``, ``reshard(src, dst, slots)`` (``redis-cli --cluster reshard``),
-``wait_ok()``, ``kill(server)`` (SIGKILL by PID), ``stop()``.
+``slot_owner(slot)`` / ``begin_slot_move`` / ``move_slot_keys`` / ``finish_slot_move`` (one
+slot moved by hand, each state held as long as a test needs), ``wait_ok()``, ``kill(server)`` (SIGKILL by PID), ``stop()``.
 """
 
 from __future__ import annotations
@@ -245,6 +246,37 @@ class LocalCluster:
                     or time.monotonic() > deadline:
                 return out
             time.sleep(0.5)
+
+    # -- one slot by hand: the states a reshard passes through, held as long as a test likes --
+    def slot_owner(self, slot: int) -> RedisServer:
+        """The primary serving ``slot`` (from CLUSTER SLOTS of a live node)."""
+        for n in self.nodes:
+            if n.alive:
+                for lo, hi, primary, *_ in n.client().execute_command("CLUSTER SLOTS"):
+                    if lo <= slot <= hi:
+                        return self._by_addr(f":{primary[1]}")
+        raise RuntimeError(f"slot {slot} is not served")
+
+    def begin_slot_move(self, slot: int, src: RedisServer, dst: RedisServer) -> None:
+        """Open ``slot`` for migration (``dst`` IMPORTING, ``src`` MIGRATING): keys still on
+        ``src`` are served there; a key ``src`` no longer has gets an ASK to ``dst``."""
+        dst.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(src))
+        src.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(dst))
+
+    def move_slot_keys(self, slot: int, src: RedisServer, dst: RedisServer) -> int:
+        """MIGRATE every key of an open ``slot`` from ``src`` to ``dst``; the count moved."""
+        r, moved = src.client(), 0
+        auth = ["AUTH", self.password] if self.password else []
+        while keys := r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            r.execute_command("MIGRATE", HOST, dst.port, "", 0, 5000, *auth, "KEYS", *keys)
+            moved += len(keys)
+        return moved
+
+    def finish_slot_move(self, slot: int, src: RedisServer, dst: RedisServer) -> None:
+        """Close the migration: every primary says ``dst`` owns ``slot`` (MOVED from now on)."""
+        dst_id = self.node_id(dst)
+        for n in [dst, src, *(p for p in self.primaries() if p not in (dst, src))]:
+            n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
 
     def wait_agreement(self, node: RedisServer, deadline: float) -> None:
         """Until ``redis-cli --cluster check`` says every node agrees on the slot map (or

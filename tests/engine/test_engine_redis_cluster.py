@@ -2,8 +2,9 @@
 
 * ``precompute`` into ``redis+cluster://…`` while slots are being resharded back and forth:
   every page written once, whole, and readable after;
-* a consumer on the cluster serving while slots move: it never runs the vision encoder and
-  matches a cache-less engine token for token;
+* a consumer on the cluster loading from slots in each state of a move (held by hand: open,
+  ASK, MOVED) and during a reshard: it never runs the vision encoder and matches a
+  cache-less engine token for token;
 * a primary SIGKILLed under the serving consumer: requests keep being answered (its
   entries are re-encoded: misses, no crash), and once the replica is promoted the consumer
   hits that node's entries again, without a restart.
@@ -39,12 +40,15 @@ manifest_home, corpus, idents, reference, engines, counter = engine_module_fixtu
 
 
 class Resharder:
-    """Moves slots back and forth between two primaries in a thread until stopped."""
+    """Moves slots back and forth between two primaries with ``redis-cli --cluster reshard``
+    in a thread until stopped. ``running`` is set while a reshard command runs (after the
+    nodes agreed on the slot map, so it is really moving slots): a test that waits for it
+    knows its next requests meet a reshard in progress, however fast or slow the machine."""
 
     def __init__(self, cluster: LocalCluster, slots: int = 300):
         self.cluster, self.slots = cluster, slots
         self.moves = 0
-        self.intervals: list[tuple[float, float]] = []  # (start, end) of each move
+        self.running = threading.Event()
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -52,14 +56,18 @@ class Resharder:
     def _run(self) -> None:
         a, b = self.cluster.primaries()[:2]
         while not self._stop.is_set():
-            t0 = time.monotonic()
+            self.cluster.wait_agreement(a, time.monotonic() + 60)
+            self.running.set()
             out = self.cluster.reshard(a, b, self.slots)
-            self.intervals.append((t0, time.monotonic()))
+            self.running.clear()
             if out.returncode != 0:
                 self.errors.append((out.stdout + out.stderr)[-500:])
                 return
             self.moves += 1
             a, b = b, a
+
+    def wait_running(self, timeout: float = 120) -> None:
+        assert self.running.wait(timeout), f"no reshard started: {self.errors[:1]}"
 
     def __enter__(self):
         self._thread.start()
@@ -80,11 +88,28 @@ def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engine
     from encache.cli.precompute import run_precompute
     engines.release()
     url = cluster_url(cluster)
-    with Resharder(cluster) as mover:
-        summary = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
-        moves_during = mover.moves
+
+    class WriteDuringAReshard:
+        """precompute's progress hook: once the engine is up and the first batch encoded,
+        hold the run until a reshard is in progress, so the batches that follow are
+        written while slots move (by construction, not by timing)."""
+
+        during = 0
+
+        def start(self, phase, total):
+            self.phase = phase
+
+        def advance(self, n, failed=None):
+            if self.phase == "encoding" and not self.during:
+                mover.wait_running()
+                self.during = mover.moves + 1  # the reshard being run now
+
+    hook = WriteDuringAReshard()
+    with Resharder(cluster, slots=1000) as mover:
+        summary = run_precompute(corpus["root"], tiny_model, url, batch=2, progress=hook,
+                                 **PRECOMPUTE_KW)
     assert (summary.files, summary.encoded, summary.failed) == (PAGES, PAGES, 0), summary.failures
-    assert moves_during >= 1, "no reshard completed while precompute ran"
+    assert hook.during and mover.moves >= hook.during, "no reshard ran under the writes"
     store = open_store(url)
     assert set(store.identifiers()) == set(idents.values())
     for ident in idents.values():  # whole entries with their headers, after every move
@@ -96,20 +121,42 @@ def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engine
     store.close()
 
 
-def test_consumer_serves_while_slots_move(cluster, engines, corpus, reference, counter):
+def test_consumer_serves_while_slots_move(cluster, engines, corpus, idents, reference, counter):
+    """Loads from slots in each state of a move: held by hand (the entry still on the old
+    owner of an open slot; moved, so the old owner answers ASK; the move finished, MOVED),
+    then during a ``redis-cli --cluster reshard``. Every page hits, token for token."""
     url = cluster_url(cluster)
     llm = engines.get("cluster", url, index_refresh_s=0.2, load_timeout_s=5)
+    store = open_store(url)
+    r = cluster.client()
     pages = corpus["pages"][:4]
+    slots = [r.keyslot(store.key(idents[p])) for p in pages[:3]]
+    if len(set(slots)) < 3:
+        pytest.skip("two of the first pages share a slot")
+    moves = []
+    for slot in slots:
+        src = cluster.slot_owner(slot)
+        dst = next(n for n in cluster.primaries() if n is not src)
+        cluster.begin_slot_move(slot, src, dst)
+        moves.append((slot, src, dst))
+    _, src, dst = moves[1]
+    assert cluster.move_slot_keys(moves[1][0], src, dst) > 0  # page 1: ASK from src to dst
+    cluster.move_slot_keys(moves[2][0], *moves[2][1:])
+    cluster.finish_slot_move(*moves[2])  # page 2: moved, MOVED
     counter.reset()
     texts = []
-    with Resharder(cluster, slots=150) as mover:
-        t0 = time.monotonic()
-        for p in pages:  # one at a time, spread over the reshard
-            texts += chat_texts(llm, [p])
-        t1 = time.monotonic()
+    for p in pages[:3]:
+        texts += chat_texts(llm, [p])
+    for m in moves[:2]:
+        cluster.move_slot_keys(*m)
+        cluster.finish_slot_move(*m)
+    cluster.wait_ok()
+    with Resharder(cluster, slots=1000) as mover:
+        mover.wait_running()
+        texts += chat_texts(llm, pages[3:])
     assert texts == [reference[p] for p in pages]
     assert counter.calls == 0, f"the consumer ran the encoder {counter.calls} times"
-    assert any(a < t1 and b > t0 for a, b in mover.intervals), "no reshard overlapped the loads"
+    store.close()
 
 
 def _wait_replicated(primary, timeout: float = 10) -> None:

@@ -4,6 +4,7 @@ under writers and readers, and a primary SIGKILLed (failover to its replica)."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -262,6 +263,53 @@ def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factor
         meta, atime = fresh._side(ident.encode())
         assert r.get_node_from_key(fresh.key(ident)).name == r.get_node_from_key(meta).name
         assert r.hexists(meta, ident)
+
+
+def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):  # noqa: F811
+    """Each state a reshard passes a slot through, held by hand (no timing): an entry still
+    on the old owner is read there; once its keys moved but the slot has not, it is read
+    through ASK (whole, header and all); a write to the open slot waits until the move
+    finishes, then lands whole on the new owner; after the move, reads follow MOVED."""
+    c = redis_cluster_factory(3, 0)
+    s = open_store(c.url + "?prefix=hw:")
+    r = c.client()
+    by_slot: dict[int, list[str]] = {}  # two identifiers that share a slot (a bucket)
+    for i in range(4000):
+        ident = hashlib.sha256(b"%d" % i).hexdigest()
+        by_slot.setdefault(r.keyslot(s.key(ident)), []).append(ident)
+    slot, (first, second, *_) = next((k, v) for k, v in by_slot.items() if len(v) >= 2)
+    blobs = {i: big_blob(i, 64 << 10, seed=n) for n, i in enumerate((first, second))}
+    s.put(first, blobs[first])
+    src = c.slot_owner(slot)
+    dst = next(p for p in c.primaries() if p is not src)
+
+    c.begin_slot_move(slot, src, dst)  # open; every key still on src
+    assert bytes(s.get(first)) == blobs[first]
+    assert c.move_slot_keys(slot, src, dst) >= 2  # the entry and its side records
+    assert src.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    got = s.get(first)  # src answers ASK: read from dst
+    assert got is not None and bytes(got) == blobs[first]
+    decode(got, identifier=first, verify=True)
+    assert s.stat(first).meta is not None
+
+    finisher = threading.Timer(0.6, c.finish_slot_move, (slot, src, dst))
+    t0 = time.monotonic()
+    finisher.start()
+    s.put(second, blobs[second])  # cannot commit while the slot is open: waits it out
+    waited = time.monotonic() - t0
+    finisher.join()
+    assert waited >= 0.5, f"the write to an open slot returned after {waited:.2f}s"
+    assert c.slot_owner(slot) is dst
+    fresh = s.reopen()
+    for ident, b in blobs.items():  # whole, on the new owner, found by a listing
+        got = fresh.get(ident)
+        assert got is not None and bytes(got) == b
+        decode(got, identifier=ident, verify=True)
+        assert fresh.stat(ident).meta is not None
+    assert dst.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) >= 4
+    assert {first, second} <= set(fresh.identifiers())
+    fresh.close()
+    s.close()
 
 
 # -- failover ---------------------------------------------------------------------------------------------
