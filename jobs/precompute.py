@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 from .precompute_encode import (Encoded, LocalStage, engine_error, engine_store_url,  # noqa: F401
@@ -149,19 +150,24 @@ def _as_corpus_files(files) -> list:
 
 
 def precompute_files(files, options: PrecomputeOptions, *, progress=None, wait: float = 0.0,
-                     stage: Stage | None = None) -> Summary:
+                     stage: Stage | None = None,
+                     identifiers: Mapping[str, str] | None = None) -> Summary:
     """Encode the given files (paths or ``CorpusFile``) that the store lacks; no manifest,
     no walk. A failure's ``path`` is the path as given. Holds the store's precompute lock
-    (``wait`` seconds for another run's)."""
+    (``wait`` seconds for another run's). ``identifiers`` (path as given -> identifier):
+    what the caller already hashed with these options (``warm --compute-missing``); those
+    files are not read and hashed a second time."""
     options.check()
     stage = stage or LocalStage()
     files = _as_corpus_files(files)
+    known = identifiers or {}
+    records = {f.rel: (f.size, f.mtime_ns, known[f.rel]) for f in files if f.rel in known}
     store, summary = _open(options, stage)
     t_start = time.perf_counter()
     try:
         with store.lock("precompute", wait=wait):
             summary.files = len(files)
-            _run_phases(files, {}, store, options, summary, stage, manifest=None,
+            _run_phases(files, records, store, options, summary, stage, manifest=None,
                         dry_run=False, progress=progress)
     finally:
         store.close()

@@ -100,7 +100,8 @@ def compute_missing(missing: dict[str, str], options: PrecomputeOptions, summary
 
     ident_of = {path: ident for ident, path in missing.items()}
     with (phases() if phases else contextlib.nullcontext()) as bar:
-        result = precompute_files(list(missing.values()), options, progress=bar)
+        result = precompute_files(list(missing.values()), options, progress=bar,
+                                  identifiers=ident_of)  # hashed already: not again
     for f in result.failures:
         summary.fail(ident_of.get(f["path"]), f["error"], f["path"])
     summary.computed += result.encoded

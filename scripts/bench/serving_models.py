@@ -100,5 +100,12 @@ def model_info(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    for k in sys.argv[1:] or list(SPECS):
+    import argparse
+    ap = argparse.ArgumentParser(description="Build (once) and describe the benchmark models.")
+    ap.add_argument("models", nargs="*", metavar="MODEL",
+                    help=f"any of {', '.join(SPECS)} (default: all)")
+    wanted = ap.parse_args().models or list(SPECS)
+    if unknown := [k for k in wanted if k not in SPECS]:
+        ap.error(f"unknown model {unknown[0]!r} (choose from {', '.join(SPECS)})")
+    for k in wanted:
         print(k, ensure_model(k), model_info(model_path(k)))

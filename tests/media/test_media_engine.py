@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -80,10 +81,21 @@ def test_precompute_hostile_corpus_through_the_engine(tiny_model, tmp_path, bomb
     assert s.failed == len(errors)
 
 
-def test_warm_compute_missing_with_hostile_images(tiny_model, tmp_path, bomb):
+def test_warm_compute_missing_with_hostile_images(tiny_model, tmp_path, bomb, monkeypatch):
+    from collections import Counter
+
+    import encache.connectors.vllm.hashing as hashing
     from cli_support import invoke
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.vllm.hashing import identify_file
+
+    hashed = Counter()
+
+    def counting(path, *a, **kw):
+        hashed[os.path.basename(path)] += 1
+        return identify_file(path, *a, **kw)
+
+    monkeypatch.setattr(hashing, "identify_file", counting)
 
     d = tmp_path / "imgs"
     d.mkdir()
@@ -102,5 +114,6 @@ def test_warm_compute_missing_with_hostile_images(tiny_model, tmp_path, bomb):
     assert {f["path"].rsplit("/", 1)[-1] for f in out["failures"]} == {"fake.jpg", "empty.png",
                                                                       "bomb.png"}
     assert "Traceback" not in r.output
+    assert hashed["new.png"] == 1, hashed  # warm's hash is precompute's: read once
     ident = identify_file(d / "new.png", tiny_model).identifier
     assert set(DiskStore(tmp_path / "dst").identifiers()) == {ident}

@@ -344,7 +344,7 @@ def test_killed_server_fails_fast_then_recovers(redis_factory):
 
 def test_hung_server_times_out(redis_factory):
     server = redis_factory()
-    s = RedisStore(server.url, socket_timeout=0.4)  # default retries=2
+    s = RedisStore(server.url, socket_timeout=1.0)  # default retries=2
     ba = blob("a")
     s.put("a", ba)
     server.pause()  # SIGSTOP: connections accepted by the kernel, never answered
@@ -352,7 +352,7 @@ def test_hung_server_times_out(redis_factory):
         t0 = time.monotonic()
         with pytest.raises(StoreError, match="timed out"):
             s.get("a")
-        assert time.monotonic() - t0 < 1.0  # one timeout: timeouts are not retried
+        assert time.monotonic() - t0 < 1.9  # one timeout (a retry would be a second one)
     finally:
         server.resume()
     assert bytes(s.get("a")) == ba
