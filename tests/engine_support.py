@@ -45,6 +45,12 @@ def make_llm(model: str, ec_transfer_config: dict | None = None, **kw):
     return LLM(model=model, **args)
 
 
+def consumer_lookup(llm):
+    """The in-process engine's scheduler-side ``EntryLookup`` (what it believes is stored),
+    for tests that must wait for the consumer's view rather than sleep."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+
+
 def shutdown(llm) -> None:
     try:
         llm.llm_engine.engine_core.shutdown()

@@ -26,7 +26,8 @@ import pytest
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.transfer import copy_entries, shard_of
-from engine_support import PRECOMPUTE_KW, chat_texts, chat_within, engine_module_fixtures
+from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, consumer_lookup,
+                            engine_module_fixtures)
 from redis_fixture import RedisServer, redis_factory, redis_server  # noqa: F401 (fixtures)
 from cli_support import invoke
 
@@ -232,7 +233,7 @@ def test_redis_killed_consumer_keeps_answering(crash_filled, crash_redis, engine
 
 
 def test_consumer_hits_again_after_redis_restart(crash_redis, engines, disk_full, corpus,
-                                                 reference, counter, tiny_model):
+                                                 idents, reference, counter, tiny_model):
     pages = corpus["pages"]
     llm = engines.get("crash", crash_redis.url, index_refresh_s=0.2, load_timeout_s=2)
     if crash_redis.alive:  # (the previous test leaves it dead, or restarted and empty)
@@ -242,8 +243,12 @@ def test_consumer_hits_again_after_redis_restart(crash_redis, engines, disk_full
     d = warm_cli("--from", disk_full.root, "--store", crash_redis.url)  # refill
     assert d["copied"] == PAGES and d["failed"] == 0
     before = open_store(crash_redis.url).read_counters().get("hits", 0)
-    time.sleep(1.0)  # > index_refresh_s: the consumer rescans the index by itself
     group = pages[5:8]  # never served by this engine
+    lookup = consumer_lookup(llm)  # the consumer rescans the index by itself
+    deadline = time.monotonic() + 60
+    while not all(lookup.probably_stored(idents[p]) for p in group):
+        assert time.monotonic() < deadline, "the consumer never rescanned the restarted Redis"
+        time.sleep(0.1)
     counter.reset()
     texts = chat_within(llm, group, 60, on_timeout=lambda: None)
     assert texts == [reference[p] for p in group]
