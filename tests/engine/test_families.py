@@ -1,0 +1,172 @@
+"""Model families end to end in-process: precompute, then a consumer serving from the store.
+
+For each family (a tiny random-weight model built offline with transformers' real classes,
+processor and chat template: scripts/tiny_<arch>.py), the library precompute job encodes
+images of several sizes and aspect ratios (one 1000 px wide) with a real ``ec_producer``
+engine; a consumer engine then answers single- and two-image requests for them. Proven
+per family: every image item is a store hit, the vision tower runs 0 times, the first
+token's logprobs equal those of an engine without the connector, and each stored entry
+equals what that engine's own tower computes for the image.
+
+One engine per role per family (plain reference, producer, consumer), one after the other
+(vLLM keeps the worker-side connector in a process global).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from encache.connectors.store import open_store
+from encache.connectors.vllm.hashing import identify_file
+from engine_support import PRECOMPUTE_KW, consumer_config, data_url, make_llm, shutdown
+from served_support import assert_logprobs_close, draw_images, stored_tensor
+
+pytestmark = [pytest.mark.engine]
+
+SINGLE = {"wide": (1000, 400), "square_png": (300, 300), "tall": (240, 520)}
+MULTI = {"m_a": (640, 480), "m_b": (500, 700)}  # sent together only (never singly first)
+
+# per family: engine settings shared by the reference, the producer and the consumer
+FAMILIES = {
+    "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+}
+
+
+class TowerTap:
+    """Records every output of the vLLM model class's ``embed_multimodal`` (the vision
+    tower + projector: the call a store hit skips), one tensor per encoded item."""
+
+    def __init__(self, model: str):
+        import json
+        import os
+
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        with open(os.path.join(model, "config.json")) as f:
+            arch = json.load(f)["architectures"][0]
+        self.cls = ModelRegistry._try_load_model_cls(arch)
+        assert self.cls is not None, arch
+        self.items: list = []
+        self.on = False
+        original = self.cls.__dict__["embed_multimodal"] if "embed_multimodal" in \
+            self.cls.__dict__ else None
+        base = original or self.cls.embed_multimodal
+        tap = self
+
+        def embed_multimodal(model_self, **kwargs):
+            out = base(model_self, **kwargs)
+            if tap.on:
+                items = list(out) if isinstance(out, (list, tuple)) else list(out.unbind(0))
+                tap.items.extend(t.detach().to("cpu", copy=True) for t in items)
+            return out
+
+        self._restore = (original, base)
+        self.cls.embed_multimodal = embed_multimodal
+
+    def take(self) -> list:
+        items, self.items = self.items, []
+        return items
+
+    def close(self) -> None:
+        original, _ = self._restore
+        if original is None:
+            del self.cls.embed_multimodal
+        else:
+            self.cls.embed_multimodal = original
+
+
+def first_token_logprobs(llm, paths) -> dict[int, float]:
+    from vllm import SamplingParams
+
+    conv = [{"role": "user", "content": [
+        *({"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths),
+        {"type": "text", "text": "What is in these pictures?"}]}]
+    [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
+                     use_tqdm=False)
+    return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+
+
+def engine_kw(spec: dict) -> dict:
+    n = spec["max_model_len"]
+    return dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"],
+                **spec.get("engine", {}))
+
+
+def serve_all(llm, tap, images) -> dict:
+    """Each single image alone, then the MULTI images in one request: logprobs and the
+    tower outputs of each request."""
+    out = {}
+    for name in SINGLE:
+        tap.take()
+        out[name] = (first_token_logprobs(llm, [images[name]]), tap.take())
+    out["multi"] = (first_token_logprobs(llm, [images[n] for n in MULTI]), tap.take())
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tiny_family, tmp_path_factory):
+    from encache.jobs.precompute import run_precompute
+
+    arch, spec = request.param, FAMILIES[request.param]
+    model = tiny_family(arch)
+    root = tmp_path_factory.mktemp(arch)
+    images = draw_images(root / "corpus", {**SINGLE, **MULTI}, seed=21)
+    store = str(root / "store")
+    tap = TowerTap(model)
+    try:
+        llm = make_llm(model, **engine_kw(spec))
+        tap.on = True
+        reference = serve_all(llm, tap, images)
+        tap.on = False
+        shutdown(llm)
+        engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
+        engine.pop("max_model_len")
+        engine["limit_mm_per_prompt"] = dict(spec["limits"], image=1)
+        summary = run_precompute(str(root / "corpus"), model, store,
+                                 max_model_len=spec["max_model_len"], dtype="float32",
+                                 engine_args=engine)
+        llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+        tap.take()
+        tap.on = True
+        served = serve_all(llm, tap, images)
+        tap.on = False
+        shutdown(llm)
+    finally:
+        tap.close()
+    yield {"arch": arch, "model": model, "store": store, "images": images, "summary": summary,
+           "reference": reference, "served": served}
+
+
+def test_precompute_encodes_every_image(family):
+    s = family["summary"]
+    assert (s.encoded, s.failed) == (len(SINGLE) + len(MULTI), 0), s.failures
+
+
+def test_every_item_hits_and_the_tower_stays_idle(family):
+    counters = open_store(family["store"]).read_counters()
+    n = len(SINGLE) + len(MULTI)
+    assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
+    runs = {name: len(items) for name, (_, items) in family["served"].items()}
+    assert runs == {name: 0 for name in runs}, runs
+
+
+def test_output_equals_an_engine_without_the_connector(family):
+    for name, (logprobs, _) in family["served"].items():
+        want, _ = family["reference"][name]
+        assert_logprobs_close(logprobs, want)
+
+
+def test_entries_equal_the_serving_tower(family):
+    rows = set()
+    for name in SINGLE:
+        _, [tower] = family["reference"][name]
+        ident = identify_file(family["images"][name], family["model"]).identifier
+        entry = stored_tensor(family["store"], ident)
+        assert entry is not None and entry.shape == tower.shape, (name, tower.shape)
+        assert (entry - tower).abs().max().item() < 1e-4, name
+        rows.add(tower.shape[0])
+    _, towers = family["reference"]["multi"]
+    for name, tower in zip(MULTI, towers, strict=True):
+        ident = identify_file(family["images"][name], family["model"]).identifier
+        entry = stored_tensor(family["store"], ident)
+        assert entry is not None and (entry - tower).abs().max().item() < 1e-4, name
