@@ -29,6 +29,8 @@ MULTI = {"m_a": (640, 480), "m_b": (500, 700)}  # sent together only (never sing
 # per family: engine settings shared by the reference, the producer and the consumer
 FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
+    "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
 }
 
 
@@ -133,7 +135,7 @@ def family(request, tiny_family, tmp_path_factory):
         shutdown(llm)
     finally:
         tap.close()
-    yield {"arch": arch, "model": model, "store": store, "images": images, "summary": summary,
+    yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images, "summary": summary,
            "reference": reference, "served": served}
 
 
@@ -165,6 +167,7 @@ def test_entries_equal_the_serving_tower(family):
         assert entry is not None and entry.shape == tower.shape, (name, tower.shape)
         assert (entry - tower).abs().max().item() < 1e-4, name
         rows.add(tower.shape[0])
+        assert tower.shape[1] == family["spec"].get("width", tower.shape[1]), tower.shape
     _, towers = family["reference"]["multi"]
     for name, tower in zip(MULTI, towers, strict=True):
         ident = identify_file(family["images"][name], family["model"]).identifier
