@@ -31,6 +31,7 @@ FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
     "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
+    "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
 }
 
 
