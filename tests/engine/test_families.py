@@ -33,6 +33,7 @@ FAMILIES = {
     "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
     "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     "idefics3": dict(max_model_len=2048, limits={"image": 2}),
+    "mistral3": dict(max_model_len=2048, limits={"image": 2}),
 }
 
 
