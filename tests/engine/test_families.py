@@ -34,6 +34,7 @@ FAMILIES = {
     "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     "idefics3": dict(max_model_len=2048, limits={"image": 2}),
     "mistral3": dict(max_model_len=2048, limits={"image": 2}),
+    "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
 }
 
 
