@@ -38,6 +38,7 @@ FAMILIES = {
     "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # fixed resolution (every entry has the same shape); one image per prompt
     "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
+    "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
 }
 
 
