@@ -18,7 +18,8 @@ import pytest
 
 from encache.connectors.store import open_store
 from encache.connectors.vllm.hashing import identify_file
-from engine_support import PRECOMPUTE_KW, consumer_config, data_url, make_llm, shutdown
+from engine_support import (PRECOMPUTE_KW, TowerTap, consumer_config, data_url, make_llm,
+                            shutdown)
 from served_support import assert_logprobs_close, draw_images, stored_tensor
 
 pytestmark = [pytest.mark.engine]
@@ -40,49 +41,6 @@ FAMILIES = {
     "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
     "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
 }
-
-
-class TowerTap:
-    """Records every output of the vLLM model class's ``embed_multimodal`` (the vision
-    tower + projector: the call a store hit skips), one tensor per encoded item."""
-
-    def __init__(self, model: str):
-        import json
-        import os
-
-        from vllm.model_executor.models.registry import ModelRegistry
-
-        with open(os.path.join(model, "config.json")) as f:
-            arch = json.load(f)["architectures"][0]
-        self.cls = ModelRegistry._try_load_model_cls(arch)
-        assert self.cls is not None, arch
-        self.items: list = []
-        self.on = False
-        original = self.cls.__dict__["embed_multimodal"] if "embed_multimodal" in \
-            self.cls.__dict__ else None
-        base = original or self.cls.embed_multimodal
-        tap = self
-
-        def embed_multimodal(model_self, **kwargs):
-            out = base(model_self, **kwargs)
-            if tap.on:
-                items = list(out) if isinstance(out, (list, tuple)) else list(out.unbind(0))
-                tap.items.extend(t.detach().to("cpu", copy=True) for t in items)
-            return out
-
-        self._restore = (original, base)
-        self.cls.embed_multimodal = embed_multimodal
-
-    def take(self) -> list:
-        items, self.items = self.items, []
-        return items
-
-    def close(self) -> None:
-        original, _ = self._restore
-        if original is None:
-            del self.cls.embed_multimodal
-        else:
-            self.cls.embed_multimodal = original
 
 
 def first_token_logprobs(llm, paths) -> dict[int, float]:
