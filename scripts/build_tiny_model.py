@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_onevision",
-         "idefics3", "mistral3", "internvl", "paligemma", "glm4v")
+         "idefics3", "mistral3", "internvl", "paligemma", "glm4v", "llava_next")
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 CORPUS = [
     "USER: What is shown in this image? ASSISTANT: A picture of a cat.",

@@ -34,6 +34,7 @@ FAMILIES = {
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
     "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
     "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "llava_next": dict(max_model_len=2048, limits={"image": 2}),
     "idefics3": dict(max_model_len=2048, limits={"image": 2}),
     "mistral3": dict(max_model_len=2048, limits={"image": 2}),
     "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
