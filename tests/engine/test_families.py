@@ -143,3 +143,37 @@ def test_entries_equal_the_serving_tower(family):
             rows.add(tower.shape[0])
     # the row count follows each image's size / aspect ratio (but at fixed resolution)
     assert len(rows) == 1 if family["spec"].get("fixed") else len(rows) >= 2, rows
+
+
+def test_a_model_without_a_vision_tower_is_a_one_line_engine_error(tiny_model, tmp_path):
+    """Precompute for a model vLLM cannot run as an EC producer (here a text-only Llama:
+    "An EC producer-only instance requires a multimodal model") fails with one line
+    naming the architecture and vLLM's reason -- not pydantic's "1 validation error for
+    VllmConfig" header -- and the engine exit code; nothing is written."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from cli_support import invoke
+    from encache.cli import errors
+
+    with open(f"{tiny_model}/config.json") as f:
+        cfg = json.load(f)["text_config"]
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "bos_token_id", "eos_token_id", "pad_token_id")
+    model = str(tmp_path / "text-only")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{k: cfg[k] for k in keep})).save_pretrained(model)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(model)
+    draw_images(tmp_path / "corpus", {"wide": (1000, 400)}, seed=3)
+    store = tmp_path / "store"
+    r = invoke("precompute", str(tmp_path / "corpus"), "-m", model, "-s", str(store),
+               "--max-model-len", "256", "--dtype", "float32")
+    assert r.exit_code == errors.EXIT_ENGINE, r.output
+    [line] = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert "(LlamaForCausalLM): An EC producer-only instance requires a multimodal model" \
+        in line, r.output
+    assert "validation error" not in r.output
+    assert not store.exists() or not list(open_store(str(store)).identifiers())
