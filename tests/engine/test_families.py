@@ -28,7 +28,9 @@ SINGLE = {"wide": (1000, 400), "square_png": (300, 300), "tall": (240, 520)}
 # sent together only (never singly first: the engine's own cache would answer them)
 MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
 
-# per family: engine settings shared by the reference, the producer and the consumer
+# per family: engine settings shared by the reference, the producer (one image per prompt,
+# as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
+# ``fixed``: one resolution for every image
 FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
@@ -57,8 +59,7 @@ def first_token_logprobs(llm, paths) -> dict[int, float]:
 
 def engine_kw(spec: dict) -> dict:
     n = spec["max_model_len"]
-    return dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"],
-                **spec.get("engine", {}))
+    return dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"])
 
 
 def requests_of(spec: dict) -> list[tuple[str, ...]]:
@@ -100,15 +101,14 @@ def family(request, tiny_family, tmp_path_factory):
                                  max_model_len=spec["max_model_len"], dtype="float32",
                                  engine_args=engine)
         llm = make_llm(model, consumer_config(store), **engine_kw(spec))
-        tap.take()
         tap.on = True
         served = serve_all(llm, tap, images, spec)
         tap.on = False
         shutdown(llm)
     finally:
         tap.close()
-    yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images, "summary": summary,
-           "reference": reference, "served": served}
+    yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images,
+           "summary": summary, "reference": reference, "served": served}
 
 
 def test_precompute_encodes_every_image(family):
