@@ -198,3 +198,63 @@ def test_a_consumer_of_a_model_without_a_vision_tower_warns_once(text_only_model
     shutdown(llm)
     [line] = [r.getMessage() for r in caplog.records if "no multimodal encoder" in r.getMessage()]
     assert "(LlamaForCausalLM)" in line and store in line and "\n" not in line
+
+
+VIDEO_FAMILIES = ("glm4v", "internvl", "llava_onevision", "qwen2_vl", "qwen3_vl")
+
+
+@pytest.mark.parametrize("arch", VIDEO_FAMILIES)
+def test_videos_hit_and_match_the_plain_engine(arch, tiny_family, tmp_path):
+    """A video precomputed by the library job (vLLM's frame sampler for the family's video
+    processor) is a hit for a consumer sent the same ``video_url``: the tower idle, the
+    plain engine's first-token logprobs, and the entry equals the plain engine's tower
+    output for the video."""
+    from media_files import make_video
+
+    from encache.jobs.precompute import run_precompute
+
+    model = tiny_family(arch)
+    corpus = tmp_path / "videos"
+    corpus.mkdir()
+    make_video(corpus / "clip.mp4", frames=8, fps=4.0, size=(112, 84), seed=1)
+    spec = dict(FAMILIES[arch], limits={"image": 1, "video": 1})
+    store = str(tmp_path / "store")
+    ident = identify_file(corpus / "clip.mp4", model)
+    assert ident.kind == "video"
+    conv = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": data_url(corpus / "clip.mp4")}},
+        {"type": "text", "text": "What happens?"}]}]
+
+    def ask(llm) -> dict[int, float]:
+        from vllm import SamplingParams
+        [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
+                         use_tqdm=False)
+        return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+
+    tap = TowerTap(model)
+    try:
+        llm = make_llm(model, **engine_kw(spec))
+        tap.on = True
+        want = ask(llm)
+        tap.on = False
+        [tower] = tap.take()
+        shutdown(llm)
+        engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
+        engine.pop("max_model_len")
+        summary = run_precompute(str(corpus), model, store, max_model_len=spec["max_model_len"],
+                                 dtype="float32", engine_args=engine)
+        assert (summary.encoded, summary.failed) == (1, 0), summary.failures
+        llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+        tap.on = True
+        got = ask(llm)
+        tap.on = False
+        shutdown(llm)
+    finally:
+        tap.close()
+    assert tap.take() == [], "the consumer ran the vision tower"
+    counters = open_store(store).read_counters()
+    assert (counters.get("hits", 0), counters.get("misses", 0)) == (1, 0), counters
+    assert_logprobs_close(got, want)
+    entry = stored_tensor(store, ident.identifier)
+    assert entry is not None and entry.shape == tower.shape, tower.shape
+    assert (entry - tower).abs().max().item() < 1e-4
