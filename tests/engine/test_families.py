@@ -78,6 +78,24 @@ def serve_all(llm, tap, images, spec) -> dict:
     return out
 
 
+class captured_warnings:  # noqa: N801 - used as a context manager
+    """encache's WARNING records while the block runs (a module fixture has no caplog)."""
+
+    def __enter__(self) -> list[str]:
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        logging.getLogger("encache").addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        import logging
+
+        logging.getLogger("encache").removeHandler(self.handler)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tiny_family, tmp_path_factory):
     from encache.jobs.precompute import run_precompute
@@ -100,7 +118,8 @@ def family(request, tiny_family, tmp_path_factory):
         summary = run_precompute(str(root / "corpus"), model, store,
                                  max_model_len=spec["max_model_len"], dtype="float32",
                                  engine_args=engine)
-        llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+        with captured_warnings() as warnings:
+            llm = make_llm(model, consumer_config(store), **engine_kw(spec))
         tap.on = True
         served = serve_all(llm, tap, images, spec)
         tap.on = False
@@ -108,7 +127,8 @@ def family(request, tiny_family, tmp_path_factory):
     finally:
         tap.close()
     yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images,
-           "summary": summary, "reference": reference, "served": served}
+           "summary": summary, "reference": reference, "served": served,
+           "consumer_warnings": warnings}
 
 
 def test_precompute_encodes_every_image(family):
@@ -122,6 +142,12 @@ def test_every_item_hits_and_the_tower_stays_idle(family):
     assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
     runs = {name: len(items) for name, (_, items) in family["served"].items()}
     assert runs == {name: 0 for name in runs}, runs
+
+
+def test_the_consumer_starts_without_a_warning(family):
+    """No start-up warning for any family (e.g. not the one for models without a vision
+    tower: each of these has one)."""
+    assert family["consumer_warnings"] == [], family["consumer_warnings"]
 
 
 def test_output_equals_an_engine_without_the_connector(family):
