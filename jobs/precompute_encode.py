@@ -73,9 +73,39 @@ def engine_store_url(options: PrecomputeOptions, store) -> str:
     return options.store if is_redis_url(options.store) else str(store.url)
 
 
+def _reason(e: BaseException) -> str:
+    """The one line that says why: a pydantic ``ValidationError`` (vLLM's config checks)
+    prints "1 validation error for VllmConfig" first and the reason after it, so its
+    first error's message is taken instead ("An EC producer-only instance requires a
+    multimodal model.")."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            msg = str(errors()[0].get("msg", "")).strip()
+        except Exception:  # noqa: BLE001 - not pydantic after all: its text below
+            msg = ""
+        if msg:
+            return msg.removeprefix("Value error, ").splitlines()[0]
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def model_architecture(model: str) -> str | None:
+    """``architectures[0]`` of a local model directory's config.json (the family vLLM
+    resolves), None when there is none to read (a hub id, no config)."""
+    import json
+
+    try:
+        with open(os.path.join(model, "config.json")) as f:
+            return json.load(f)["architectures"][0]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def engine_error(model: str, e: BaseException) -> EncacheError:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return EncacheError(f"vLLM engine failed to start for {model!r}: {text}", EXIT_ENGINE,
+    arch = model_architecture(model)
+    named = f"{model!r} ({arch})" if arch else repr(model)
+    return EncacheError(f"vLLM engine failed to start for {named}: {_reason(e)}", EXIT_ENGINE,
                         hint="set ENCACHE_DEBUG=1 for vLLM's traceback")
 
 

@@ -1,13 +1,12 @@
 #!/usr/bin/env python
-"""Build a tiny random-weight multimodal model (LLaVA, Gemma 3 or Qwen2.5-VL) fully offline.
+"""Build a tiny random-weight multimodal model of one family fully offline.
 
-    python scripts/build_tiny_model.py OUT_DIR [--arch llava|gemma3|qwen2_5_vl]
+    python scripts/build_tiny_model.py OUT_DIR [--arch llava|gemma3|qwen2_5_vl|qwen2_vl|...]
     python scripts/build_tiny_model.py OUT_DIR [--image-size 32 --patch 8 ...]   # LLaVA
 
 ``--arch llava`` (the default) builds a CLIP vision tower + Llama LM, described below;
-``gemma3`` and ``qwen2_5_vl`` are built by scripts/tiny_gemma3.py and
-scripts/tiny_qwen2_5_vl.py (the families' real classes, processors, special tokens and
-chat templates; see their docstrings). LLaVA:
+every other ``--arch X`` (see ``ARCHS``) is built by scripts/tiny_X.py (the family's real
+classes, processors, special tokens and chat template; see its docstring). LLaVA:
 
 Everything vLLM and transformers need is written (config, safetensors weights, a BPE
 tokenizer trained here on a few sentences, image processor, chat template); nothing is
@@ -27,7 +26,8 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ARCHS = ("llava", "gemma3", "qwen2_5_vl")
+ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_next",
+         "llava_onevision", "idefics3", "mistral3", "internvl", "paligemma", "glm4v")
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 CORPUS = [
     "USER: What is shown in this image? ASSISTANT: A picture of a cat.",

@@ -68,3 +68,10 @@ def tiny_gemma3() -> str:
 def tiny_qwen2_5_vl() -> str:
     """Path of the tiny random-weight Qwen2.5-VL (dynamic resolution, max 256 tokens/image)."""
     return _tiny_family("qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_family():
+    """``tiny_family(arch)``: path of the tiny model of ``arch`` (scripts/tiny_<arch>.py),
+    built here if scripts/setup did not."""
+    return _tiny_family

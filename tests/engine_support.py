@@ -108,6 +108,49 @@ class EncoderCounter:
         self.items = 0
 
 
+class TowerTap:
+    """Any family's :class:`EncoderCounter`: records every output of the model class's
+    ``embed_multimodal`` (the vision tower + projector: the call a store hit skips), one
+    tensor per encoded item, while ``on``. The class is the one vLLM's registry resolves
+    for the model's ``architectures[0]``; ``close()`` restores it."""
+
+    def __init__(self, model: str):
+        import json
+
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        with open(os.path.join(model, "config.json")) as f:
+            arch = json.load(f)["architectures"][0]
+        self.cls = ModelRegistry._try_load_model_cls(arch)
+        assert self.cls is not None, arch
+        self.items: list = []
+        self.on = False
+        original = self.cls.__dict__["embed_multimodal"] if "embed_multimodal" in \
+            self.cls.__dict__ else None
+        base = original or self.cls.embed_multimodal
+        tap = self
+
+        def embed_multimodal(model_self, **kwargs):
+            out = base(model_self, **kwargs)
+            if tap.on:
+                items = list(out) if isinstance(out, (list, tuple)) else list(out.unbind(0))
+                tap.items.extend(t.detach().to("cpu", copy=True) for t in items)
+            return out
+
+        self._original = original
+        self.cls.embed_multimodal = embed_multimodal
+
+    def take(self) -> list:
+        items, self.items = self.items, []
+        return items
+
+    def close(self) -> None:
+        if self._original is None:  # inherited: drop the wrapper, the parent's shows again
+            del self.cls.embed_multimodal
+        else:
+            self.cls.embed_multimodal = self._original
+
+
 class RequestsStuck(Exception):
     """Requests were not answered within the time a test allows (deferred, never served)."""
 

@@ -90,6 +90,18 @@ def _warn_if_unchecked_vllm() -> None:
             log.warning(message)
 
 
+def _warn_if_no_encoder(model_config, store: str) -> None:
+    """One line when vLLM runs the model without a multimodal encoder (a text-only model,
+    or a multimodal family vLLM serves text-only): the engine never asks the connector
+    for anything, so the store would be silently unused -- "working, just slower"."""
+    if model_config is None or getattr(model_config, "is_multimodal_model", True):
+        return
+    arch = getattr(model_config, "architecture", None) or "?"
+    log.warning("encache: %r (%s) has no multimodal encoder in vLLM: no request will read "
+                "the store %s (serve a vision-language model, or drop --ec-transfer-config)",
+                model_config.model, arch, store)
+
+
 @atexit.register
 def _shutdown_live_connectors() -> None:
     for connector in list(_LIVE):
@@ -114,6 +126,7 @@ class EncacheConnector(ECConnectorBase):
         self.scheduler: EncacheSchedulerConnector | None = None
         self.worker: EncacheWorkerConnector | None = None
         if role == ECConnectorRole.SCHEDULER:
+            _warn_if_no_encoder(model_config, self.config.store)
             self.scheduler = EncacheSchedulerConnector(
                 vllm_config, self.config, self.store, is_producer=self.is_producer,
                 is_consumer=self.is_consumer, encoder_config=self.encoder_config)

@@ -27,6 +27,15 @@ TARGETS = {
     "vllm.model_executor.models.llava": "LlavaForConditionalGeneration",
     "vllm.model_executor.models.gemma3_mm": "Gemma3ForConditionalGeneration",
     "vllm.model_executor.models.qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    # the families of tests/engine/test_families.py (scripts/tiny_<arch>.py)
+    "vllm.model_executor.models.qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "vllm.model_executor.models.qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "vllm.model_executor.models.llava_onevision": "LlavaOnevisionForConditionalGeneration",
+    "vllm.model_executor.models.idefics3": "Idefics3ForConditionalGeneration",
+    "vllm.model_executor.models.mistral3": "Mistral3ForConditionalGeneration",
+    "vllm.model_executor.models.interns1": "InternS1ForConditionalGeneration",
+    "vllm.model_executor.models.paligemma": "PaliGemmaForConditionalGeneration",
+    "vllm.model_executor.models.glm4_1v": "Glm4vForConditionalGeneration",
 }
 
 

@@ -1,0 +1,286 @@
+"""Model families end to end in-process: precompute, then a consumer serving from the store.
+
+For each family (a tiny random-weight model built offline with transformers' real classes,
+processor and chat template: scripts/tiny_<arch>.py), the library precompute job encodes
+images of several sizes and aspect ratios (one 1000 px wide) with a real ``ec_producer``
+engine; a consumer engine then answers single- and two-image requests for them. Proven
+per family: every image item is a store hit, the vision tower runs 0 times, the first
+token's logprobs equal those of an engine without the connector, and each stored entry
+equals what that engine's own tower computes for the image.
+
+One engine per role per family (plain reference, producer, consumer), one after the other
+(vLLM keeps the worker-side connector in a process global).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from encache.connectors.store import open_store
+from encache.connectors.vllm.hashing import identify_file
+from engine_support import (PRECOMPUTE_KW, TowerTap, consumer_config, data_url, make_llm,
+                            shutdown)
+from served_support import assert_logprobs_close, draw_images, stored_tensor
+
+pytestmark = [pytest.mark.engine]
+
+SINGLE = {"wide": (1000, 400), "square_png": (300, 300), "tall": (240, 520)}
+# sent together only (never singly first: the engine's own cache would answer them)
+MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
+
+# per family: engine settings shared by the reference, the producer (one image per prompt,
+# as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
+# ``fixed``: one resolution for every image
+FAMILIES = {
+    "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
+    "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
+    "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "llava_next": dict(max_model_len=2048, limits={"image": 2}),
+    "idefics3": dict(max_model_len=2048, limits={"image": 2}),
+    "mistral3": dict(max_model_len=2048, limits={"image": 2}),
+    "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # fixed resolution (every entry has the same shape); one image per prompt
+    "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
+    "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+}
+
+
+def first_token_logprobs(llm, paths) -> dict[int, float]:
+    from vllm import SamplingParams
+
+    conv = [{"role": "user", "content": [
+        *({"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths),
+        {"type": "text", "text": "What is in these pictures?"}]}]
+    [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
+                     use_tqdm=False)
+    return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+
+
+def engine_kw(spec: dict) -> dict:
+    n = spec["max_model_len"]
+    return dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"])
+
+
+def requests_of(spec: dict) -> list[tuple[str, ...]]:
+    """Each SINGLE image alone, then the MULTI images in one request (one by one for a
+    family that takes one image per prompt)."""
+    together = spec["limits"]["image"] >= 2
+    return [(n,) for n in SINGLE] + ([tuple(MULTI)] if together else [(n,) for n in MULTI])
+
+
+def serve_all(llm, tap, images, spec) -> dict:
+    """``{request: (first-token logprobs, tower outputs during the request)}``."""
+    out = {}
+    for names in requests_of(spec):
+        tap.take()
+        out[names] = (first_token_logprobs(llm, [images[n] for n in names]), tap.take())
+    return out
+
+
+class captured_warnings:  # noqa: N801 - used as a context manager
+    """encache's WARNING records while the block runs (a module fixture has no caplog)."""
+
+    def __enter__(self) -> list[str]:
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        logging.getLogger("encache").addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        import logging
+
+        logging.getLogger("encache").removeHandler(self.handler)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tiny_family, tmp_path_factory):
+    from encache.jobs.precompute import run_precompute
+
+    arch, spec = request.param, FAMILIES[request.param]
+    model = tiny_family(arch)
+    root = tmp_path_factory.mktemp(arch)
+    images = draw_images(root / "corpus", {**SINGLE, **MULTI}, seed=21)
+    store = str(root / "store")
+    tap = TowerTap(model)
+    try:
+        llm = make_llm(model, **engine_kw(spec))
+        tap.on = True
+        reference = serve_all(llm, tap, images, spec)
+        tap.on = False
+        shutdown(llm)
+        engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
+        engine.pop("max_model_len")
+        engine["limit_mm_per_prompt"] = dict(spec["limits"], image=1)
+        summary = run_precompute(str(root / "corpus"), model, store,
+                                 max_model_len=spec["max_model_len"], dtype="float32",
+                                 engine_args=engine)
+        with captured_warnings() as warnings:
+            llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+        tap.on = True
+        served = serve_all(llm, tap, images, spec)
+        tap.on = False
+        shutdown(llm)
+    finally:
+        tap.close()
+    yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images,
+           "summary": summary, "reference": reference, "served": served,
+           "consumer_warnings": warnings}
+
+
+def test_precompute_encodes_every_image(family):
+    s = family["summary"]
+    assert (s.encoded, s.failed) == (len(SINGLE) + len(MULTI), 0), s.failures
+
+
+def test_every_item_hits_and_the_tower_stays_idle(family):
+    counters = open_store(family["store"]).read_counters()
+    n = len(SINGLE) + len(MULTI)
+    assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
+    runs = {name: len(items) for name, (_, items) in family["served"].items()}
+    assert runs == {name: 0 for name in runs}, runs
+
+
+def test_the_consumer_starts_without_a_warning(family):
+    """No start-up warning for any family (e.g. not the one for models without a vision
+    tower: each of these has one)."""
+    assert family["consumer_warnings"] == [], family["consumer_warnings"]
+
+
+def test_output_equals_an_engine_without_the_connector(family):
+    for name, (logprobs, _) in family["served"].items():
+        want, _ = family["reference"][name]
+        assert_logprobs_close(logprobs, want)
+
+
+def test_entries_equal_the_serving_tower(family):
+    rows = set()
+    for names, (_, towers) in family["reference"].items():
+        assert len(towers) == len(names), (names, [t.shape for t in towers])
+        for name, tower in zip(names, towers):
+            ident = identify_file(family["images"][name], family["model"]).identifier
+            entry = stored_tensor(family["store"], ident)
+            assert entry is not None and entry.shape == tower.shape, (name, tower.shape)
+            assert (entry - tower).abs().max().item() < 1e-4, name
+            assert tower.shape[1] == family["spec"].get("width", tower.shape[1]), tower.shape
+            rows.add(tower.shape[0])
+    # the row count follows each image's size / aspect ratio (but at fixed resolution)
+    assert len(rows) == 1 if family["spec"].get("fixed") else len(rows) >= 2, rows
+
+
+@pytest.fixture(scope="module")
+def text_only_model(tiny_model, tmp_path_factory) -> str:
+    """A text-only Llama (the tiny LLaVA's language model config and tokenizer)."""
+    import json
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    with open(f"{tiny_model}/config.json") as f:
+        cfg = json.load(f)["text_config"]
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+            "bos_token_id", "eos_token_id", "pad_token_id")
+    model = str(tmp_path_factory.mktemp("text-only"))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{k: cfg[k] for k in keep})).save_pretrained(model)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(model)
+    return model
+
+
+def test_a_model_without_a_vision_tower_is_a_one_line_engine_error(text_only_model, tmp_path):
+    """Precompute for a model vLLM cannot run as an EC producer (here a text-only Llama:
+    "An EC producer-only instance requires a multimodal model") fails with one line
+    naming the architecture and vLLM's reason -- not pydantic's "1 validation error for
+    VllmConfig" header -- and the engine exit code; nothing is written."""
+    from cli_support import invoke
+    from encache.cli import errors
+
+    model = text_only_model
+    draw_images(tmp_path / "corpus", {"wide": (1000, 400)}, seed=3)
+    store = tmp_path / "store"
+    r = invoke("precompute", str(tmp_path / "corpus"), "-m", model, "-s", str(store),
+               "--max-model-len", "256", "--dtype", "float32")
+    assert r.exit_code == errors.EXIT_ENGINE, r.output
+    [line] = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert "(LlamaForCausalLM): An EC producer-only instance requires a multimodal model" \
+        in line, r.output
+    assert "validation error" not in r.output
+    assert not store.exists() or not list(open_store(str(store)).identifiers())
+
+
+def test_a_consumer_of_a_model_without_a_vision_tower_warns_once(text_only_model, tmp_path,
+                                                                 caplog):
+    """A consumer engine of a text-only model starts (vLLM allows it) but would never read
+    the store: one warning line naming the model's architecture and the store."""
+    import logging
+
+    store = str(tmp_path / "store")
+    with caplog.at_level(logging.WARNING, logger="encache"):
+        llm = make_llm(text_only_model, consumer_config(store))
+    shutdown(llm)
+    [line] = [r.getMessage() for r in caplog.records if "no multimodal encoder" in r.getMessage()]
+    assert "(LlamaForCausalLM)" in line and store in line and "\n" not in line
+
+
+VIDEO_FAMILIES = ("glm4v", "internvl", "llava_onevision", "qwen2_vl", "qwen3_vl")
+
+
+@pytest.mark.parametrize("arch", VIDEO_FAMILIES)
+def test_videos_hit_and_match_the_plain_engine(arch, tiny_family, tmp_path):
+    """A video precomputed by the library job (vLLM's frame sampler for the family's video
+    processor) is a hit for a consumer sent the same ``video_url``: the tower idle, the
+    plain engine's first-token logprobs, and the entry equals the plain engine's tower
+    output for the video."""
+    from media_files import make_video
+
+    from encache.jobs.precompute import run_precompute
+
+    model = tiny_family(arch)
+    corpus = tmp_path / "videos"
+    corpus.mkdir()
+    make_video(corpus / "clip.mp4", frames=8, fps=4.0, size=(112, 84), seed=1)
+    spec = dict(FAMILIES[arch], limits={"image": 1, "video": 1})
+    store = str(tmp_path / "store")
+    ident = identify_file(corpus / "clip.mp4", model)
+    assert ident.kind == "video"
+    conv = [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": data_url(corpus / "clip.mp4")}},
+        {"type": "text", "text": "What happens?"}]}]
+
+    def ask(llm) -> dict[int, float]:
+        from vllm import SamplingParams
+        [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
+                         use_tqdm=False)
+        return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
+
+    tap = TowerTap(model)
+    try:
+        llm = make_llm(model, **engine_kw(spec))
+        tap.on = True
+        want = ask(llm)
+        tap.on = False
+        [tower] = tap.take()
+        shutdown(llm)
+        engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
+        engine.pop("max_model_len")
+        summary = run_precompute(str(corpus), model, store, max_model_len=spec["max_model_len"],
+                                 dtype="float32", engine_args=engine)
+        assert (summary.encoded, summary.failed) == (1, 0), summary.failures
+        llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+        tap.on = True
+        got = ask(llm)
+        tap.on = False
+        shutdown(llm)
+    finally:
+        tap.close()
+    assert tap.take() == [], "the consumer ran the vision tower"
+    counters = open_store(store).read_counters()
+    assert (counters.get("hits", 0), counters.get("misses", 0)) == (1, 0), counters
+    assert_logprobs_close(got, want)
+    entry = stored_tensor(store, ident.identifier)
+    assert entry is not None and entry.shape == tower.shape, tower.shape
+    assert (entry - tower).abs().max().item() < 1e-4
