@@ -272,8 +272,8 @@ def plot(result: dict, path: Path) -> None:
     gib = result["store"]["du_bytes"] / 2**30
     loads = [r[k] for row in rows for r in row["runs"] for k in ("loadavg_before", "loadavg_after")]
     fig.suptitle(f"encache CLI over a {n:,}-entry disk store ({gib:,.0f} GiB, warm page cache); "
-                 f"a fresh process per run\n{result['machine']['cpus']} CPUs shared with other "
-                 f"jobs: load average {min(loads):.1f}–{max(loads):.1f} during the runs.   "
+                 f"a fresh process per run\n{result['machine']['cpus']} CPUs, "
+                 f"load average {min(loads):.1f}–{max(loads):.1f} during the runs.   "
                  "Blue: encache, grey: naive baselines", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -317,8 +317,9 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "loadavg_at_start": load_at_start,
-                    "shared": "yes: other helpers ran vLLM engines on the same CPUs; cases "
-                              "interleaved per repetition, compare medians and ratios"},
+                    "method": "cases interleaved per repetition, a fresh process per run, "
+                              "the load average before and after each run recorded; "
+                              "compare medians, ratios and CPU seconds"},
         "store": {**spec, "path": str(store), "du_bytes": int(du),
                   "page_cache": "warm (one untimed pass first)"},
         "results": results,
