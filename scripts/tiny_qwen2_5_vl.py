@@ -42,6 +42,26 @@ MAX_PIXELS = 28 * 28 * 256
 MIN_PIXELS = 56 * 56
 
 
+def train_tokenizer():
+    """Qwen's tokenizer (its special tokens, the vision ones named as the processors
+    expect) and the special tokens' ids: shared by the Qwen2-VL, 2.5-VL and 3-VL builders."""
+    from tiny_common import train
+
+    tok = train(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                extra_special_tokens={"image_token": "<|image_pad|>",
+                                      "video_token": "<|video_pad|>",
+                                      "vision_bos_token": "<|vision_start|>",
+                                      "vision_eos_token": "<|vision_end|>"})
+    return tok, {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+
+
+def vision_token_ids(ids: dict) -> dict:
+    """The placeholder token ids every Qwen-VL config takes, under the same names."""
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"]}
+
+
 def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int = 0,
           max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS) -> str:
     import torch
@@ -58,16 +78,10 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         Qwen2VLImageProcessorPil,
     )
 
-    from tiny_common import train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
-    tok = train(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                extra_special_tokens={"image_token": "<|image_pad|>",
-                                      "video_token": "<|video_pad|>",
-                                      "vision_bos_token": "<|vision_start|>",
-                                      "vision_eos_token": "<|vision_end|>"})
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    tok, ids = train_tokenizer()
     text = Qwen2_5_VLTextConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,  # head_dim 32
@@ -82,9 +96,8 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         temporal_patch_size=2, window_size=112,
         fullatt_block_indexes=[vision_layers - 1])
     cfg = Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+        text_config=text, vision_config=vision, **vision_token_ids(ids),
+        tie_word_embeddings=False)
     cfg.torch_dtype = torch.float32
     model = Qwen2_5_VLForConditionalGeneration(cfg).to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from tiny_qwen2_5_vl import SPECIALS
+from tiny_qwen2_5_vl import train_tokenizer, vision_token_ids
 
 # Qwen3-VL-*-Instruct's chat template without the tool-calling branches.
 CHAT_TEMPLATE = (
@@ -64,16 +64,10 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     )
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from tiny_common import train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
-    tok = train(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                extra_special_tokens={"image_token": "<|image_pad|>",
-                                      "video_token": "<|video_pad|>",
-                                      "vision_bos_token": "<|vision_start|>",
-                                      "vision_eos_token": "<|vision_end|>"})
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    tok, ids = train_tokenizer()
     text = Qwen3VLTextConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
@@ -87,9 +81,8 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         num_heads=2, out_hidden_size=64, patch_size=16, spatial_merge_size=2,
         temporal_patch_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0])
     cfg = Qwen3VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+        text_config=text, vision_config=vision, **vision_token_ids(ids),
+        tie_word_embeddings=False)
     cfg.torch_dtype = torch.float32
     model = Qwen3VLForConditionalGeneration(cfg).to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
