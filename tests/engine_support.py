@@ -13,6 +13,7 @@ import mimetypes
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -45,10 +46,15 @@ def make_llm(model: str, ec_transfer_config: dict | None = None, **kw):
     return LLM(model=model, **args)
 
 
-def consumer_lookup(llm):
-    """The in-process engine's scheduler-side ``EntryLookup`` (what it believes is stored),
-    for tests that must wait for the consumer's view rather than sleep."""
-    return llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+def wait_consumer_sees(llm, identifiers, why: str, timeout: float = 60) -> None:
+    """Until the in-process consumer's own lookup (its index, its breaker) says every one
+    of ``identifiers`` is stored: for tests that must wait for the consumer's view of a
+    recovered store rather than sleep past its index refresh. ``why`` names the failure."""
+    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    deadline = time.monotonic() + timeout
+    while not all(lookup.probably_stored(i) for i in identifiers):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.1)
 
 
 def shutdown(llm) -> None:

@@ -26,7 +26,7 @@ import pytest
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.transfer import copy_entries, shard_of
-from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, consumer_lookup,
+from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, wait_consumer_sees,
                             engine_module_fixtures)
 from redis_fixture import RedisServer, redis_factory, redis_server  # noqa: F401 (fixtures)
 from cli_support import invoke
@@ -244,11 +244,8 @@ def test_consumer_hits_again_after_redis_restart(crash_redis, engines, disk_full
     assert d["copied"] == PAGES and d["failed"] == 0
     before = open_store(crash_redis.url).read_counters().get("hits", 0)
     group = pages[5:8]  # never served by this engine
-    lookup = consumer_lookup(llm)  # the consumer rescans the index by itself
-    deadline = time.monotonic() + 60
-    while not all(lookup.probably_stored(idents[p]) for p in group):
-        assert time.monotonic() < deadline, "the consumer never rescanned the restarted Redis"
-        time.sleep(0.1)
+    wait_consumer_sees(llm, [idents[p] for p in group],  # it rescans the index by itself
+                       "the consumer never rescanned the restarted Redis")
     counter.reset()
     texts = chat_within(llm, group, 60, on_timeout=lambda: None)
     assert texts == [reference[p] for p in group]

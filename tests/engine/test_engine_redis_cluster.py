@@ -21,7 +21,7 @@ import time
 import pytest
 
 from encache.connectors.store import decode, open_store
-from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, consumer_lookup,
+from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, wait_consumer_sees,
                             engine_module_fixtures)
 from redis_cluster_fixture import LocalCluster
 
@@ -208,11 +208,8 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
         assert time.monotonic() < deadline, "the promoted replica never served"
         time.sleep(0.2)
     promoted = time.monotonic() - t0
-    lookup = consumer_lookup(llm)  # its index refresh probes the store and closes the breaker
-    deadline = time.monotonic() + 60
-    while not all(lookup.probably_stored(idents[p]) for p in on_victim[1:]):
-        assert time.monotonic() < deadline, "the consumer never saw the promoted node again"
-        time.sleep(0.1)
+    wait_consumer_sees(llm, [idents[p] for p in on_victim[1:]],  # its index refresh probes
+                       "the consumer never saw the promoted node again")  # (breaker closes)
     after = on_victim[1:]
     counter.reset()
     texts = chat_within(llm, after, 60, on_timeout=lambda: None)
