@@ -14,7 +14,11 @@ wires the parts together and runs their background thread; each part is its own 
 
 The background thread (``encache-index``) refreshes the index every ``index_refresh_s``
 (and queues verify-ahead passes for new entries), samples store-wide facts every
-``store_stats_s`` and flushes counters every ``counters_flush_s``.
+``store_stats_s`` and flushes counters every ``counters_flush_s``. Once, after the first
+refresh, a thread (``encache-verify-start``) verifies the most recently used entries this
+engine can use, up to ``verify_ahead_start_bytes``: a restarted consumer forgot which
+versions it had verified, and its hot set would otherwise pay the checksum on the request
+path.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..store.base import Store
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
 from .index import StoreIndex
-from .loader import DEFER, Loader, State
+from .loader import DEFER, VERIFY_AHEAD_START_BYTES, Loader, State
 from .metrics import LookupMetrics
 from .misses import MissReasons
 from .staging import Staged, StagingArea
@@ -42,8 +46,15 @@ class EntryLookup:
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
                  verify: bool | str = True, counters_flush_s: float = 5.0,
                  store_stats_s: float = 30.0, encoder_config: str | None = None,
-                 verify_ahead: bool = True):
+                 verify_ahead: bool = True,
+                 verify_ahead_start_bytes: int = VERIFY_AHEAD_START_BYTES,
+                 model: str | None = None):
         self.store = store
+        self.model = model  # the engine's model id: start-up verify-ahead skips other models'
+        self.verify_ahead_start_bytes = max(0, int(verify_ahead_start_bytes))
+        #: entries the start-up verify-ahead pass verified (None until it finished)
+        self.verified_at_start: int | None = None
+        self.start_verify_done = threading.Event()
         self.store_stats_s = store_stats_s
         self.index_refresh_s = index_refresh_s
         self.counters_flush_s = counters_flush_s
@@ -113,13 +124,33 @@ class EntryLookup:
                     self.breaker.trip()
                     self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
                                       self.store.url, e)
-                self.index.mark_ready()
+                if not self.index.is_ready():
+                    self.index.mark_ready()
+                    self._start_verify_recent()
                 next_index = now + self.index_refresh_s
             if now >= next_stats and not self.breaker.is_open():
                 self.metrics.sample_store(len(self.index))
                 next_stats = now + self.store_stats_s
             self.metrics.maybe_flush()
             self._closed.wait(tick)
+
+    def _start_verify_recent(self) -> None:
+        if not (self.verify_ahead and self.verify_ahead_start_bytes):
+            self.start_verify_done.set()
+            return
+
+        def run():
+            try:
+                self.verified_at_start = self.loader.verify_recent(
+                    self.verify_ahead_start_bytes, self._closed, model=self.model,
+                    encoder_config=self.checks.encoder_config)
+            except Exception as e:  # store down: the request path verifies instead
+                self.warn.warning("verify-start", "encache: start-up verify-ahead of %s "
+                                  "stopped: %s", self.store.url, e)
+            finally:
+                self.start_verify_done.set()
+
+        threading.Thread(target=run, name="encache-verify-start", daemon=True).start()
 
     def wait_index(self, timeout: float | None = None) -> bool:
         """Block until the first index refresh finished (or failed)."""

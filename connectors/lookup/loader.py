@@ -11,7 +11,10 @@ entry is rejected for a while (:mod:`.misses`); a store error trips the breaker
 
 *Verify ahead*: an entry that appears while the engine runs (a producer wrote it) is
 validated by the same threads as soon as the index refresh sees it, so its first
-request-path load already finds a verified version.
+request-path load already finds a verified version. At start (a restart forgets every
+verified version) the most recently used entries this engine can use are validated the
+same way, newest first, up to a byte budget (:meth:`Loader.verify_recent`), before the
+requests that will want them arrive.
 
 The read and the validation of one entry are :func:`read_entry` and :func:`validate`:
 the one place to change how the lookup reads or checks a stored entry.
@@ -43,6 +46,9 @@ log = logging.getLogger("encache.lookup")
 INLINE_VERIFY_MAX = 1 << 20  # larger unverified entries are checked in the background
 PREFAULT_AFTER_S = 10.0  # a verified mapping not loaded for this long gets readahead
 VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
+#: start-up verify-ahead budget: the store's budget of kept mappings (recent.py), so what is
+#: verified at start can still be mapped when its first request comes soon after
+VERIFY_AHEAD_START_BYTES = 2 << 30
 DEFER = object()  # load(inline=True): too big to do in the caller's thread
 
 
@@ -172,19 +178,48 @@ class Loader:
             except RuntimeError:  # the pool was shut down (close() raced us)
                 break
 
-    def _verify_one(self, identifier: str) -> None:
-        """Background: validate the stored version (remembered, not staged). Errors are
-        left to the request-path load, which counts and reports them."""
+    def verify_recent(self, budget_bytes: int, closed: threading.Event, *,
+                      model: str | None = None, encoder_config: str | None = None) -> int:
+        """Start-up: validate the entries used most recently (the store's access clock,
+        else their creation time), newest first, until ``budget_bytes`` of them are
+        verified; only entries of ``model`` and ``encoder_config`` when given (what this
+        engine can use). Runs in the caller's thread, one entry at a time, so request
+        loads never queue behind it. Returns how many entries it verified."""
+        candidates = []
+        for info in self.store.scan():
+            if closed.is_set():
+                return 0
+            meta = info.meta
+            if info.error is not None or meta is None or info.size > budget_bytes:
+                continue
+            if (model is not None and meta.model != model) or (
+                    encoder_config is not None and meta.encoder_config != encoder_config):
+                continue
+            candidates.append((info.accessed or info.created or 0.0, info.size, info.identifier))
+        candidates.sort(reverse=True)
+        spent = done = 0
+        for _, size, identifier in candidates:
+            if closed.is_set() or spent + size > budget_bytes:
+                break
+            spent += size
+            done += self._verify_one(identifier)
+        return done
+
+    def _verify_one(self, identifier: str) -> bool:
+        """Background: validate the stored version (remembered, not staged); True when it
+        is verified now. Errors are left to the request-path load, which counts and
+        reports them."""
         try:
             got = read_entry(self.store, identifier)
             if got is None:
-                return
+                return False
             blob, version = got
             if version is not None and self.verified.find(identifier, version) is None:
                 validate(self.verified, identifier, blob, version)
             del blob
+            return version is not None
         except Exception:
-            return
+            return False
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -27,6 +27,8 @@ class ConnectorConfig:
     index_refresh_s: float = 5.0
     verify: bool | str = True  # checksum each stored version once; "always": every load
     verify_ahead: bool = True  # hash entries that appear while serving, before a request
+    # ... and at start, the most recently used entries up to this many bytes (0: none)
+    verify_ahead_start_bytes: int = 2 << 30
     # how entries reach workers in other processes (multiprocess executor): "auto" =
     # workers read pinned disk entries of 1 MiB+ themselves when they can, smaller ones
     # (and Redis entries) ride in the step's metadata; "bytes" / "files" force one
@@ -80,6 +82,7 @@ class ConnectorConfig:
         return {"load_threads": self.load_threads, "staging_bytes": self.staging_bytes,
                 "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
                 "verify": self.verify, "verify_ahead": self.verify_ahead,
+                "verify_ahead_start_bytes": self.verify_ahead_start_bytes,
                 "counters_flush_s": self.counters_flush_s,
                 "store_stats_s": self.store_stats_s}
 

@@ -62,7 +62,7 @@ class EncacheSchedulerConnector:
         self._lora_checked: dict[tuple[str, str], float] = {}
         if is_consumer:
             self.lookup = EntryLookup(
-                store, **config.lookup_options(),
+                store, **config.lookup_options(), model=self.model_id,
                 encoder_config=encoder_config if config.check_encoder_config else None)
             self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
             self.diagnosis = MissDiagnosis(store, self.model_id)

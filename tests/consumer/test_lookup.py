@@ -368,10 +368,11 @@ def test_access_time_updates_do_not_force_a_rehash(tmp_path, counted):
 def test_verify_ahead_hashes_new_entries_before_their_first_load(tmp_path, counted):
     """An entry written while the consumer runs is verified by the background index
     refresh, so its first request-path load does no checksum; entries present at start
-    are not hashed ahead; a corrupt new entry is still a miss when loaded."""
+    are not hashed ahead (start-up budget 0); a corrupt new entry is still a miss when
+    loaded."""
     store = DiskStore(tmp_path)
     put(store, "old")
-    lk = make(store, index_refresh_s=0.05)
+    lk = make(store, index_refresh_s=0.05, verify_ahead_start_bytes=0)
     try:
         assert lk.wait_index(5)
         time.sleep(0.3)
@@ -402,6 +403,56 @@ def test_verify_ahead_hashes_new_entries_before_their_first_load(tmp_path, count
         assert off.verified_count(["later"]) == 0
     finally:
         off.close()
+
+
+def _set_atime(store, ident: str, atime_s: float) -> None:
+    """Set an entry's access clock the way the store does (mtime_ns kept: same version)."""
+    path = store.entry_path(ident)
+    os.utime(path, ns=(int(atime_s * 1e9), os.stat(path).st_mtime_ns))
+
+
+def test_start_up_verify_ahead_takes_the_most_recently_used_entries_first(tmp_path, counted):
+    """A restarted consumer verifies, in the background, the entries used most recently
+    (the store's access clock) that this engine can use (its model), newest first, until
+    the byte budget is spent; their first request-path loads then do no checksum. Older
+    entries and other models' are left to the request path; a corrupt recent entry uses
+    budget, is not remembered, and its load is still a miss."""
+    store = DiskStore(tmp_path)
+    now = time.time()
+    for i in range(6):
+        put(store, f"e{i}", seed=i)
+        _set_atime(store, f"e{i}", now - 600 + 60 * i)  # e5 used last
+    arr = np.ones((4096, 16), np.float16)
+    store.put("other", encode("other", arr.view(np.uint8), "F16", arr.shape, model="another"))
+    _set_atime(store, "other", now)  # newest of all, but not this engine's model
+    bad = bytearray(encode("bad", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    bad[-1] ^= 0xFF
+    store.put("bad", bytes(bad))
+    _set_atime(store, "bad", now - 1)
+    size = os.path.getsize(store.entry_path("e0"))
+    assert os.path.getsize(store.entry_path("bad")) == size
+
+    lk = make(store, verify_ahead_start_bytes=3 * size + size // 2, model="m")
+    try:
+        assert lk.start_verify_done.wait(30)
+        assert counted == [True, True, True]  # bad, e5, e4: the budget holds three
+        assert lk.verified_at_start == 2
+        assert lk.verified_count(["e5", "e4"]) == 2
+        assert lk.verified_count(["e0", "e1", "e2", "e3", "other", "bad"]) == 0
+        assert lk.load_now("e5") is not None and lk.load_now("e4") is not None
+        assert len(counted) == 3  # their first loads did no checksum
+        assert lk.load_now("e3") is not None and len(counted) == 4  # beyond the budget
+        assert lk.load_now("bad") is None and len(counted) == 5  # corrupt: still a miss
+    finally:
+        lk.close()
+    counted.clear()
+    for kw in ({"verify_ahead": False}, {"verify_ahead_start_bytes": 0}, {"verify": "always"}):
+        off = make(store, model="m", **kw)
+        try:
+            assert off.start_verify_done.wait(30)
+            assert counted == [] and off.verified_count(["e5"]) == 0, kw
+        finally:
+            off.close()
 
 
 def test_circuit_breaker_backs_off_and_closes():

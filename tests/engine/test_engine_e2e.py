@@ -89,10 +89,22 @@ def test_rerun_skips_present_entries_without_engine(precomputed, corpus, tiny_mo
     assert again.present == again.files and again.from_manifest == again.files
 
 
-def test_consumer_never_encodes_and_matches_reference(consumer, corpus, reference):
+def test_consumer_never_encodes_and_matches_reference(consumer, corpus, reference, monkeypatch):
+    """... and a (re)started consumer verified the stored entries it can use at start, in
+    the background, so the requests' loads run no checksum."""
+    from encache.connectors.lookup import loader
+
     llm, counter, store = consumer
+    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    assert lookup.start_verify_done.wait(60)
+    assert lookup.verified_at_start == len(corpus["pages"]) + len(FAULTS)
+    checksums = []
+    real = loader.validate_blob
+    monkeypatch.setattr(loader, "validate_blob",
+                        lambda blob, **kw: checksums.append(kw) or real(blob, **kw))
     counter.reset()
     texts = chat_texts(llm, corpus["pages"])
+    assert checksums == [], "a request-path load hashed an entry verified at start"
     assert counter.calls == 0, f"the consumer ran the vision encoder {counter.calls} times"
     assert texts == [reference[p] for p in corpus["pages"]]
     deadline = time.time() + 5
