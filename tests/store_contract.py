@@ -33,6 +33,15 @@ class StoreContract:
     def make_store(self, store):
         return store.reopen()
 
+    def test_maintain_is_housekeeping_only(self, store):
+        """``maintain()`` (a consumer's periodic call) never changes what is stored."""
+        b = blob("m1")
+        store.put("m1", b)
+        assert store.read_entry("m1") is not None
+        store.maintain()
+        assert bytes(store.get("m1")) == b
+        assert sorted(store.identifiers()) == ["m1"]
+
     def test_missing_is_none(self, store):
         assert store.get("nope") is None
         assert not store.contains("nope")

@@ -124,6 +124,11 @@ class EntryLookup:
                     self.breaker.trip()
                     self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
                                       self.store.url, e)
+                try:  # e.g. drop kept buffers of entries other processes removed
+                    self.store.maintain()
+                except Exception as e:
+                    self.warn.warning("maintain", "encache: housekeeping of %s failed: %s",
+                                      self.store.url, e)
                 if not self.index.is_ready():
                     self.index.mark_ready()
                     self._start_verify_recent()

@@ -248,6 +248,11 @@ class Store(ABC):
         """Drop side records of entries the backend lost by itself; returns how many."""
         return 0
 
+    def maintain(self) -> None:
+        """Periodic housekeeping of this process's own state, called by a long-lived
+        reader's background thread (the consumer's index refresh). Default: nothing; the
+        disk store drops kept buffers of entries changed or removed by other processes."""
+
     # -- bookkeeping ---------------------------------------------------------------
     @abstractmethod
     def add_counters(self, deltas: dict[str, float]) -> None:

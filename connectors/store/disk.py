@@ -473,6 +473,12 @@ class DiskStore(Store):
         return True
 
     # -- bookkeeping ---------------------------------------------------------------
+    def maintain(self) -> None:
+        """Drop kept buffers (``recent.py``) of entries another process replaced, rewrote,
+        purged or evicted since, so their blocks are freed within one refresh period."""
+        if self._recent is not None:
+            self._recent.sweep()
+
     def _meta(self, name: str) -> Path:
         return self.root / META_DIR / name
 

@@ -18,8 +18,12 @@ Guarantees kept:
     for another version, only dropped);
   * bounded: at most ``max_items`` buffers, ``mapped_bytes`` of mappings (a mapping of a
     deleted file holds its disk blocks until dropped) and ``read_bytes`` of private
-    buffers (anonymous memory), each unused for at most ``max_age_s`` (swept on every
-    lookup and insert; a store nobody reads any more keeps its last buffers until then).
+    buffers (anonymous memory), each unused for at most ``max_age_s`` (10 min: serving
+    re-reads the same entries minutes apart; swept on every lookup and insert);
+  * a buffer whose file another process replaced, rewrote or removed (a purge, another
+    writer's eviction) is dropped by :meth:`RecentBuffers.sweep`, which a long-lived
+    reader runs periodically (the consumer's index thread, through ``Store.maintain``),
+    so it does not hold a deleted file's blocks for long.
 
 The same buffer object is handed to every load of a version, as the lookup's staging
 tier already does for repeat requests: consumers must not write into a loaded tensor
@@ -30,6 +34,7 @@ Used only on local filesystems, where ``stat`` sees a rename at once.
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -37,7 +42,7 @@ from collections import OrderedDict
 MAX_ITEMS = 4096
 MAPPED_BYTES = 2 << 30
 READ_BYTES = 256 << 20
-MAX_AGE_S = 60.0
+MAX_AGE_S = 600.0
 
 
 class RecentBuffers:
@@ -96,6 +101,34 @@ class RecentBuffers:
                 if not over and now - oldest[2] <= self.max_age_s:
                     break
                 self._drop(next(iter(self._items)))
+
+    def sweep(self, stat=os.stat) -> int:
+        """Drop buffers whose path no longer holds their version (replaced, rewritten or
+        removed, by anyone) and expired ones; returns how many were dropped. The ``stat``
+        calls run outside the lock, so loads are never held up by a sweep."""
+        with self._lock:
+            held = [(path, item[0]) for path, item in self._items.items()]
+        stale = []
+        for path, version in held:
+            try:
+                st = stat(path)
+            except OSError:
+                stale.append((path, version))
+                continue
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != version:
+                stale.append((path, version))
+        now = time.monotonic()
+        dropped = 0
+        with self._lock:
+            for path, version in stale:
+                item = self._items.get(path)
+                if item is not None and item[0] == version:  # not re-read meanwhile
+                    self._drop(path)
+                    dropped += 1
+            while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
+                self._drop(next(iter(self._items)))
+                dropped += 1
+        return dropped
 
     def discard(self, path: str) -> None:
         with self._lock:

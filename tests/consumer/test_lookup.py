@@ -455,6 +455,23 @@ def test_start_up_verify_ahead_takes_the_most_recently_used_entries_first(tmp_pa
             off.close()
 
 
+def test_the_index_thread_drops_buffers_of_entries_removed_elsewhere(tmp_path):
+    """The consumer's background thread runs the store's housekeeping every refresh: a
+    kept mapping of an entry another process purged is let go within a refresh period."""
+    store = DiskStore(tmp_path)
+    put(store, "big", rows=MMAP_MIN_BYTES // 16)
+    lk = make(store, index_refresh_s=0.05, verify_ahead_start_bytes=0)
+    try:
+        assert lk.load_now("big") is not None and len(store._recent) == 1
+        DiskStore(tmp_path).delete("big")  # another process's purge
+        deadline = time.time() + 10
+        while time.time() < deadline and len(store._recent):
+            time.sleep(0.02)
+        assert len(store._recent) == 0
+    finally:
+        lk.close()
+
+
 def test_circuit_breaker_backs_off_and_closes():
     """A store error opens the breaker for 1 s, doubling per consecutive failure up to
     30 s; a success closes it at once."""

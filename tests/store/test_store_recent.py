@@ -140,3 +140,37 @@ def test_expired_buffers_go_on_lookups_too():
     r.put("x", 1, a)
     time.sleep(0.1)
     assert r.get("other", 1)[0] is None and len(r) == 0  # a lookup of anything sweeps
+
+
+def test_maintain_drops_buffers_of_entries_other_processes_changed(tmp_path):
+    """Another process (here: another store object, which shares no buffers) purges one
+    entry and replaces another; ``maintain()`` (the consumer's index thread) drops exactly
+    their kept buffers and keeps the unchanged one, without waiting for max_age_s."""
+    mine, other = DiskStore(tmp_path), DiskStore(tmp_path)
+    for k in ("keep", "gone", "new"):
+        mine.put(k, blob(k, n=LARGE))
+        mine.read_entry(k)
+    held = lambda: sorted(p.split("/")[-2] for p in mine._recent._items)  # noqa: E731
+    assert held() == ["gone", "keep", "new"]
+    mine.maintain()
+    assert held() == ["gone", "keep", "new"]  # nothing changed: all kept
+    other.delete("gone")
+    other.put("new", blob("new", n=LARGE, seed=7))  # a new inode under the same path
+    mine.maintain()
+    assert held() == ["keep"]
+    buf, _ = mine.read_entry("new")  # the new version is read, and kept again
+    assert _bytes(buf) == _bytes(other.read_entry("new")[0]) and held() == ["keep", "new"]
+
+
+def test_sweep_keeps_a_buffer_re_read_during_it():
+    """A stale verdict about an old version never drops the new version a load put there
+    while the sweep was stat'ing outside the lock."""
+    r = RecentBuffers()
+    a, b = np.zeros(4, np.uint8), np.ones(4, np.uint8)
+    r.put("p", (1, 1, 4, 1), a)
+
+    def racing_stat(path):
+        r.put("p", (1, 2, 4, 2), b)  # a load of the replacement, mid-sweep
+        raise FileNotFoundError(path)
+    assert r.sweep(stat=racing_stat) == 0
+    assert r.get("p", (1, 2, 4, 2))[0] is b
