@@ -26,7 +26,9 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
     """``f``'s served identifier, or a marker: :data:`NON_MEDIA` + reason for a file that
     is not media (no media suffix, and its header is no image or video), or
     :data:`UNREADABLE` + error for media that cannot be read or decoded -- whatever the
-    error (a decompression bomb, truncated data, …): one file never stops a run."""
+    error (a decompression bomb, truncated data, …): one file never stops a run. Common
+    single-frame image formats are identified from their header (``header_only``): the
+    engine decodes them anyway, and a file corrupt past its header fails there."""
     from ..connectors.corpus import non_media_reason
     from ..connectors.media import unreadable_reason
 
@@ -37,7 +39,8 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
     try:
         return identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
                              media_io_kwargs=media_io_kwargs,
-                             mm_processor_kwargs=mm_processor_kwargs).identifier
+                             mm_processor_kwargs=mm_processor_kwargs,
+                             header_only=True).identifier
     except ImportError:
         raise
     except Exception as e:  # MediaError, OSError, and anything a decoder raises

@@ -85,10 +85,77 @@ class Identity:
         return asdict(self)
 
 
+#: formats whose decoded mode is the mode their header declares (one frame, no mode change
+#: on load), so the served identifier can be computed from the header: see _header_media
+HEADER_ONLY_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "BMP"})
+
+
+def _header_media(data: bytes, image_kwargs: dict):
+    """What ``ImageMediaIO.load_bytes`` would return *for hashing*, from the header alone,
+    or None when that cannot be known without decoding.
+
+    The hasher reads three things of the loaded image: the original bytes, the
+    ``io_config`` (set exactly when the decoded mode differs from ``image_mode``: EXIF
+    transposition keeps the mode) and an EXIF ``ImageID`` that is a ``uuid.UUID`` object —
+    which a decoded file never has (Pillow yields ints, strings and bytes). For
+    single-frame PNG/JPEG/WebP/BMP the decoded mode is the header's, so the identifier is
+    the served one without decoding a pixel (``tests/media/test_hash_header_only.py``
+    compares both ways over every mode and format we know of). The pixel-size limit
+    (``VLLM_MAX_IMAGE_PIXELS``) is checked as the loader does, and a file that does not
+    end where its format says (:func:`_ends_whole`: truncation, the common damage) is
+    decoded instead, so it is found unreadable here as before. Damage inside an intact
+    frame is not noticed here: it fails where the image is decoded for the engine."""
+    from io import BytesIO
+
+    from vllm import envs
+    from vllm.multimodal.image import open_image
+    from vllm.multimodal.media import MediaWithBytes
+    from vllm.multimodal.media.image import ImageMediaIO
+
+    loader = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs))
+    try:
+        image = open_image(BytesIO(data))
+    except Exception:  # the loader's own attempt says why, in its words
+        return None
+    if image.format not in HEADER_ONLY_FORMATS or getattr(image, "n_frames", 1) != 1:
+        return None
+    if not _ends_whole(data, image.format):
+        return None
+    w, h = image.size
+    max_pixels = envs.VLLM_MAX_IMAGE_PIXELS
+    if max_pixels > 0 and w * h > max_pixels:
+        raise ValueError(f"Image dimensions {w}x{h} ({w * h} pixels) exceed the maximum of "
+                         f"{max_pixels} pixels. Set VLLM_MAX_IMAGE_PIXELS to increase this limit.")
+    io_config = None
+    if loader.image_mode is not None and image.mode != loader.image_mode:
+        io_config = {"image_mode": loader.image_mode,
+                     "rgba_background_color": loader.rgba_background_color}
+    return MediaWithBytes(image, data, io_config)
+
+
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length, type, CRC
+
+
+def _ends_whole(data: bytes, fmt: str) -> bool:
+    """Does the file end where its format says (IEND, EOI, RIFF or BMP size)? Anything
+    else — truncated, or bytes after the end — is left to a real decode."""
+    if fmt == "PNG":
+        return data.endswith(_PNG_END)
+    if fmt == "JPEG":
+        return data.endswith(b"\xff\xd9")
+    if fmt == "WEBP":
+        riff = int.from_bytes(data[4:8], "little") + 8
+        return riff + (riff & 1) == len(data) or riff == len(data)
+    if fmt == "BMP":
+        return 14 < int.from_bytes(data[2:6], "little") == len(data)
+    return False
+
+
 def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
                    hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
                    request_media_io_kwargs: dict | None = None,
-                   mm_processor_kwargs: dict | None = None, path: str | None = None) -> Identity:
+                   mm_processor_kwargs: dict | None = None, path: str | None = None,
+                   header_only: bool = False) -> Identity:
     """Identity of an image given as its file bytes, as ``vllm serve``'s OpenAI API
     computes it. Raises ValueError if not an image.
 
@@ -99,6 +166,10 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
     a precomputed uuid is stored as given either way). ``mm_processor_kwargs`` are a
     request's own processor kwargs (a factor); the server's ``--mm-processor-kwargs`` never
     enter the identifier (see :mod:`encache.connectors.encoder_config`).
+
+    ``header_only``: compute the same identifier without decoding the pixels where the
+    format allows (:func:`_header_media`; precompute, which decodes each image once more
+    for the engine anyway). Default: decode, which also proves the image readable.
     """
     from vllm.multimodal.hasher import MultiModalHasher
     from vllm.multimodal.media.image import ImageMediaIO
@@ -106,7 +177,9 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
     image_kwargs = {**(media_io_kwargs or {}).get("image", {}),
                     **(request_media_io_kwargs or {}).get("image", {})}
     with _decoding("image"):
-        media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
+        media = _header_media(data, image_kwargs) if header_only else None
+        if media is None:
+            media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
     # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only
     # when non-empty, media_io_kwargs scoped to the modality.
     factors: dict = {}
@@ -219,7 +292,7 @@ def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = Non
                   hash_algo: str = DEFAULT_HASH_ALGO, media_io_kwargs: dict | None = None,
                   request_media_io_kwargs: dict | None = None,
                   mm_processor_kwargs: dict | None = None,
-                  video_processor: str | None = None) -> Identity:
+                  video_processor: str | None = None, header_only: bool = False) -> Identity:
     """Identity of a media file as ``vllm serve`` will compute it when sent that file: an
     image (``image_url``) or a video (``video_url``), told apart by content
     (:func:`encache.connectors.media.sniff`). Raises :class:`MediaError` for a file that
@@ -243,4 +316,4 @@ def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = Non
     if found.kind is None:
         claimed = suffix_kind(path) or "image"
         raise MediaError(f"not a readable {claimed} ({found.reason})")
-    return identify_bytes(data, model, **kwargs)
+    return identify_bytes(data, model, header_only=header_only, **kwargs)

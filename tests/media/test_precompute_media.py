@@ -110,8 +110,8 @@ def test_unexpected_decoder_exception_is_one_files_failure(tmp_path, monkeypatch
     root = tmp_path / "c"
     root.mkdir()
     for i in range(3):
-        (root / f"img{i}.png").write_bytes(png_bytes((10 + i, 10)))
-    poison = (root / "img1.png").read_bytes()
+        (root / f"img{i}.gif").write_bytes(png_bytes((10 + i, 10), fmt="GIF"))
+    poison = (root / "img1.gif").read_bytes()
     real = ImageMediaIO.load_bytes
 
     def load_bytes(self, data):
@@ -123,7 +123,7 @@ def test_unexpected_decoder_exception_is_one_files_failure(tmp_path, monkeypatch
     r = run("precompute", root, "-m", MODEL, "-s", tmp_path / "s", "--json", "--dry-run")
     assert r.exit_code == 3, r.output
     d = json.loads(r.stdout)
-    assert [f["path"] for f in d["failures"]] == ["img1.png"]
+    assert [f["path"] for f in d["failures"]] == ["img1.gif"]
     assert d["failures"][0]["error"] == "not a readable image (RuntimeError: decoder exploded second line)"
     assert d["hashed"] == 3
 
