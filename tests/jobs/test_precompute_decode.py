@@ -69,7 +69,26 @@ def corpus(tmp_path_factory) -> list[str]:
 
     root = tmp_path_factory.mktemp("decode-corpus")
     files = make_corpus(str(root / "demo"), pages=len(FORMATS), seed=3)
+    # the same formats as pages of a document's proportions (the bench's --page-size)
+    files += make_corpus(str(root / "pages"), pages=len(FORMATS), seed=4, size=(248, 351))
     return files + _odd_images(root)
+
+
+def test_demo_corpus_page_size(tmp_path):
+    """scripts/make_demo_corpus.py --size: every format at the size asked for; bad sizes
+    are usage errors."""
+    import argparse
+
+    from PIL import Image
+
+    from make_demo_corpus import FORMATS, make_corpus, parse_size
+
+    files = make_corpus(str(tmp_path), pages=len(FORMATS), size=parse_size("620x877"))
+    assert {Image.open(f).format for f in files} == {fmt for _, fmt, _ in FORMATS}
+    assert all(Image.open(f).size == (620, 877) for f in files)
+    for bad in ("620", "x877", "10x10", "axb"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
 
 
 def _spy_parts(monkeypatch) -> list[str]:
