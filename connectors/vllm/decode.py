@@ -22,8 +22,9 @@ that object: ``MultiModalHasher`` hashes its original bytes and io_config, as fo
 data URL.
 
 When it cannot promise that -- a custom media connector (``VLLM_MEDIA_CONNECTOR`` naming
-a class that is not vLLM's ``MediaConnector`` or overrides its image loading) -- there is
-no decoder (None) and every image stays a data URL. Videos always stay data URLs.
+a class that is not vLLM's ``MediaConnector`` or overrides its image loading), or image
+``media_io_kwargs`` that ``ImageMediaIO`` refuses -- there is no decoder (None) and every
+image stays a data URL. Videos always stay data URLs.
 """
 
 from __future__ import annotations
@@ -45,14 +46,13 @@ def image_decoder(llm) -> Callable[[bytes], object] | None:
     mm_config = llm.model_config.multimodal_config
     media_io_kwargs = (mm_config.media_io_kwargs if mm_config else None) or {}
     # MediaConnector.fetch_image's own construction: RGB unless the kwargs say otherwise
-    image_io = ImageMediaIO(**({"image_mode": "RGB"} | media_io_kwargs.get("image", {})))
+    try:
+        image_io = ImageMediaIO(**({"image_mode": "RGB"} | media_io_kwargs.get("image", {})))
+    except Exception:  # noqa: BLE001 - settings the loader refuses: the engine's own path
+        return None  # then reports them per item, as it always did
 
     def decode(data: bytes):
         return image_io.load_bytes(data)
 
     return decode
 
-
-def is_decoded(payload) -> bool:
-    """Whether an item's payload is a decoded image (not a URL string)."""
-    return not isinstance(payload, str)

@@ -209,3 +209,55 @@ def test_a_file_that_stops_decoding_is_its_own_failure(tiny_model, tmp_path):
     assert failure["path"].endswith("p1.png")
     assert failure["error"].startswith("not a readable image (")
     assert "\n" not in failure["error"] and "Traceback" not in failure["error"]
+
+
+def _fake_llm(media_io_kwargs=None):
+    """What image_decoder reads of an LLM: its model config's media_io_kwargs."""
+    from types import SimpleNamespace
+
+    mm = SimpleNamespace(media_io_kwargs=media_io_kwargs)
+    return SimpleNamespace(model_config=SimpleNamespace(multimodal_config=mm))
+
+
+@pytest.mark.parametrize("media_io", [None, {"image": {"rgba_background_color": [9, 9, 9]}},
+                                      {"image": {"image_mode": None}}])
+def test_decoder_equals_vllms_fetch_image(corpus, media_io):
+    """Without an engine: the decoder's result equals what vLLM's MediaConnector.
+    fetch_image makes of the file's data URL -- same pixels, mode, size, original bytes
+    and io_config (the hash inputs) -- for every file of the corpus."""
+    import numpy as np
+    from vllm.multimodal.media.connector import MediaConnector
+
+    from encache.connectors.media import mime_type, sniff
+    from encache.connectors.vllm.decode import image_decoder
+    from encache.connectors.vllm.producer import data_url
+
+    decode = image_decoder(_fake_llm(media_io))
+    connector = MediaConnector(media_io)
+    for f in corpus:
+        data = open(f, "rb").read()
+        ours = decode(data)
+        theirs = connector.fetch_image(data_url(data, mime=mime_type(sniff(data, name=f))))
+        assert type(ours) is type(theirs), f
+        assert ours.original_bytes == theirs.original_bytes == data
+        assert ours.io_config == theirs.io_config, f
+        assert (ours.media.mode, ours.media.size) == (theirs.media.mode, theirs.media.size), f
+        assert np.array_equal(np.asarray(ours.media), np.asarray(theirs.media)), f
+
+
+def test_no_decoder_under_a_custom_media_connector(monkeypatch):
+    """A VLLM_MEDIA_CONNECTOR naming another class (it may load images its own way): no
+    decoder, every image stays a data URL; likewise image settings the loader refuses."""
+    from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY, MediaConnector
+
+    from encache.connectors.vllm.decode import image_decoder
+
+    class Custom(MediaConnector):
+        pass
+
+    monkeypatch.setitem(MEDIA_CONNECTOR_REGISTRY.name2class, "encache-test-custom", Custom)
+    assert image_decoder(_fake_llm()) is not None
+    monkeypatch.setenv("VLLM_MEDIA_CONNECTOR", "encache-test-custom")
+    assert image_decoder(_fake_llm()) is None
+    monkeypatch.delenv("VLLM_MEDIA_CONNECTOR")
+    assert image_decoder(_fake_llm({"image": {"rgba_background_color": "red"}})) is None
