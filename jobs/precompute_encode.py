@@ -48,10 +48,14 @@ def store_full(save_errors: dict[str, str]) -> str | None:
     return None
 
 
-def media_item(ident: str, f) -> tuple[tuple | None, str | None]:
-    """``((identifier, data URL, kind), None)`` for the engine, or ``(None, error)`` when
-    the file cannot be read or is no longer media (changed since it was hashed)."""
-    from ..connectors.media import mime_type, sniff
+def media_item(ident: str, f, decode=None) -> tuple[tuple | None, str | None]:
+    """``((identifier, payload, kind), None)`` for the engine, or ``(None, error)`` when
+    the file cannot be read, is no longer media (changed since it was hashed) or, with
+    ``decode``, does not decode. ``payload`` is a data URL, or for an image, when
+    ``decode`` (the engine's :attr:`~encache.connectors.vllm.producer.ProducerEngine.
+    decode_image`) is given, the decoded image: the caller's thread does the decoding
+    the engine would otherwise do in its own."""
+    from ..connectors.media import error_text, mime_type, sniff
     from ..connectors.vllm.producer import data_url
 
     try:
@@ -62,6 +66,12 @@ def media_item(ident: str, f) -> tuple[tuple | None, str | None]:
     found = sniff(data, name=f.rel)
     if not found:
         return None, f"not a readable image or video ({found.reason})"
+    if decode is not None and found.kind == "image":
+        try:
+            return (ident, decode(data), "image"), None
+        except Exception as e:  # noqa: BLE001 - any decoder error is this file's failure
+            # worded as the hashing phase words the same failure (hashing._decoding)
+            return None, f"not a readable image ({type(e).__name__}: {error_text(e)})"[:300]
     return (ident, data_url(data, mime=mime_type(found)), found.kind), None
 
 
@@ -112,15 +122,19 @@ def engine_error(model: str, e: BaseException) -> EncacheError:
 class LocalStage:
     """Identify in this process; encode with one in-process producer engine, ``batch``
     files per engine call, with the ``--over-capacity skip`` room budget and a stop when
-    the store's filesystem is full. A reader thread reads batch ``k+1``'s files while the
-    engine encodes batch ``k`` (the connector's writes are already asynchronous), so the
-    engine does not wait for the disk between batches."""
+    the store's filesystem is full. A reader thread reads batch ``k+1``'s files -- and
+    decodes its images with the engine's own loader -- while the engine encodes batch
+    ``k`` (the connector's writes are already asynchronous), so the engine waits neither
+    for the disk nor for image decoding between batches."""
 
     summary_class = Summary
 
-    def __init__(self, *, prefetch: bool = True, trace=None):
+    def __init__(self, *, prefetch: bool = True, decode: bool = True, trace=None):
         #: read the next batch while the engine encodes this one (False: one after the other)
         self.prefetch = prefetch
+        #: decode images in the reader with the engine's own loader (False: send every
+        #: image as a data URL, decoded by the engine in its own thread, as before)
+        self.decode = decode
         #: ``trace(stage, batch_index, t_start, t_end)`` for each batch's "read" and
         #: "encode" (``time.perf_counter`` seconds; tests show the overlap with it)
         self.trace = trace
@@ -129,10 +143,10 @@ class LocalStage:
         if self.trace is not None:
             self.trace(stage, k, t_start, time.perf_counter())
 
-    def _read(self, k: int, chunk: list) -> list:
+    def _read(self, k: int, chunk: list, decode=None) -> list:
         """``[(identifier, engine item or None, error or None)]`` of one batch."""
         t_start = time.perf_counter()
-        read = [(ident, *media_item(ident, f)) for ident, f in chunk]
+        read = [(ident, *media_item(ident, f, decode)) for ident, f in chunk]
         self._note("read", k, t_start)
         return read
 
@@ -180,21 +194,24 @@ class LocalStage:
         t0 = time.perf_counter()
         out = Encoded()
         # one reader thread (started after the engine: no thread across its start-up), at
-        # most one batch ahead: reading the next batch's files (bytes -> sniff -> data URL)
-        # overlaps the engine's encode of this one; results are taken in batch order, so
-        # the output is the same as without it
+        # most one batch ahead: reading the next batch's files (bytes -> sniff -> decoded
+        # image with the engine's own loader, or a data URL for a video) overlaps the
+        # engine's encode of this one (Pillow releases the GIL while it decodes); results
+        # are taken in batch order, so the output is the same as without it
+        decode = engine.decode_image if self.decode else None
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encache-read")
-        ahead = reader.submit(self._read, 0, chunks[0]) if chunks and self.prefetch else None
+        ahead = (reader.submit(self._read, 0, chunks[0], decode)
+                 if chunks and self.prefetch else None)
         try:
             if progress:
                 progress.start("encoding", len(items))
             for k, chunk in enumerate(chunks):
                 if self.prefetch:
                     read = ahead.result()
-                    ahead = (reader.submit(self._read, k + 1, chunks[k + 1])
+                    ahead = (reader.submit(self._read, k + 1, chunks[k + 1], decode)
                              if k + 1 < len(chunks) else None)
                 else:  # one after the other: this batch is read once the last is encoded
-                    read = self._read(k, chunk)
+                    read = self._read(k, chunk, decode)
                 if budget is not None:
                     if out.ok and budget.mean_bytes is None:
                         engine.wait_for_saves()

@@ -7,6 +7,11 @@ own chat template — with its precomputed identifier as the item's ``uuid``, so
 lands under the key a ``vllm serve`` consumer computes for the same file. Videos go the
 same way as ``video_url`` parts (a base64 ``data:video/…`` URL). Generation is one token:
 only the encoder pass matters.
+
+An image may instead arrive already decoded (:meth:`ProducerEngine.decode_image`, called
+by precompute's reader thread: :mod:`.decode` says why it is the same image); it is then
+sent as an ``image_pil`` part with the same ``uuid``, so the engine thread neither
+base64-decodes nor decodes it.
 """
 
 from __future__ import annotations
@@ -84,27 +89,38 @@ class ProducerEngine:
         self.llm = LLM(**kwargs)
         from vllm import SamplingParams
         self.sampling = SamplingParams(max_tokens=1, temperature=0.0)
+        from .decode import image_decoder
+        #: ``bytes -> decoded image`` exactly as this engine's data-URL path decodes them
+        #: (None: a custom media connector; images then stay data URLs)
+        self.decode_image = image_decoder(self.llm)
 
     @staticmethod
-    def _conversation(url: str, identifier: str | None, kind: str = "image") -> list[dict]:
+    def _conversation(payload, identifier: str | None, kind: str = "image") -> list[dict]:
         """The chat message a served request carries for one image or video item (without
-        a uuid when the engine must hash the item itself)."""
-        part = "video_url" if kind == "video" else "image_url"
-        item = {"type": part, part: {"url": url}}
+        a uuid when the engine must hash the item itself): a data URL as ``image_url`` /
+        ``video_url``, an image decoded by :attr:`decode_image` as ``image_pil``."""
+        if isinstance(payload, str):
+            part = "video_url" if kind == "video" else "image_url"
+            item = {"type": part, part: {"url": payload}}
+        else:
+            item = {"type": "image_pil", "image_pil": payload}
         if identifier is not None:
             item["uuid"] = identifier
         return [{"role": "user", "content": [item, {"type": "text", "text": f"Describe the {kind}."}]}]
 
     def encode(self, items: Sequence[tuple[str, ...]]) -> list[ItemResult]:
-        """Encode ``(identifier, data_url[, kind])`` items (kind "image" by default or
-        "video"); one bad item does not sink the batch."""
+        """Encode ``(identifier, payload[, kind])`` items (kind "image" by default or
+        "video"; payload a data URL, or for an image what :attr:`decode_image` returned);
+        one bad item does not sink the batch."""
         # vLLM prefixes the item's uuid with "{lora_name}:" itself under tower-connector
         # LoRA, so the engine is given the bare hash.
         prefix = f"{self.opts.lora_name}:" if self.lora_request is not None else ""
         # With request mm_processor_kwargs vLLM re-hashes a given uuid together with them, so
         # the engine hashes the item itself instead: a data URL keeps the file's bytes, and
         # LLM.chat hashes them with the kwargs exactly as the server does (precompute then
-        # checks the entry landed under the expected identifier).
+        # checks the entry landed under the expected identifier). A decoded image works
+        # there too: vLLM hashes its MediaWithBytes (original bytes + io_config) as it
+        # would the data URL's.
         request_kwargs = self.opts.request_mm_processor_kwargs or None
         convs = [self._conversation(item[1], None if request_kwargs else
                                     item[0][len(prefix):] if prefix and item[0].startswith(prefix)

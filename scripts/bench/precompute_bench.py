@@ -8,8 +8,13 @@ chat prompt, one generated token, batches of ``--batch`` conversations:
              the images (vLLM decodes and hashes each image itself; the connector writes
              one safetensors file per item, synchronously in the worker)
   encache    ``encache.jobs.precompute.run_precompute`` (what ``encache precompute`` runs:
-             hash every file, start the producer engine, encode the missing ones, wait for
-             the background writes) into an empty store
+             hash every file, start the producer engine, encode the missing ones -- a
+             reader thread reads and decodes batch k+1 while the engine encodes batch k
+             -- wait for the background writes) into an empty store
+
+The corpus is scripts/make_demo_corpus.py's pages in its six formats: 96x128 by default,
+``--page-size 1240x1754`` for real-sized document pages (A4 at 150 dpi), where decoding
+an image costs what a scan costs and the overlap of decoding with the encoder shows.
 
 Each run is a fresh process (one engine per process); the two alternate per repetition.
 images/s = images / job time: for encache hashing + encoding until every write is on
@@ -18,6 +23,7 @@ neither includes importing vLLM, starting or shutting down the engine, which are
 separately with the whole wall time. Writes ``benchmarks/precompute.{json,png}``.
 
     .venv/bin/python scripts/bench/precompute_bench.py [--images 48] [--reps 2] [--batch 8,16]
+                                                       [--page-size 1240x1754]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "scripts"))
+from make_demo_corpus import DEFAULT_SIZE, parse_size  # noqa: E402
 from serving_common import BENCH_DIR, code_state, loadavg, machine, table, write_json  # noqa: E402
 
 MODEL = ROOT / ".models" / "siglip-base-llava"
@@ -138,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--batch", default="16")
     ap.add_argument("--out", default="precompute")
+    ap.add_argument("--page-size", type=parse_size, default=DEFAULT_SIZE, metavar="WxH",
+                    help="corpus page size in pixels (default 96x128; 1240x1754: A4 at 150 dpi)")
     a = ap.parse_args(argv)
     if not (MODEL / "config.json").exists():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"),
@@ -148,12 +157,15 @@ def main(argv=None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="encache-bench-precompute-"))
     corpus = tmp / "corpus"
-    make_corpus(str(corpus), pages=a.images, seed=11)
+    make_corpus(str(corpus), pages=a.images, seed=11, size=a.page_size)
     res = {"benchmark": "encache precompute vs a bare vLLM ec_producer (issue #11)",
            "machine": machine(),
            "params": {"model": "SigLIP-base-sized CLIP tower (224 px, patch 16, hidden 768, "
                                "12 layers) + tiny Llama, random weights",
-                      "images": a.images, "engine": ENGINE, "max_model_len": MAX_MODEL_LEN,
+                      "images": a.images, "page_size": "%dx%d" % a.page_size,
+                      "corpus_bytes": sum(p.stat().st_size for p in corpus.rglob("*")
+                                          if p.is_file()),
+                      "engine": ENGINE, "max_model_len": MAX_MODEL_LEN,
                       "dtype": DTYPE, "reps": a.reps, "code": code_state(),
                       "method": "runs alternate, medians; each run records its load average"},
            "batches": []}
@@ -192,7 +204,8 @@ def _plot(res: dict, name: str) -> None:
            0.4, label="encache precompute")
     ax.set_xticks(list(x), [f"batch {b}" for b in bs])
     ax.set_ylabel("images/s (median, without engine start-up)")
-    ax.set_title("Precompute vs a bare producer, SigLIP-base-sized tower (shared 2-vCPU VM)")
+    ax.set_title("Precompute vs a bare producer, SigLIP-base-sized tower, %s pages"
+                 % res["params"]["page_size"])
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(BENCH_DIR / name, dpi=110)
