@@ -119,6 +119,20 @@ def engine_error(model: str, e: BaseException) -> EncacheError:
                         hint="set ENCACHE_DEBUG=1 for vLLM's traceback")
 
 
+def _ordered(pool, fn, items, window: int):
+    """``pool.map(fn, items)`` with at most ``window`` calls queued (a corpus of millions
+    of files is not turned into millions of futures at once); results in input order."""
+    from collections import deque
+
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 class LocalStage:
     """Identify in this process; encode with one in-process producer engine, ``batch``
     files per engine call, with the ``--over-capacity skip`` room budget and a stop when
@@ -129,12 +143,16 @@ class LocalStage:
 
     summary_class = Summary
 
-    def __init__(self, *, prefetch: bool = True, decode: bool = True, trace=None):
+    def __init__(self, *, prefetch: bool = True, decode: bool = True, trace=None,
+                 hash_threads: int | None = None):
         #: read the next batch while the engine encodes this one (False: one after the other)
         self.prefetch = prefetch
         #: decode images in the reader with the engine's own loader (False: send every
         #: image as a data URL, decoded by the engine in its own thread, as before)
         self.decode = decode
+        #: threads that identify files before the engine starts (default: one per CPU, at
+        #: most 8)
+        self.hash_threads = max(1, hash_threads or min(8, os.cpu_count() or 1))
         #: ``trace(stage, batch_index, t_start, t_end)`` for each batch's "read" and
         #: "encode" (``time.perf_counter`` seconds; tests show the overlap with it)
         self.trace = trace
@@ -156,14 +174,20 @@ class LocalStage:
         rows = []
         if progress:
             progress.start("hashing", len(files))
-        for f in files:
-            ident, hashed, state = classify(f, records.get(f.rel), store=store, options=options,
-                                            encoder_config=encoder_config,
-                                            lora_digest=lora_digest, present=present)
-            rows.append((f, ident, hashed, state))
-            if progress:
-                progress.advance(1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
-                                 if state == "unreadable" else None)
+
+        def row(f):
+            return (f, *classify(f, records.get(f.rel), store=store, options=options,
+                                 encoder_config=encoder_config, lora_digest=lora_digest,
+                                 present=present))
+        # files are read, hashed (blake3) and, where the header cannot tell, decoded
+        # (Pillow) by a few threads: both release the GIL; rows come back in corpus order
+        with ThreadPoolExecutor(max_workers=self.hash_threads,
+                                thread_name_prefix="encache-hash") as pool:
+            for f, ident, hashed, state in _ordered(pool, row, files, 4 * self.hash_threads):
+                rows.append((f, ident, hashed, state))
+                if progress:
+                    progress.advance(1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
+                                     if state == "unreadable" else None)
         return rows
 
     def encode(self, todo, store, options, summary, progress) -> Encoded | None:
