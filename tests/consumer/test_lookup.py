@@ -46,7 +46,10 @@ def counted(monkeypatch):
 
 
 def make(store, **kw) -> EntryLookup:
+    """A lookup for these tests: no periodic refresh, and no start-up verify-ahead unless
+    a test asks (it would verify entries behind the test's back)."""
     kw.setdefault("index_refresh_s", 3600)
+    kw.setdefault("verify_ahead_start_bytes", 0)
     return EntryLookup(store, counters_flush_s=3600, load_threads=1, **kw)
 
 
@@ -447,7 +450,7 @@ def test_start_up_verify_ahead_takes_the_most_recently_used_entries_first(tmp_pa
         lk.close()
     counted.clear()
     for kw in ({"verify_ahead": False}, {"verify_ahead_start_bytes": 0}, {"verify": "always"}):
-        off = make(store, model="m", **kw)
+        off = make(store, model="m", **{"verify_ahead_start_bytes": 1 << 30, **kw})
         try:
             assert off.start_verify_done.wait(30)
             assert counted == [] and off.verified_count(["e5"]) == 0, kw
