@@ -51,7 +51,7 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
-from .files import TEMP_PREFIX, atomic_write_json
+from .files import TEMP_PREFIX, atomic_write_json, file_version
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
 
@@ -180,7 +180,7 @@ class DiskStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 recent.discard(path)
                 return None
-            version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            version = file_version(st)
             buf, touched = recent.get(path, version)
             if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
                     <= self.access_resolution_s * 1e9):
@@ -194,7 +194,7 @@ class DiskStore(Store):
         try:
             st = os.fstat(fd)
             size = st.st_size
-            version = (st.st_dev, st.st_ino, size, st.st_mtime_ns)
+            version = file_version(st)
             buf = recent.get(path, version)[0] if recent is not None else None
             if buf is None:  # (else only the access time was due: refreshed below)
                 if mapped and size >= self._map_min:

@@ -4,7 +4,8 @@
 same directory, then ``os.replace``): a reader or a crash never sees half a file. Used for
 precompute manifests (:mod:`encache.connectors.corpus`) and the disk store's bookkeeping
 (config, counters, notes). Reading without touching the access time is
-:func:`encache.connectors.store.disk.open_untracked`.
+:func:`encache.connectors.store.disk.open_untracked`. :func:`file_version` is what a
+served entry file's version is (verify-once, kept buffers, pinned files).
 """
 
 from __future__ import annotations
@@ -34,3 +35,10 @@ def atomic_write_json(path: str | os.PathLike, data, *, prefix: str = TEMP_PREFI
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def file_version(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A served entry file's version: (device, inode, size, mtime_ns). A replacement is a
+    new inode and an in-place write sets mtime; access tracking changes neither (it keeps
+    mtime_ns exactly and moves only atime/ctime), so a verified version stays verified."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

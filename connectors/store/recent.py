@@ -39,6 +39,8 @@ import threading
 import time
 from collections import OrderedDict
 
+from .files import file_version
+
 MAX_ITEMS = 4096
 MAPPED_BYTES = 2 << 30
 READ_BYTES = 256 << 20
@@ -68,17 +70,15 @@ class RecentBuffers:
         """``(buffer, touched_ns)`` held for ``path`` if it holds ``version``; else
         ``(None, 0)`` (and a buffer of another version is dropped)."""
         with self._lock:
-            if self._items:  # expire from the old end on every call, not only on inserts
-                now = time.monotonic()
-                while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
-                    self._drop(next(iter(self._items)))
+            now = time.monotonic()
+            self._expire(now)  # on every call, not only on inserts
             item = self._items.get(path)
             if item is None:
                 return None, 0
             if item[0] != version:
                 self._drop(path)
                 return None, 0
-            item[2] = time.monotonic()
+            item[2] = now
             self._items.move_to_end(path)
             return item[1], item[5]
 
@@ -115,7 +115,7 @@ class RecentBuffers:
             except OSError:
                 stale.append((path, version))
                 continue
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != version:
+            if file_version(st) != version:
                 stale.append((path, version))
         now = time.monotonic()
         dropped = 0
@@ -125,9 +125,7 @@ class RecentBuffers:
                 if item is not None and item[0] == version:  # not re-read meanwhile
                     self._drop(path)
                     dropped += 1
-            while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
-                self._drop(next(iter(self._items)))
-                dropped += 1
+            dropped += self._expire(now)
         return dropped
 
     def discard(self, path: str) -> None:
@@ -138,6 +136,14 @@ class RecentBuffers:
         with self._lock:
             self._items.clear()
             self._bytes = {True: 0, False: 0}
+
+    def _expire(self, now: float) -> int:  # caller holds the lock
+        """Drop buffers unused for longer than ``max_age_s``, from the old end; how many."""
+        dropped = 0
+        while self._items and now - next(iter(self._items.values()))[2] > self.max_age_s:
+            self._drop(next(iter(self._items)))
+            dropped += 1
+        return dropped
 
     def _drop(self, path: str) -> None:  # caller holds the lock
         item = self._items.pop(path, None)

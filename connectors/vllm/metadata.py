@@ -20,6 +20,8 @@ import torch
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
 
+from ..store.files import file_version
+
 TORCH_DTYPES = {
     "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
     "I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32,
@@ -76,7 +78,7 @@ def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
     except OSError:
         os.close(fd)
         return None
-    if version is None or (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(version):
+    if version is None or file_version(st) != tuple(version):
         os.close(fd)
         return None
     return fd, (os.getpid(), fd, tuple(version), path)
@@ -101,7 +103,7 @@ def open_pinned(ref, mmap_min: int):
         f = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(f)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(version):
+        if file_version(st) != tuple(version):
             raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
         if st.st_size >= mmap_min:
             return mmap.mmap(f, st.st_size, access=mmap.ACCESS_COPY)
