@@ -38,16 +38,16 @@ def image_decoder(llm) -> Callable[[bytes], object] | None:
     raises what ``ImageMediaIO.load_bytes`` raises for a file that does not decode."""
     import vllm.envs as envs
     from vllm.multimodal.media.connector import MEDIA_CONNECTOR_REGISTRY, MediaConnector
-    from vllm.multimodal.media.image import ImageMediaIO
+
+    from .hashing import image_loader
 
     cls = MEDIA_CONNECTOR_REGISTRY.name2class.get(envs.VLLM_MEDIA_CONNECTOR)
     if cls is not MediaConnector:  # a subclass may override fetch_image/load_from_url
         return None
     mm_config = llm.model_config.multimodal_config
     media_io_kwargs = (mm_config.media_io_kwargs if mm_config else None) or {}
-    # MediaConnector.fetch_image's own construction: RGB unless the kwargs say otherwise
     try:
-        image_io = ImageMediaIO(**({"image_mode": "RGB"} | media_io_kwargs.get("image", {})))
+        image_io = image_loader(media_io_kwargs.get("image"))
     except Exception:  # noqa: BLE001 - settings the loader refuses: the engine's own path
         return None  # then reports them per item, as it always did
 

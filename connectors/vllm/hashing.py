@@ -90,7 +90,16 @@ class Identity:
 HEADER_ONLY_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "BMP"})
 
 
-def _header_media(data: bytes, image_kwargs: dict):
+def image_loader(image_kwargs: dict | None = None):
+    """The ``ImageMediaIO`` that vLLM's ``MediaConnector.fetch_image`` builds for these
+    ``"image"`` media_io_kwargs: RGB unless they say otherwise. Raises what it raises for
+    settings it refuses."""
+    from vllm.multimodal.media.image import ImageMediaIO
+
+    return ImageMediaIO(**({"image_mode": "RGB"} | (image_kwargs or {})))
+
+
+def _header_media(data: bytes, loader):
     """What ``ImageMediaIO.load_bytes`` would return *for hashing*, from the header alone,
     or None when that cannot be known without decoding.
 
@@ -110,9 +119,7 @@ def _header_media(data: bytes, image_kwargs: dict):
     from vllm import envs
     from vllm.multimodal.image import open_image
     from vllm.multimodal.media import MediaWithBytes
-    from vllm.multimodal.media.image import ImageMediaIO
 
-    loader = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs))
     try:
         image = open_image(BytesIO(data))
     except Exception:  # the loader's own attempt says why, in its words
@@ -172,14 +179,14 @@ def identify_bytes(data: bytes, model: str, *, lora: str | None = None,
     for the engine anyway). Default: decode, which also proves the image readable.
     """
     from vllm.multimodal.hasher import MultiModalHasher
-    from vllm.multimodal.media.image import ImageMediaIO
 
     image_kwargs = {**(media_io_kwargs or {}).get("image", {}),
                     **(request_media_io_kwargs or {}).get("image", {})}
     with _decoding("image"):
-        media = _header_media(data, image_kwargs) if header_only else None
+        loader = image_loader(image_kwargs)
+        media = _header_media(data, loader) if header_only else None
         if media is None:
-            media = ImageMediaIO(**({"image_mode": "RGB"} | image_kwargs)).load_bytes(data)
+            media = loader.load_bytes(data)
     # Hash factors exactly as vLLM adds them (multimodal/processing/inputs.py): only
     # when non-empty, media_io_kwargs scoped to the modality.
     factors: dict = {}
