@@ -74,7 +74,8 @@ class EntryWriter:
                 self._count("skipped_existing")
                 return
             data, dtype, shape = data_fn()
-            written = self.store.put(identifier, encode_parts(identifier, data, dtype, shape, **meta))
+            written = self.store.put(identifier, encode_parts(identifier, data, dtype, shape, **meta),
+                                     encoded_here=True)
             self._count("saves")
             self._count("bytes_saved", written)
             with self._cond:

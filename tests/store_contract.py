@@ -172,7 +172,7 @@ class StoreContract:
         assert isinstance(store, Store)
         for flag in ("supports_entry_path", "supports_used_bytes", "supports_batch",
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
-                     "supports_live_counters", "local", "read_only"):
+                     "supports_live_counters", "supports_verified_log", "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
         assert store.max_bytes is None or store.max_bytes > 0
@@ -188,6 +188,27 @@ class StoreContract:
         counters = store.read_counters()
         assert counters.get("hits", 0) == before + 3
         assert counters.get("misses", 0) >= 2
+
+    def test_verified_log_is_shared_by_handles_of_the_store(self, store):
+        """What one handle's consumer verified, another handle's (a restarted consumer)
+        reads back; stores without the capability keep no log."""
+        log = store.verified_log()
+        if not store.supports_verified_log:
+            assert log is None
+            return
+        if log is None:  # declared, but not kept here (network filesystem, no boot id)
+            return
+        from encache.connectors.store.verified_log import record_key
+        key = record_key("vl", (1, 2, 3, 4), 5)
+        log.append(key)
+        log.close()
+        other = store.reopen()
+        try:
+            keys = other.verified_log().load()
+            assert key in set(keys.tolist())
+            assert record_key("vl", (1, 2, 3, 4), 6) not in set(keys.tolist())
+        finally:
+            other.close()
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

@@ -18,7 +18,9 @@ The background thread (``encache-index``) refreshes the index every ``index_refr
 refresh, a thread (``encache-verify-start``) verifies the most recently used entries this
 engine can use, up to ``verify_ahead_start_bytes``: a restarted consumer forgot which
 versions it had verified, and its hot set would otherwise pay the checksum on the request
-path.
+path. Before that pass it reads the store's log of versions verified since the host booted
+(``remember_verified``; local disk stores), so what an earlier consumer verified is not
+hashed again, inside the budget or beyond it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class EntryLookup:
                  store_stats_s: float = 30.0, encoder_config: str | None = None,
                  verify_ahead: bool = True,
                  verify_ahead_start_bytes: int = VERIFY_AHEAD_START_BYTES,
-                 model: str | None = None):
+                 model: str | None = None, remember_verified: bool = True):
         self.store = store
         self.model = model  # the engine's model id: start-up verify-ahead skips other models'
         self.verify_ahead_start_bytes = max(0, int(verify_ahead_start_bytes))
@@ -59,7 +61,8 @@ class EntryLookup:
         self.index_refresh_s = index_refresh_s
         self.counters_flush_s = counters_flush_s
         self.warn = RateLimitedLog(log)
-        self.verified = VerifiedVersions(verify)
+        self.verified = VerifiedVersions(
+            verify, log=store.verified_log() if remember_verified else None)
         self.verify, self.verify_always = self.verified.verify, self.verified.verify_always
         # versions only help when checksums run once: nothing to do ahead otherwise
         # (and only a local store has versions: Redis values are verified on every load)
@@ -140,15 +143,18 @@ class EntryLookup:
             self._closed.wait(tick)
 
     def _start_verify_recent(self) -> None:
-        if not (self.verify_ahead and self.verify_ahead_start_bytes):
+        start_pass = self.verify_ahead and self.verify_ahead_start_bytes
+        if not (start_pass or self.verified.log is not None):
             self.start_verify_done.set()
             return
 
         def run():
             try:
-                self.verified_at_start = self.loader.verify_recent(
-                    self.verify_ahead_start_bytes, self._closed, model=self.model,
-                    encoder_config=self.checks.encoder_config)
+                self.verified.load_log()
+                if start_pass:
+                    self.verified_at_start = self.loader.verify_recent(
+                        self.verify_ahead_start_bytes, self._closed, model=self.model,
+                        encoder_config=self.checks.encoder_config)
             except Exception as e:  # store down: the request path verifies instead
                 self.warn.warning("verify-start", "encache: start-up verify-ahead of %s "
                                   "stopped: %s", self.store.url, e)
@@ -179,7 +185,7 @@ class EntryLookup:
         """Where an item stands; starts a background read for a stored, unstaged item.
 
         ``inline`` (a disk store on a local filesystem): load it here and now when that
-        is cheap — mapping a file, or reading one under ``MMAP_MIN_BYTES``, takes tens of
+        is cheap — mapping a file, or reading one under ``map_min_bytes``, takes tens of
         microseconds, less than handing it to a thread and waiting for the answer. A large
         entry whose stored version is not verified yet (a checksum pass over every page,
         possibly from a cold disk) still goes to the background threads. The caller bounds
@@ -259,3 +265,5 @@ class EntryLookup:
         self._closed.set()
         self.metrics.maybe_flush(force=True)
         self.loader.shutdown()
+        if self.verified.log is not None:
+            self.verified.log.close()

@@ -64,9 +64,15 @@ def read_entry(store: Store, identifier: str):
 
 
 def validate(verified: VerifiedVersions, identifier: str, blob, version) -> tuple[EntryMeta, int]:
-    """Header, size and (per ``verify``) checksum checks; remembered per version."""
-    meta, offset = validate_blob(blob, identifier=identifier, verify=verified.verify)
-    verified.remember(identifier, version, meta, offset)
+    """Header, size and (per ``verify``) checksum checks; remembered per version. A
+    version verified earlier this boot (the store's log) skips the checksum."""
+    trusted = verified.trusted(identifier, version)
+    meta, offset = validate_blob(blob, identifier=identifier,
+                                 verify=verified.verify and not trusted)
+    if trusted:
+        verified.trusted_loads += 1
+    verified.remember(identifier, version, meta, offset,
+                      checksummed=verified.verify and not trusted)
     return meta, offset
 
 
@@ -135,7 +141,8 @@ class Loader:
             else:
                 blob, version = got
                 record = self.verified.find(identifier, version)
-                if inline and len(blob) > INLINE_VERIFY_MAX and record is None:
+                if (inline and len(blob) > INLINE_VERIFY_MAX and record is None
+                        and not self.verified.trusted(identifier, version)):
                     return DEFER
                 if record is None:
                     meta, offset = validate(self.verified, identifier, blob, version)

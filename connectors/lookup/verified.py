@@ -6,6 +6,16 @@ which access tracking leaves alone and any rewrite or replacement changes — an
 loads of the same unchanged file reuse the parsed header and skip the hash.
 ``verify="always"`` hashes every load; Redis values carry no version and are always
 verified. Bounded LRU of ``VERIFIED_VERSIONS`` records.
+
+Where the store keeps a log of verified versions (``Store.verified_log``: a local disk
+store, per boot; ``store/verified_log.py``), every checksum that passes is appended to it,
+and :meth:`VerifiedVersions.load_log` reads what earlier consumers (and producers) of this
+boot recorded: a version found there is *trusted* -- its first load here parses and
+size-checks the header but skips the checksum. A restart (vLLM SIGKILLs its engine) then
+costs no second hashing pass over entries already verified since the host booted. Log
+records also bind the inode's change time (``files.ServedVersion``); when the store's own
+access-time refresh moves it, the new one is recorded, but only if the ctime found was
+the one this process verified or trusted (anything else may have written the file).
 """
 
 from __future__ import annotations
@@ -15,7 +25,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..store.entry import EntryMeta
+from ..store.files import ServedVersion
+from ..store.verified_log import VerifiedLog, record_key
 
 VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
 
@@ -42,13 +56,35 @@ class VerifiedRecord:
     meta: EntryMeta
     offset: int
     last_load: float  # monotonic time of the last load (page-cache readahead decision)
+    ctime_ns: int | None = None  # the inode change time this process vouches for (the log)
 
 
 class VerifiedVersions:
-    def __init__(self, verify: bool | str = True):
+    def __init__(self, verify: bool | str = True, log: VerifiedLog | None = None):
         self.verify, self.verify_always = parse_verify(verify)
         self._lock = threading.Lock()
         self._records: OrderedDict[object, VerifiedRecord] = OrderedDict()
+        #: the store's log of versions verified this boot (only when checksums run once)
+        self.log = log if self.verify and not self.verify_always else None
+        self._trusted = np.empty(0, np.uint64)  # sorted keys read from the log
+        #: loads whose checksum the log made unnecessary
+        self.trusted_loads = 0
+
+    def load_log(self) -> int:
+        """Trust the versions the log holds; returns how many it holds."""
+        if self.log is not None:
+            self._trusted = self.log.load().astype(np.uint64, copy=False)
+        return len(self._trusted)
+
+    def trusted(self, identifier: str, version) -> bool:
+        """``version`` of ``identifier``, unchanged since (same ctime), was verified
+        earlier this boot (the log)."""
+        trusted = self._trusted
+        if not len(trusted) or self.log is None or not isinstance(version, ServedVersion):
+            return False
+        key = np.uint64(record_key(identifier, version, version.ctime_ns))
+        i = int(np.searchsorted(trusted, key))
+        return i < len(trusted) and trusted[i] == key
 
     def find(self, identifier: str, version) -> VerifiedRecord | None:
         """The record of an already validated stored version of ``identifier``, or None
@@ -60,21 +96,42 @@ class VerifiedVersions:
             if record is None or record.identifier != identifier:
                 return None
             self._records.move_to_end(version)
-            return record
+        self._log_touch(identifier, version, record)
+        return record
 
-    def remember(self, identifier: str, version, meta: EntryMeta, offset: int) -> None:
+    def _log_touch(self, identifier: str, version, record: VerifiedRecord) -> None:
+        """The store refreshed the access time of a version this process vouches for:
+        record its new ctime (else a restarted consumer would hash it again)."""
+        if (self.log is None or not isinstance(version, ServedVersion)
+                or version.touched_ctime_ns == version.ctime_ns
+                or version.ctime_ns != record.ctime_ns):
+            return
+        record.ctime_ns = version.touched_ctime_ns
+        self.log.append(record_key(identifier, version, version.touched_ctime_ns))
+
+    def remember(self, identifier: str, version, meta: EntryMeta, offset: int, *,
+                 checksummed: bool = True) -> None:
         """``version`` of ``identifier`` passed validation (nothing kept when unversioned
-        or when every load is verified anyway)."""
+        or when every load is verified anyway). A fresh checksum goes to the log, and so
+        does a trusted version's new ctime after the store's access-time refresh."""
         if version is None or self.verify_always:
             return
+        ctime = None
+        if isinstance(version, ServedVersion):
+            ctime = version.touched_ctime_ns
+            if self.log is not None and (checksummed or ctime != version.ctime_ns):
+                self.log.append(record_key(identifier, version, ctime))
         with self._lock:
-            self._records[version] = VerifiedRecord(identifier, meta, offset, time.monotonic())
+            self._records[version] = VerifiedRecord(identifier, meta, offset, time.monotonic(),
+                                                    ctime)
             if len(self._records) > VERIFIED_VERSIONS:
                 self._records.popitem(last=False)
 
     def forget_all(self) -> None:
+        """Forget every verified version, the log's included (they are hashed again)."""
         with self._lock:
             self._records.clear()
+            self._trusted = np.empty(0, np.uint64)
 
     def count(self, identifiers) -> int:
         """How many of ``identifiers`` have a verified version on record."""

@@ -29,6 +29,9 @@ backend:
 ``supports_live_counters``  ``live_counters()`` gives this process an in-place counter file
                             that survives SIGKILL; default: None (counts are batched and
                             flushed with ``add_counters``)
+``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
+                            (``verified_log.py``) so a restarted consumer need not hash them
+                            again; default: None (verification is remembered in memory only)
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -122,6 +125,7 @@ class Store(ABC):
     #: the store cannot be written (a read-only mount): reads and read-only commands work
     read_only: bool = False
     supports_live_counters: bool = False
+    supports_verified_log: bool = False
 
     @property
     @abstractmethod
@@ -154,10 +158,13 @@ class Store(ABC):
         return None if blob is None else (blob, None)
 
     @abstractmethod
-    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+    def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
         """Store an encoded entry atomically (``parts``: one buffer or several to join).
 
-        Returns the number of bytes written.
+        ``encoded_here``: the caller encoded these bytes itself from a tensor (the codec
+        computed their checksum in this process), so a store with a verified log
+        (``supports_verified_log``) records the written version as verified. Never set
+        for bytes copied from elsewhere. Returns the number of bytes written.
         """
 
     @abstractmethod
@@ -247,6 +254,11 @@ class Store(ABC):
     def prune(self) -> int:
         """Drop side records of entries the backend lost by itself; returns how many."""
         return 0
+
+    def verified_log(self):
+        """A :class:`~.verified_log.VerifiedLog` shared by this host's consumers of the
+        store (``supports_verified_log`` backends, where it can be kept safely), else None."""
+        return None
 
     def maintain(self) -> None:
         """Periodic housekeeping of this process's own state, called by a long-lived

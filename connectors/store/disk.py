@@ -51,9 +51,10 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
-from .files import TEMP_PREFIX, atomic_write_json, file_version
+from .files import TEMP_PREFIX, ServedVersion, atomic_write_json, file_version
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
+from .verified_log import VerifiedLog, boot_id, record_key
 
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
@@ -65,6 +66,12 @@ LOAD_MODES = ("auto", "mmap", "read")
 # (benchmarks/load.json: read 0.69x vs mapped 0.49x readinto at 0.25 MB, even at 2.75 MB,
 # mapped ahead at 10 MB -- each figure including the engine's copy of the tensor).
 MMAP_MIN_BYTES = 1 << 20
+# ... unless the store keeps the buffers it serves (recent.py, the default): a kept read
+# buffer is fresh anonymous memory each first load (a page fault per 4 KiB, never reused),
+# so mapping wins from 64 KiB (first loads with the copy at 0.25 MB: mapped 0.41-0.45x vs
+# read 0.10-0.14x readinto; 16 KiB: equal; repeat loads equal), and the kept memory is
+# page cache, not the process's own
+MMAP_MIN_BYTES_KEPT = 64 << 10
 # Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
 # unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
 # no such promise (another client's delete can turn a page fault into SIGBUS), so
@@ -80,6 +87,7 @@ class DiskStore(Store):
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
+    supports_verified_log = True
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
@@ -109,14 +117,16 @@ class DiskStore(Store):
         self.load_mode = load_mode
         self.fs_type = filesystem_type(self.root)
         # serving loads map entry files (no copy) where that is safe; see read_entry.
-        # "mmap" maps every entry, "auto" those of MMAP_MIN_BYTES+ on a local filesystem.
+        # "mmap" maps every entry, "auto" those of map_min_bytes+ on a local filesystem.
         self.mapped_loads = load_mode == "mmap" or (load_mode == "auto"
                                                     and self.fs_type in LOCAL_FILESYSTEMS)
-        self._map_min = 1 if load_mode == "mmap" else MMAP_MIN_BYTES
         self._root_str = str(self.root)
         # buffers of recently served versions (recent.py): mapped-load stores only, i.e.
         # local filesystems, where a stat sees a writer's rename at once
         self._recent = RecentBuffers() if self.mapped_loads and reuse_buffers else None
+        #: entries of at least this many bytes are mapped (with ``mapped_loads``)
+        self.map_min_bytes = 1 if load_mode == "mmap" else (
+            MMAP_MIN_BYTES_KEPT if self._recent is not None else MMAP_MIN_BYTES)
         self.eviction = eviction
         self.low_watermark = low_watermark
         self._config = self._read_config()
@@ -125,6 +135,7 @@ class DiskStore(Store):
             if not self.read_only:
                 self._write_config()
         self._lock = threading.Lock()
+        self._written_log = None  # the verified log puts of encoded_here bytes go to
         self._used: int | None = None
         self._used_at = 0.0
 
@@ -155,7 +166,7 @@ class DiskStore(Store):
     def read_entry(self, identifier: str):
         """``(buffer, version)`` for the serving path, or None if the entry is absent.
 
-        With ``mapped_loads`` an entry of at least ``MMAP_MIN_BYTES`` is memory-mapped
+        With ``mapped_loads`` an entry of at least ``map_min_bytes`` is memory-mapped
         copy-on-write instead of read: the tensor then *is* the page cache (no copy, like
         safetensors' own loader), and writes to it stay private. This is safe because
         encache never changes an entry file in place — writers rename a new file over it
@@ -180,7 +191,7 @@ class DiskStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 recent.discard(path)
                 return None
-            version = file_version(st)
+            version = ServedVersion.of(st)
             buf, touched = recent.get(path, version)
             if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
                     <= self.access_resolution_s * 1e9):
@@ -194,10 +205,10 @@ class DiskStore(Store):
         try:
             st = os.fstat(fd)
             size = st.st_size
-            version = file_version(st)
+            version = ServedVersion.of(st)
             buf = recent.get(path, version)[0] if recent is not None else None
             if buf is None:  # (else only the access time was due: refreshed below)
-                if mapped and size >= self._map_min:
+                if mapped and size >= self.map_min_bytes:
                     buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
                 else:
                     buf = _uninitialized(size)
@@ -211,13 +222,14 @@ class DiskStore(Store):
             if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
                 with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
                     os.utime(fd, ns=(now, st.st_mtime_ns))
+                    version = ServedVersion.of(st, os.fstat(fd))  # (ctime moved: the log)
             if recent is not None:
                 recent.put(path, version, buf, now)
             return buf, version
         finally:
             os.close(fd)
 
-    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+    def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
         if isinstance(parts, (bytes, bytearray, memoryview)):
             parts = (parts,)
         parts = [memoryview(p).cast("B") for p in parts]
@@ -233,6 +245,7 @@ class DiskStore(Store):
                 if attempt == 2:
                     raise
                 self.root.mkdir(parents=True, exist_ok=True)
+        written = None
         try:
             with os.fdopen(fd, "wb") as f:
                 for p in parts:
@@ -240,7 +253,10 @@ class DiskStore(Store):
                 f.flush()
                 if self.fsync:
                     os.fsync(f.fileno())
-            os.replace(tmp, directory / ENTRY_FILE)  # the commit point
+                os.replace(tmp, directory / ENTRY_FILE)  # the commit point
+                if encoded_here:  # after the rename, which moves ctime
+                    with contextlib.suppress(OSError):
+                        written = os.fstat(f.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -252,7 +268,20 @@ class DiskStore(Store):
             raise
         if self.fsync:
             _fsync_dir(directory)
+        if written is not None:
+            self._note_encoded(identifier, ServedVersion.of(written))
         return total
+
+    def _note_encoded(self, identifier: str, version: ServedVersion) -> None:
+        """Record a version this process encoded (its bytes are the codec's own) in the
+        verified log, so this host's consumers do not hash it again this boot."""
+        if self._written_log is False:
+            return
+        if self._written_log is None:
+            self._written_log = self.verified_log() or False
+            if self._written_log is False:
+                return
+        self._written_log.append(record_key(identifier, version, version.ctime_ns))
 
     def delete(self, identifier: str) -> bool:
         directory = self.root / to_name(identifier)
@@ -479,6 +508,14 @@ class DiskStore(Store):
         if self._recent is not None:
             self._recent.sweep()
 
+    def verified_log(self):
+        """This boot's log of verified versions (``verified_log.py``); None on a network
+        filesystem, a read-only store, or a system without a boot id."""
+        boot = boot_id()
+        if self.read_only or self.fs_type not in LOCAL_FILESYSTEMS or boot is None:
+            return None
+        return VerifiedLog(self._meta("verified"), boot)
+
     def _meta(self, name: str) -> Path:
         return self.root / META_DIR / name
 
@@ -562,8 +599,8 @@ class DiskStore(Store):
     def info(self) -> StoreInfo:
         extra = {"filesystem": self.fs_type,
                  # how a consumer with the default load_mode reads entries here
-                 "serving_loads": (f"mmap (entries of {MMAP_MIN_BYTES >> 20} MiB+)"
-                                   if self.fs_type in LOCAL_FILESYSTEMS else "read")}
+                 "serving_loads": (f"mmap (entries of {self.map_min_bytes >> 10} KiB+)"
+                                   if self.mapped_loads else "read")}
         with contextlib.suppress(OSError):
             extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free
         return StoreInfo(url=self.url, backend=self.backend, max_bytes=self.max_bytes, extra=extra)

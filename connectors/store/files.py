@@ -42,3 +42,22 @@ def file_version(st: os.stat_result) -> tuple[int, int, int, int]:
     new inode and an in-place write sets mtime; access tracking changes neither (it keeps
     mtime_ns exactly and moves only atime/ctime), so a verified version stays verified."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class ServedVersion(tuple):
+    """:func:`file_version` as a disk store serves it (equal to and hashed as that tuple),
+    carrying the inode's change time for the verified log (``verified_log.py``), which
+    trusts a version only while nothing changed the inode: ``ctime_ns`` as the store
+    found it, ``touched_ctime_ns`` after the store's own access-time refresh (which moves
+    ctime and nothing else; equal to ``ctime_ns`` when there was none). ctime cannot be
+    set from user space: an in-place write whose mtime was put back still moves it."""
+
+    ctime_ns: int
+    touched_ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result, touched: os.stat_result | None = None) -> ServedVersion:
+        v = cls(file_version(st))
+        v.ctime_ns = st.st_ctime_ns
+        v.touched_ctime_ns = st.st_ctime_ns if touched is None else touched.st_ctime_ns
+        return v

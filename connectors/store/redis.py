@@ -324,7 +324,7 @@ class RedisStore(Store):
         return out
 
     @_wrapped
-    def put(self, identifier: str, parts: bytes | Iterable) -> int:
+    def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
         key = self.key(identifier)
         if isinstance(parts, (bytes, bytearray, memoryview)):
             parts = (parts,)

@@ -29,6 +29,9 @@ class ConnectorConfig:
     verify_ahead: bool = True  # hash entries that appear while serving, before a request
     # ... and at start, the most recently used entries up to this many bytes (0: none)
     verify_ahead_start_bytes: int = 2 << 30
+    # disk: keep the versions verified since the host booted in the store (a restarted
+    # consumer does not hash them again); false: remember them in memory only
+    remember_verified: bool = True
     # how entries reach workers in other processes (multiprocess executor): "auto" =
     # workers read pinned disk entries of 1 MiB+ themselves when they can, smaller ones
     # (and Redis entries) ride in the step's metadata; "bytes" / "files" force one
@@ -83,6 +86,7 @@ class ConnectorConfig:
                 "load_timeout_s": self.load_timeout_s, "index_refresh_s": self.index_refresh_s,
                 "verify": self.verify, "verify_ahead": self.verify_ahead,
                 "verify_ahead_start_bytes": self.verify_ahead_start_bytes,
+                "remember_verified": self.remember_verified,
                 "counters_flush_s": self.counters_flush_s,
                 "store_stats_s": self.store_stats_s}
 

@@ -19,10 +19,10 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   encache.staged      a repeat load served from the lookup's staging tier (the engine's
                       path for an entry loaded recently: request() -> READY -> staged
                       buffer), then the copy
-  encache.first       the first load of a stored version, cold, checksum inline: a store
-                      that never served it (no reused buffer: open + map or read), header
-                      parse + xxh3 checksum on the request path (load_now after
-                      forget_verified), then the copy
+  encache.first       the first load of a stored version, cold, checksum inline: a new
+                      store object and lookup each round (default settings, but no log of
+                      verified versions), so open + map (64 KiB+) or read, header parse
+                      + xxh3 checksum on the request path, then the copy
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
@@ -30,10 +30,19 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       store object and lookup (nothing verified, no buffers kept) whose
                       start-up verify-ahead verified the most recently used entries in the
                       background before the loads, then the copy
+  encache.first.restart.tail  the first request-path load after a restart of an entry
+                      beyond the start-up pass's budget (verify_ahead_start_bytes=0): the
+                      new consumer trusts what an earlier one verified this boot (the
+                      store's log of verified versions), so header checks + open + map,
+                      no checksum, then the copy
   encache.always      verify="always": checksum on every load, then the copy
+  checksum.only       breakdown, not a load: the xxh3 pass alone over an entry's kept
+                      mapping (no copy). It costs about one readinto, which is why a load
+                      that verifies on the request path cannot reach 0.9x readinto
   encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
                       reuse with load_mode mmap (every entry mapped) / read (every entry
-                      read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES)
+                      read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES: no
+                      kept buffers)
 
 Ratios are medians of per-round ratios (method median / readinto median within the same
 round) and the overall median-time ratios; both are in the JSON. MB = 10^6 bytes.
@@ -61,8 +70,10 @@ from serving_common import (BENCH_DIR, code_state, finish_run, loadavg, machine,
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.ahead", "encache.first.restart", "encache.always", "encache.repeat.noreuse",
-           "encache.repeat.mmap", "encache.repeat.read"]
+           "encache.first.ahead", "encache.first.restart", "encache.first.restart.tail",
+           "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
+           "encache.repeat.read", "checksum.only"]
+NOT_LOADS = ("checksum.only",)
 GOAL_VS_READINTO = 0.9
 
 
@@ -78,6 +89,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.lookup import EntryLookup, State
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
+    from encache.connectors.store.entry import checksum as checksum_of
     from encache.connectors.vllm.connector import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -136,13 +148,14 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             def make_lookup(**kw):
                 kw.setdefault("index_refresh_s", 3600)
                 return EntryLookup(store, counters_flush_s=3600, load_threads=1, **kw)
-            def make_mode_lookup(mode):
+            def make_mode_lookup(mode, **kw):
                 return EntryLookup(DiskStore(root / "encache", fsync=False, load_mode=mode,
                                              reuse_buffers=False),
-                                   counters_flush_s=3600, load_threads=1, index_refresh_s=3600)
+                                   counters_flush_s=3600, load_threads=1, index_refresh_s=3600,
+                                   **kw)
             lk = {"mmap": make_mode_lookup("mmap"), "read": make_mode_lookup("read"),
                   "noreuse": make_mode_lookup("auto"),
-                  "repeat": make_lookup(), "first": make_mode_lookup("auto"),
+                  "repeat": make_lookup(),
                   "always": make_lookup(verify="always"),
                   "staged": make_lookup(staging_bytes=4 * target_mb * 10**6),
                   "ahead": make_lookup(index_refresh_s=0.05)}
@@ -214,11 +227,43 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 assert lk["restart"].start_verify_done.wait(120)
                 return lk["restart"].verified_at_start
 
+            def prepare_first():
+                """Untimed: a consumer that never saw these versions, nor did any other
+                this boot (no log): every load of the round is a cold first load."""
+                old = lk.pop("first", None)
+                if old is not None:
+                    old.close()
+                lk["first"] = EntryLookup(DiskStore(root / "encache", fsync=False),
+                                          counters_flush_s=3600, load_threads=1,
+                                          index_refresh_s=3600, verify_ahead_start_bytes=0,
+                                          remember_verified=False)
+
+            def prepare_restart_tail():
+                """Untimed: another restarted consumer whose start-up pass does nothing
+                (budget 0): its first loads are all beyond the budget."""
+                old = lk.pop("tail", None)
+                if old is not None:
+                    old.close()
+                lk["tail"] = EntryLookup(DiskStore(root / "encache", fsync=False),
+                                         counters_flush_s=3600, load_threads=1,
+                                         index_refresh_s=3600, model="bench",
+                                         verify_ahead_start_bytes=0)
+                assert lk["tail"].start_verify_done.wait(120)
+                return lk["tail"].verified.load_log()
+
+            def checksum_only(i):
+                blob, _ = store.read_entry(ids[i])  # the repeat lookup's kept mapping
+                view = memoryview(blob).cast("B")
+                checksum_of(view[file_size - nbytes:])
+                return None
+
             fns = {"readinto": readinto, "ecexample": ecexample,
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.ahead": encache("ahead", ahead_ids),
                    "encache.first.restart": encache("restart", ids),
+                   "encache.first.restart.tail": encache("tail", ids),
+                   "checksum.only": checksum_only,
                    "encache.repeat.noreuse": encache("noreuse", ids),
                    "encache.repeat.mmap": encache("mmap", ids),
                    "encache.repeat.read": encache("read", ids)}
@@ -227,27 +272,29 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                                                  np.float16).reshape(shape).copy())
             prepare_ahead()
             prepare_restart()
+            prepare_restart_tail()
+            prepare_first()
             ref_ahead = torch.from_numpy(ahead_data[0].copy())
             for m in METHODS:
-                if m != "readinto":
+                if m != "readinto" and m not in NOT_LOADS:
                     want = ref_ahead if m == "encache.first.ahead" else ref
                     assert torch.equal(fns[m](0).view(torch.int16), want.view(torch.int16)), m
 
             times = {m: [] for m in METHODS}
             per_round = {m: [] for m in METHODS}
-            ahead_verified, restart_verified = [], []
+            ahead_verified, restart_verified, tail_trusted = [], [], []
             la0 = loadavg()
             for r in range(rounds + 1):  # round 0: untimed warm-up
                 ahead_verified.append(prepare_ahead())
                 restart_verified.append(prepare_restart())
+                tail_trusted.append(prepare_restart_tail())
+                prepare_first()
                 order = METHODS[:]
                 random.Random(r).shuffle(order)
                 round_t = {}
                 for m in order:
                     fn, ts = fns[m], []
                     for i in range(n):
-                        if m == "encache.first":
-                            lk["first"].forget_verified()  # untimed: a version not seen yet
                         t0 = time.perf_counter()
                         fn(i)
                         ts.append(time.perf_counter() - t0)
@@ -273,6 +320,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 "file_bytes": file_size, "entries": n, "rounds": rounds,
                 "loadavg": [la0, loadavg()], "ahead_verified_per_round": ahead_verified,
                 "restart_verified_at_start_per_round": restart_verified,
+                "restart_tail_trusted_versions_per_round": tail_trusted,
+                "restart_tail_trusted_loads_last_round": lk["tail"].verified.trusted_loads,
                 "methods": methods})
             for look in lk.values():
                 look.close()
@@ -290,7 +339,7 @@ def goals(results: dict) -> dict:
         m = row["methods"]
         g = {}
         for name in ("encache.repeat", "encache.first", "encache.first.ahead", "encache.first.restart",
-                     "encache.staged",
+                     "encache.first.restart.tail", "encache.staged",
                      "encache.always", "encache.repeat.noreuse"):
             r = m[name]["vs_readinto_round_median"]
             g[name] = {"vs_readinto": round(r, 3), "readinto_goal_met": r >= GOAL_VS_READINTO,

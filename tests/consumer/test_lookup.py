@@ -3,7 +3,7 @@
 The engine tests cover the lookup end to end; these pin down the two load-path rules
 that make warm loads cheap without giving up integrity checks:
 
-* a disk entry of at least ``MMAP_MIN_BYTES`` on a local filesystem is mapped, not copied,
+* a disk entry of at least ``map_min_bytes`` on a local filesystem is mapped, not copied,
   and the mapping stays valid when the entry is replaced or purged meanwhile;
 * the checksum runs once per stored version; a rewritten file is verified again, and
   ``verify="always"`` hashes every load.
@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from encache.connectors.lookup import loader as lookup_mod  # where the load path reads and validates
-from encache.connectors.lookup import EntryLookup, parse_verify
+from encache.connectors.lookup import EntryLookup, State, parse_verify
 from encache.connectors.store import encode, open_store
-from encache.connectors.store.disk import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
+from encache.connectors.store.disk import (ENTRY_FILE, MMAP_MIN_BYTES, MMAP_MIN_BYTES_KEPT,
+                                           DiskStore)
 from encache.connectors.vllm.config import ConnectorConfig
 
 
@@ -59,20 +60,23 @@ def tensor_bytes(staged) -> bytes:
 
 
 def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
-    store = DiskStore(tmp_path)
-    assert store.mapped_loads  # tmp_path is on a local filesystem here
-    big = put(store, "big", rows=MMAP_MIN_BYTES // 32 + 64)  # just over the threshold
-    put(store, "small", rows=16)  # 512 B
-    assert len(big) >= MMAP_MIN_BYTES
-    put(store, "under", rows=MMAP_MIN_BYTES // 32 - 64)  # just under: read
-    lk = make(store)
-    try:
-        assert isinstance(lk.load_now("big").blob, mmap.mmap)
-        assert not isinstance(lk.load_now("small").blob, mmap.mmap)
-        assert not isinstance(lk.load_now("under").blob, mmap.mmap)
-        assert tensor_bytes(lk.load_now("big")) == big[-(MMAP_MIN_BYTES // 32 + 64) * 16 * 2:]
-    finally:
-        lk.close()
+    """``load_mode: auto`` maps entries from MMAP_MIN_BYTES_KEPT (64 KiB) when the store
+    keeps served buffers (the default), from MMAP_MIN_BYTES (1 MiB) when it does not."""
+    for store, limit in ((DiskStore(tmp_path), MMAP_MIN_BYTES_KEPT),
+                         (DiskStore(tmp_path, reuse_buffers=False), MMAP_MIN_BYTES)):
+        assert store.mapped_loads and store.map_min_bytes == limit  # a local filesystem
+        big = put(store, "big", rows=limit // 32 + 64)  # just over the threshold
+        put(store, "small", rows=16)  # 512 B
+        assert len(big) >= limit
+        put(store, "under", rows=limit // 32 - 64)  # just under: read
+        lk = make(store)
+        try:
+            assert isinstance(lk.load_now("big").blob, mmap.mmap)
+            assert not isinstance(lk.load_now("small").blob, mmap.mmap)
+            assert not isinstance(lk.load_now("under").blob, mmap.mmap)
+            assert tensor_bytes(lk.load_now("big")) == big[-(limit // 32 + 64) * 16 * 2:]
+        finally:
+            lk.close()
     read_only = DiskStore(tmp_path, load_mode="read")
     assert not read_only.mapped_loads
     lk = make(read_only)
@@ -456,6 +460,155 @@ def test_start_up_verify_ahead_takes_the_most_recently_used_entries_first(tmp_pa
             assert counted == [] and off.verified_count(["e5"]) == 0, kw
         finally:
             off.close()
+
+
+def test_a_restarted_consumer_trusts_versions_verified_since_boot(tmp_path, counted,
+                                                                   monkeypatch):
+    """What one consumer checksummed, a restarted one (a new store handle and lookup, as
+    after vLLM's SIGKILL) loads without a checksum -- beyond the start-up budget too, and
+    for a big entry inline. A version changed since (rewritten in place, replaced) is
+    hashed again and a corrupt rewrite is still a miss; ``remember_verified: false``,
+    ``verify: always`` and another boot trust nothing."""
+    store = DiskStore(tmp_path)
+    put(store, "small", seed=1)
+    put(store, "big", rows=MMAP_MIN_BYTES // 16, seed=2)
+    put(store, "changed", seed=3)
+    put(store, "replaced", seed=4)
+    first = make(store)
+    try:
+        for ident in ("small", "big", "changed", "replaced"):
+            assert first.load_now(ident) is not None
+        assert counted == [True] * 4
+    finally:
+        first.close()
+    path = store.entry_path("changed")  # rewritten in place with the same length: corrupt
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    put(DiskStore(tmp_path), "replaced", seed=5)  # another writer's new version
+
+    counted.clear()
+    again = make(DiskStore(tmp_path))  # no start-up pass: everything is beyond its budget
+    try:
+        assert again.start_verify_done.wait(30)
+        assert again.request("big", inline=True) is State.READY  # not deferred: trusted
+        assert again.load_now("small") is not None
+        assert counted == [False, False]  # header and size checks only
+        assert again.verified.trusted_loads == 2
+        assert again.load_now("changed") is None  # a new mtime: hashed, and corrupt
+        assert again.load_now("replaced") is not None
+        assert counted[2:] == [True, True]
+    finally:
+        again.close()
+
+    for kw in ({"remember_verified": False}, {"verify": "always"}):
+        counted.clear()
+        other = make(DiskStore(tmp_path), **kw)
+        try:
+            assert other.start_verify_done.wait(30)
+            assert other.load_now("small") is not None and counted == [True], kw
+        finally:
+            other.close()
+    counted.clear()
+    from encache.connectors.store import verified_log
+    (tmp_path / "boot_id").write_text("another-boot\n")
+    monkeypatch.setattr(verified_log, "BOOT_ID_PATH", str(tmp_path / "boot_id"))
+    rebooted = make(DiskStore(tmp_path))
+    try:
+        assert rebooted.start_verify_done.wait(30)
+        assert rebooted.load_now("small") is not None and counted == [True]
+    finally:
+        rebooted.close()
+
+
+def test_a_logged_version_rewritten_in_place_with_its_mtime_put_back_is_hashed(tmp_path,
+                                                                              counted):
+    """Silent corruption staged by hand: same inode, same size, the old mtime restored.
+    The log binds the inode's change time, which user space cannot set back, so a
+    restarted consumer hashes the entry, finds it corrupt and misses."""
+    store = DiskStore(tmp_path)
+    put(store, "e", rows=MMAP_MIN_BYTES // 16, seed=1)
+    first = make(store)
+    try:
+        assert first.load_now("e") is not None and counted == [True]
+    finally:
+        first.close()
+    path = store.entry_path("e")
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        f.write(b"\x00\x01\x02")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size,
+                                                                 st.st_mtime_ns)
+    counted.clear()
+    again = make(DiskStore(tmp_path))
+    try:
+        assert again.start_verify_done.wait(30)
+        assert again.load_now("e") is None and counted == [True]
+        assert again.miss_reason("e") == "corrupt"
+    finally:
+        again.close()
+
+
+def test_the_access_time_refresh_keeps_a_version_trusted_across_restarts(tmp_path, counted):
+    """The store's LRU clock (``os.utime``) moves ctime; the consumer that refreshed it
+    records the new ctime of the version it verified, so the next consumer still trusts
+    it. Without that record it would hash it again."""
+    store = DiskStore(tmp_path, access_resolution_s=0.05)
+    put(store, "e", seed=1)
+    first = make(store)
+    try:
+        assert first.load_now("e") is not None
+        before = os.stat(store.entry_path("e")).st_ctime_ns
+        time.sleep(0.2)
+        assert first.load_now("e") is not None  # refreshes the access time
+        assert os.stat(store.entry_path("e")).st_ctime_ns != before
+        assert counted == [True]
+    finally:
+        first.close()
+    counted.clear()
+    again = make(DiskStore(tmp_path))
+    try:
+        assert again.start_verify_done.wait(30)
+        assert again.load_now("e") is not None and counted == [False]
+    finally:
+        again.close()
+
+
+def test_entries_a_producer_on_this_host_encoded_need_no_checksum(tmp_path, counted):
+    """A producer's writer (``EntryWriter``: the codec made the bytes and their checksum
+    in that process) records what it wrote in the store's verified log: a consumer on the
+    same host loads those versions without hashing them. Bytes stored by a plain ``put``
+    (a copy from elsewhere: ``warm``, ``rsync``) are hashed; so is a later version."""
+    from encache.connectors.writer import EntryWriter
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(7).standard_normal((4096, 16)).astype(np.float16)
+    writer = EntryWriter(store)
+    writer.submit("made", lambda: (arr.view(np.uint8), "F16", arr.shape), arr.nbytes, model="m")
+    assert writer.flush(30)
+    writer.close()
+    assert writer.counters.get("saves") == 1
+    put(store, "copied", seed=8)
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        assert tensor_bytes(lk.load_now("made")) == arr.tobytes()
+        assert counted == [False]  # trusted: header and size checks only
+        assert lk.load_now("copied") is not None and counted == [False, True]
+    finally:
+        lk.close()
+    put(DiskStore(tmp_path), "made", seed=9)  # a new version, not this host's encoding
+    counted.clear()
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        assert lk.load_now("made") is not None and counted == [True]
+    finally:
+        lk.close()
 
 
 def test_the_index_thread_drops_buffers_of_entries_removed_elsewhere(tmp_path):

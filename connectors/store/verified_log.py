@@ -1,0 +1,133 @@
+"""VerifiedLog: the entry versions this host checksummed since it booted, kept on disk.
+
+Why: a consumer verifies each stored version once (``lookup/verified.py``), but kept that
+knowledge only in memory. vLLM stops its engine with SIGKILL, so every restart forgot it,
+and an entry outside the start-up pass's budget paid the checksum on the request path at
+its first load after the restart: a second full pass over its bytes before the engine's
+copy, about half the speed of a plain ``readinto`` (benchmarks/load.json). A checksum is
+evidence about a file's bytes, not about the process that computed it, so a restarted
+consumer can take over its predecessor's evidence.
+
+Why this is safe: a record names an identifier, the file version that passed,
+``(device, inode, size, mtime_ns)`` (``files.file_version``), and the inode's change time
+(ctime). encache never changes an entry file in place (writers rename a new file over
+it), and anything else that writes, truncates or even ``touch``es the file moves its
+ctime, which user space cannot set back (mtime it can): the record then no longer
+applies and the entry is hashed again. The store's own access-time refresh (the LRU
+clock) moves ctime too, so the consumer that refreshed it records the new ctime of the
+version it trusts (``files.ServedVersion``). The records are scoped to one boot of the
+kernel (``/proc/sys/kernel/random/boot_id`` names the log): after a crash a file's
+unflushed blocks may read back differently, so a reboot starts from nothing. Only local
+filesystems keep a log (on a network filesystem another host's clock and page cache are
+not this host's). Like verifying once per process, this does not catch a disk that
+returns different bytes for an unchanged file (``encache verify`` does).
+
+Format: ``<store>/.encache/verified/<boot id>``, a flat array of little-endian uint64
+keys, ``xxh3_64(identifier, version, ctime)``, appended 8 bytes at a time with ``O_APPEND``
+(one ``write``: atomic between processes on a local filesystem). Readers load it into a
+sorted array (8 bytes per record; 1M records = 8 MB, ~20 ms). Logs of earlier boots are
+removed when a log is opened; a log grown past ``MAX_RECORDS`` is started afresh (those
+entries are verified once more), and one mostly made of duplicates is compacted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+MAX_RECORDS = 4 << 20  # 32 MiB of log: more than any store's entries this boot needs
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux), or None where there is none to scope a log to."""
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as f:
+            value = f.read().strip()
+    except OSError:
+        return None
+    return value if value and all(c in "0123456789abcdef-" for c in value) else None
+
+
+def record_key(identifier: str, version, ctime_ns: int) -> int:
+    """The 64-bit key of ``identifier`` stored as ``version`` whose inode last changed at
+    ``ctime_ns``."""
+    text = f"{identifier}\0{tuple(version)!r}\0{int(ctime_ns)}"
+    return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+class VerifiedLog:
+    def __init__(self, directory: str | os.PathLike, boot: str):
+        self.directory = Path(directory)
+        self.path = self.directory / boot
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> np.ndarray:
+        """The sorted, distinct keys recorded this boot (removes earlier boots' logs,
+        compacts or restarts an oversized log)."""
+        with contextlib.suppress(OSError):
+            for old in os.scandir(self.directory):
+                if old.name != self.path.name and not old.name.startswith("."):
+                    with contextlib.suppress(OSError):
+                        os.unlink(old.path)
+        try:
+            data = self.path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return np.empty(0, np.uint64)
+        except OSError:
+            return np.empty(0, np.uint64)
+        n = len(data) // 8  # a tail shorter than a record (a full disk): ignored
+        keys = np.unique(np.frombuffer(data, "<u8", count=n))
+        if len(keys) > MAX_RECORDS:
+            self._replace(b"")
+            return np.empty(0, np.uint64)
+        if n > 2 * len(keys) + 1024:  # mostly duplicates (several consumers): compact
+            self._replace(keys.astype("<u8").tobytes())
+        return keys
+
+    def _replace(self, data: bytes) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)  # appenders holding the old file lose records: a re-verify
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+    def append(self, key: int) -> None:
+        """Record one verified version (best effort: a failed write is a re-verify).
+        Follows a log another process replaced (compacted, restarted) meanwhile."""
+        record = int(key).to_bytes(8, "little")
+        with self._lock:
+            try:
+                if self._fd is not None and os.fstat(self._fd).st_ino != _inode(self.path):
+                    self._close()
+                if self._fd is None:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                       | os.O_CLOEXEC, 0o644)
+                os.write(self._fd, record)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
