@@ -51,7 +51,7 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .entry import header_length
-from .files import TEMP_PREFIX, ServedVersion, atomic_write_json, file_version
+from .files import TEMP_PREFIX, ServedVersion, atomic_write_json
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
 from .verified_log import VerifiedLog, boot_id, record_key
