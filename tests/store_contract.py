@@ -199,14 +199,14 @@ class StoreContract:
         if log is None:  # declared, but not kept here (network filesystem, no boot id)
             return
         from encache.connectors.store.verified_log import record_key
-        key = record_key("vl", (1, 2, 3, 4), 5)
-        log.append(key)
+        key = record_key("vl", (1, 2, 3, 4))
+        log.append(key, 5)
         log.close()
         other = store.reopen()
         try:
-            keys = other.verified_log().load()
-            assert key in set(keys.tolist())
-            assert record_key("vl", (1, 2, 3, 4), 6) not in set(keys.tolist())
+            table = other.verified_log().load()
+            assert table.holds(key, 5)
+            assert not table.holds(key, 6) and not table.holds(record_key("vl", (1, 2, 3, 5)), 5)
         finally:
             other.close()
 

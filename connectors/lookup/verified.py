@@ -25,11 +25,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..store.entry import EntryMeta
 from ..store.files import ServedVersion
-from ..store.verified_log import VerifiedLog, record_key
+from ..store.verified_log import VerifiedLog, VerifiedTable, record_key
 
 VERIFIED_VERSIONS = 1 << 16  # remembered (version -> parsed header) pairs, LRU
 
@@ -66,25 +64,22 @@ class VerifiedVersions:
         self._records: OrderedDict[object, VerifiedRecord] = OrderedDict()
         #: the store's log of versions verified this boot (only when checksums run once)
         self.log = log if self.verify and not self.verify_always else None
-        self._trusted = np.empty(0, np.uint64)  # sorted keys read from the log
+        self._trusted = VerifiedTable()  # what the log held at start
         #: loads whose checksum the log made unnecessary
         self.trusted_loads = 0
 
     def load_log(self) -> int:
         """Trust the versions the log holds; returns how many it holds."""
         if self.log is not None:
-            self._trusted = self.log.load().astype(np.uint64, copy=False)
+            self._trusted = self.log.load()
         return len(self._trusted)
 
     def trusted(self, identifier: str, version) -> bool:
         """``version`` of ``identifier``, unchanged since (same ctime), was verified
         earlier this boot (the log)."""
-        trusted = self._trusted
-        if not len(trusted) or self.log is None or not isinstance(version, ServedVersion):
+        if self.log is None or not len(self._trusted) or not isinstance(version, ServedVersion):
             return False
-        key = np.uint64(record_key(identifier, version, version.ctime_ns))
-        i = int(np.searchsorted(trusted, key))
-        return i < len(trusted) and trusted[i] == key
+        return self._trusted.holds(record_key(identifier, version), version.ctime_ns)
 
     def find(self, identifier: str, version) -> VerifiedRecord | None:
         """The record of an already validated stored version of ``identifier``, or None
@@ -107,7 +102,7 @@ class VerifiedVersions:
                 or version.ctime_ns != record.ctime_ns):
             return
         record.ctime_ns = version.touched_ctime_ns
-        self.log.append(record_key(identifier, version, version.touched_ctime_ns))
+        self.log.append(record_key(identifier, version), version.touched_ctime_ns)
 
     def remember(self, identifier: str, version, meta: EntryMeta, offset: int, *,
                  checksummed: bool = True) -> None:
@@ -120,7 +115,7 @@ class VerifiedVersions:
         if isinstance(version, ServedVersion):
             ctime = version.touched_ctime_ns
             if self.log is not None and (checksummed or ctime != version.ctime_ns):
-                self.log.append(record_key(identifier, version, ctime))
+                self.log.append(record_key(identifier, version), ctime)
         with self._lock:
             self._records[version] = VerifiedRecord(identifier, meta, offset, time.monotonic(),
                                                     ctime)
@@ -131,7 +126,7 @@ class VerifiedVersions:
         """Forget every verified version, the log's included (they are hashed again)."""
         with self._lock:
             self._records.clear()
-            self._trusted = np.empty(0, np.uint64)
+            self._trusted = VerifiedTable()
 
     def count(self, identifiers) -> int:
         """How many of ``identifiers`` have a verified version on record."""

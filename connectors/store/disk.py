@@ -281,7 +281,7 @@ class DiskStore(Store):
             self._written_log = self.verified_log() or False
             if self._written_log is False:
                 return
-        self._written_log.append(record_key(identifier, version, version.ctime_ns))
+        self._written_log.append(record_key(identifier, version), version.ctime_ns)
 
     def delete(self, identifier: str) -> bool:
         directory = self.root / to_name(identifier)

@@ -22,12 +22,14 @@ filesystems keep a log (on a network filesystem another host's clock and page ca
 not this host's). Like verifying once per process, this does not catch a disk that
 returns different bytes for an unchanged file (``encache verify`` does).
 
-Format: ``<store>/.encache/verified/<boot id>``, a flat array of little-endian uint64
-keys, ``xxh3_64(identifier, version, ctime)``, appended 8 bytes at a time with ``O_APPEND``
-(one ``write``: atomic between processes on a local filesystem). Readers load it into a
-sorted array (8 bytes per record; 1M records = 8 MB, ~20 ms). Logs of earlier boots are
-removed when a log is opened; a log grown past ``MAX_RECORDS`` is started afresh (those
-entries are verified once more), and one mostly made of duplicates is compacted.
+Format: ``<store>/.encache/verified/<boot id>``, a flat array of 16-byte records,
+``(xxh3_64(identifier, version), ctime_ns)`` little-endian, appended with ``O_APPEND`` (one
+``write``: atomic between processes on a local filesystem); for a key the last record
+wins (an access-time refresh appends the new ctime of the same version). Readers load it
+into sorted arrays (1M versions = 16 MB, tens of ms). Logs of earlier boots are removed
+when a log is opened; one holding more than ``MAX_VERSIONS`` versions is started afresh
+(those entries are verified once more), and one mostly made of superseded records is
+compacted.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ import numpy as np
 import xxhash
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-MAX_RECORDS = 4 << 20  # 32 MiB of log: more than any store's entries this boot needs
+MAX_VERSIONS = 4 << 20  # distinct (identifier, version) pairs: more than a store holds
+RECORD = np.dtype([("key", "<u8"), ("ctime", "<i8")])
 
 
 def boot_id() -> str | None:
@@ -54,11 +57,29 @@ def boot_id() -> str | None:
     return value if value and all(c in "0123456789abcdef-" for c in value) else None
 
 
-def record_key(identifier: str, version, ctime_ns: int) -> int:
-    """The 64-bit key of ``identifier`` stored as ``version`` whose inode last changed at
-    ``ctime_ns``."""
-    text = f"{identifier}\0{tuple(version)!r}\0{int(ctime_ns)}"
+def record_key(identifier: str, version) -> int:
+    """The 64-bit key of ``identifier`` stored as ``version``."""
+    text = f"{identifier}\0{tuple(version)!r}"
     return xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+class VerifiedTable:
+    """What a log held when read: per key, the ctime of its last record."""
+
+    def __init__(self, keys: np.ndarray | None = None, ctimes: np.ndarray | None = None):
+        self.keys = np.empty(0, np.uint64) if keys is None else keys
+        self.ctimes = np.empty(0, np.int64) if ctimes is None else ctimes
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def holds(self, key: int, ctime_ns: int) -> bool:
+        """A record of ``key`` whose inode has not changed since (same ctime)."""
+        keys = self.keys
+        if not len(keys):
+            return False
+        i = int(np.searchsorted(keys, np.uint64(key)))
+        return i < len(keys) and int(keys[i]) == key and int(self.ctimes[i]) == ctime_ns
 
 
 class VerifiedLog:
@@ -68,9 +89,9 @@ class VerifiedLog:
         self._fd: int | None = None
         self._lock = threading.Lock()
 
-    def load(self) -> np.ndarray:
-        """The sorted, distinct keys recorded this boot (removes earlier boots' logs,
-        compacts or restarts an oversized log)."""
+    def load(self) -> VerifiedTable:
+        """The versions recorded this boot (removes earlier boots' logs, compacts or
+        restarts an oversized log)."""
         with contextlib.suppress(OSError):
             for old in os.scandir(self.directory):
                 if old.name != self.path.name and not old.name.startswith("."):
@@ -78,18 +99,20 @@ class VerifiedLog:
                         os.unlink(old.path)
         try:
             data = self.path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return np.empty(0, np.uint64)
         except OSError:
-            return np.empty(0, np.uint64)
-        n = len(data) // 8  # a tail shorter than a record (a full disk): ignored
-        keys = np.unique(np.frombuffer(data, "<u8", count=n))
-        if len(keys) > MAX_RECORDS:
+            return VerifiedTable()
+        n = len(data) // RECORD.itemsize  # a tail shorter than a record (a full disk): ignored
+        newest_first = np.frombuffer(data, RECORD, count=n)[::-1]
+        keys, first = np.unique(newest_first["key"], return_index=True)
+        table = VerifiedTable(keys.astype(np.uint64), newest_first["ctime"][first].astype(np.int64))
+        if len(keys) > MAX_VERSIONS:
             self._replace(b"")
-            return np.empty(0, np.uint64)
-        if n > 2 * len(keys) + 1024:  # mostly duplicates (several consumers): compact
-            self._replace(keys.astype("<u8").tobytes())
-        return keys
+            return VerifiedTable()
+        if n > 2 * len(keys) + 1024:  # mostly superseded records: keep the last of each
+            out = np.empty(len(keys), RECORD)
+            out["key"], out["ctime"] = table.keys, table.ctimes
+            self._replace(out.tobytes())
+        return table
 
     def _replace(self, data: bytes) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -99,10 +122,10 @@ class VerifiedLog:
         with contextlib.suppress(OSError):
             tmp.unlink()
 
-    def append(self, key: int) -> None:
-        """Record one verified version (best effort: a failed write is a re-verify).
-        Follows a log another process replaced (compacted, restarted) meanwhile."""
-        record = int(key).to_bytes(8, "little")
+    def append(self, key: int, ctime_ns: int) -> None:
+        """Record one verified version as of ``ctime_ns`` (best effort: a failed write
+        is a re-verify). Follows a log another process replaced meanwhile."""
+        record = int(key).to_bytes(8, "little") + int(ctime_ns).to_bytes(8, "little", signed=True)
         with self._lock:
             try:
                 if self._fd is not None and os.fstat(self._fd).st_ino != _inode(self.path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 from encache.connectors.store import verified_log as vl
@@ -12,64 +11,71 @@ from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.verified_log import VerifiedLog, record_key
 
 
-def test_keys_bind_identifier_version_and_ctime():
-    k = record_key("a", (1, 2, 3, 4), 7)
-    assert k == record_key("a", [1, 2, 3, 4], 7)
-    assert len({k, record_key("b", (1, 2, 3, 4), 7), record_key("a", (1, 2, 3, 5), 7),
-                record_key("a", (1, 9, 3, 4), 7), record_key("a", (1, 2, 3, 4), 8)}) == 5
-    assert record_key("\udcff odd", (1, 2, 3, 4), 7) != k  # any identifier, surrogates too
+def test_keys_bind_identifier_and_version():
+    k = record_key("a", (1, 2, 3, 4))
+    assert k == record_key("a", [1, 2, 3, 4])
+    assert len({k, record_key("b", (1, 2, 3, 4)), record_key("a", (1, 2, 3, 5)),
+                record_key("a", (1, 9, 3, 4))}) == 4
+    assert record_key("\udcff odd", (1, 2, 3, 4)) != k  # any identifier, surrogates too
 
 
-def test_append_then_load_sorted_and_distinct(tmp_path):
+def test_a_record_holds_only_at_its_ctime_and_the_last_one_wins(tmp_path):
     log = VerifiedLog(tmp_path / "verified", "boot-a")
-    keys = [record_key(f"e{i}", (1, i, 10, 5), 0) for i in range(50)]
-    for k in keys + keys[:10]:
-        log.append(k)
-    got = VerifiedLog(tmp_path / "verified", "boot-a").load()
-    assert got.dtype == np.uint64 and got.tolist() == sorted(set(keys))
-    assert os.path.getsize(log.path) == 60 * 8
+    keys = [record_key(f"e{i}", (1, i, 10, 5)) for i in range(50)]
+    for n, k in enumerate(keys):
+        log.append(k, 1000 + n)
+    log.append(keys[0], 5000)  # the same version after an access-time refresh
+    table = VerifiedLog(tmp_path / "verified", "boot-a").load()
+    assert len(table) == 50 and list(table.keys) == sorted(keys)
+    assert table.holds(keys[0], 5000) and not table.holds(keys[0], 1000)
+    assert table.holds(keys[7], 1007) and not table.holds(keys[7], 1008)
+    assert not table.holds(record_key("other", (1, 1, 1, 1)), 1000)
+    assert os.path.getsize(log.path) == 51 * 16
     log.close()
 
 
 def test_another_boot_starts_empty_and_removes_old_logs(tmp_path):
     old = VerifiedLog(tmp_path / "v", "boot-old")
-    old.append(record_key("e", (1, 1, 1, 1), 0))
+    old.append(record_key("e", (1, 1, 1, 1)), 1)
     old.close()
     new = VerifiedLog(tmp_path / "v", "boot-new")
-    assert new.load().size == 0
+    assert len(new.load()) == 0
     assert not old.path.exists()
 
 
 def test_a_torn_tail_is_ignored(tmp_path):
     log = VerifiedLog(tmp_path / "v", "b")
-    k = record_key("e", (1, 1, 1, 1), 0)
-    log.append(k)
+    k = record_key("e", (1, 1, 1, 1))
+    log.append(k, 42)
     log.close()
     with open(log.path, "ab") as f:
         f.write(b"\x01\x02\x03")  # a short write (full disk)
-    assert VerifiedLog(tmp_path / "v", "b").load().tolist() == [k]
+    table = VerifiedLog(tmp_path / "v", "b").load()
+    assert len(table) == 1 and table.holds(k, 42)
 
 
-def test_duplicates_are_compacted_and_an_appender_follows_the_new_file(tmp_path):
+def test_superseded_records_are_compacted_and_an_appender_follows_the_new_file(tmp_path):
     writer = VerifiedLog(tmp_path / "v", "b")
-    k = record_key("e", (1, 1, 1, 1), 0)
-    for _ in range(3000):
-        writer.append(k)
+    k = record_key("e", (1, 1, 1, 1))
+    for c in range(3000):  # e.g. one access-time refresh a minute for two days
+        writer.append(k, c)
     reader = VerifiedLog(tmp_path / "v", "b")
-    assert reader.load().tolist() == [k]
-    assert os.path.getsize(reader.path) == 8  # compacted to its distinct keys
-    k2 = record_key("e2", (1, 1, 1, 1), 0)
-    writer.append(k2)  # its open file was replaced: it reopens the log
-    assert sorted(VerifiedLog(tmp_path / "v", "b").load().tolist()) == sorted([k, k2])
+    table = reader.load()
+    assert len(table) == 1 and table.holds(k, 2999)
+    assert os.path.getsize(reader.path) == 16  # compacted to the last record of each
+    k2 = record_key("e2", (1, 1, 1, 1))
+    writer.append(k2, 7)  # its open file was replaced: it reopens the log
+    table = VerifiedLog(tmp_path / "v", "b").load()
+    assert table.holds(k, 2999) and table.holds(k2, 7)
     writer.close()
 
 
 def test_an_oversized_log_starts_afresh(tmp_path, monkeypatch):
-    monkeypatch.setattr(vl, "MAX_RECORDS", 10)
+    monkeypatch.setattr(vl, "MAX_VERSIONS", 10)
     log = VerifiedLog(tmp_path / "v", "b")
     for i in range(11):
-        log.append(record_key(f"e{i}", (1, 1, 1, 1), 0))
-    assert VerifiedLog(tmp_path / "v", "b").load().size == 0
+        log.append(record_key(f"e{i}", (1, 1, 1, 1)), 1)
+    assert len(VerifiedLog(tmp_path / "v", "b").load()) == 0
     assert os.path.getsize(log.path) == 0
     log.close()
 
@@ -91,9 +97,24 @@ def test_disk_store_keeps_a_log_only_where_it_is_safe(tmp_path, monkeypatch):
 
 def test_the_log_is_invisible_to_listings(tmp_path):
     store = DiskStore(tmp_path / "s")
-    store.verified_log().append(record_key("e", (1, 1, 1, 1), 0))
+    store.verified_log().append(record_key("e", (1, 1, 1, 1)), 1)
     assert list(store.identifiers()) == [] and store.stray_files() == []
     assert store.used_bytes() == 0
+
+
+def test_a_put_of_bytes_encoded_here_is_logged_with_the_files_ctime(tmp_path):
+    """``put(encoded_here=True)`` records the version as it stands after the rename
+    (which moves ctime); a plain put records nothing."""
+    from encache.connectors.store.entry import encode
+    from encache.connectors.store.files import ServedVersion
+    store = DiskStore(tmp_path / "s")
+    blob = encode("made", b"\x00" * 64, "U8", (64,))
+    store.put("made", blob, encoded_here=True)
+    store.put("copied", encode("copied", b"\x00" * 64, "U8", (64,)))
+    table = store.verified_log().load()
+    st = os.stat(store.entry_path("made"))
+    assert len(table) == 1
+    assert table.holds(record_key("made", ServedVersion.of(st)), st.st_ctime_ns)
 
 
 @pytest.mark.skipif(not os.path.exists(vl.BOOT_ID_PATH), reason="needs Linux's boot id")
