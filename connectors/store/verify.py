@@ -17,6 +17,10 @@ entry was made for. Legacy entries (written by vLLM's ECExampleConnector, no met
 are size-checked and reported as unverifiable: a warning, not a failure. Stray temp
 files left by crashed writers are warnings too (invisible to readers).
 
+On a local disk store each entry that passes is recorded in the store's log of versions
+verified this boot (``verified_log.py``): run after a reboot, ``encache verify`` spares
+this host's consumers the checksum of every first load.
+
 A repair is a :mod:`.plan` delete plan (quarantine on disk stores, delete elsewhere, plus
 stray files); each entry is re-checked right before it goes, so one a producer rewrote
 since the check is left alone. Reads never count as a use (no access-time update on disk).
@@ -90,12 +94,21 @@ class VerifyReport:
         }
 
 
-def check_entry(store: Store, e: EntryInfo,
-                model: str | None = None) -> tuple[list[Finding], str | None, bool]:
-    """Read and check one entry (from a scan). Returns ``(findings, model, vanished)``."""
+def check_entry(store: Store, e: EntryInfo, model: str | None = None, *,
+                log=None) -> tuple[list[Finding], str | None, bool]:
+    """Read and check one entry (from a scan). Returns ``(findings, model, vanished)``.
+    ``log``: the store's verified log (``verified_log.py``); an entry whose checksum
+    passed, and whose file did not change while it was read, is recorded there, so this
+    host's consumers load it without hashing it again this boot."""
     out: list[Finding] = []
     ident = e.identifier
-    blob = read_untracked(store, ident) if _gettable(ident) else None
+    st = None
+    if not _gettable(ident):
+        blob = None
+    elif log is not None:
+        blob, st = read_untracked_with_stat(store, ident)
+    else:
+        blob = read_untracked(store, ident)
     if blob is None:
         if e.error is not None:  # unreadable by name (hashed directory): the scan's verdict
             return [Finding(ident, "problem", e.error, "", e.size)], None, False
@@ -104,6 +117,10 @@ def check_entry(store: Store, e: EntryInfo,
         meta, _ = decode(blob, identifier=ident, verify=True)
     except CorruptEntry as err:
         return [Finding(ident, "problem", err.reason, err.detail, len(blob))], None, False
+    if st is not None and meta.checksum is not None:
+        from .files import ServedVersion
+        from .verified_log import record_key
+        log.append(record_key(ident, ServedVersion.of(st)), st.st_ctime_ns)
     if e.error is not None:  # the scan saw something the full read did not
         out.append(Finding(ident, "problem", e.error, "reported by the store's scan", len(blob)))
     if meta.legacy:
@@ -145,6 +162,26 @@ def read_untracked(store: Store, identifier: str):
         return f.read()
 
 
+def read_untracked_with_stat(store: Store, identifier: str):
+    """``(bytes, stat)`` of a disk entry read untracked; ``stat`` is None when the file
+    changed while it was read (its ctime moved) or the store has no entry files."""
+    if not store.supports_entry_path:
+        return store.get(identifier), None
+    from .disk import open_untracked
+
+    try:
+        fd = open_untracked(store.entry_path(identifier))
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        before = os.fstat(fd)
+        data = f.read()
+        after = os.fstat(fd)
+    same = (after.st_ctime_ns, after.st_mtime_ns, after.st_size) == (
+        before.st_ctime_ns, before.st_mtime_ns, before.st_size)
+    return data, (before if same else None)
+
+
 def _gettable(ident: str) -> bool:
     try:
         validate(ident)
@@ -172,9 +209,10 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
     """
     rep = VerifyReport(store.url if display_url is None else display_url, model)
     threads = threads or default_threads()
+    log = store.verified_log()  # what passes is trusted by this host's consumers
 
     def check_chunk(chunk):
-        return [(e, *check_entry(store, e, model)) for e in chunk]
+        return [(e, *check_entry(store, e, model, log=log)) for e in chunk]
 
     def chunks():
         buf = []
@@ -215,6 +253,8 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
         rep.warnings.append(Finding(str(p), "warning", "stray", kind))
     rep.problems.sort(key=lambda f: (f.reason, f.identifier))
     rep.warnings.sort(key=lambda f: (f.reason, f.identifier))
+    if log is not None:
+        log.close()
     if repair:
         repair_store(store, rep, quarantine=quarantine)
     return rep

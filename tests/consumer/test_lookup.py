@@ -579,6 +579,30 @@ def test_the_access_time_refresh_keeps_a_version_trusted_across_restarts(tmp_pat
         again.close()
 
 
+def test_after_encache_verify_consumers_load_without_hashing(tmp_path, counted):
+    """``verify_store`` (``encache verify``) records each entry whose checksum passed:
+    a consumer started afterwards trusts them; the corrupt one is still hashed and missed."""
+    from encache.connectors.store.verify import verify_store
+    store = DiskStore(tmp_path)
+    for i in range(3):
+        put(store, f"e{i}", seed=i)
+    bad = bytearray(put(store, "bad", seed=9))
+    bad[-1] ^= 0xFF
+    with open(store.entry_path("bad"), "r+b") as f:
+        f.write(bytes(bad))
+    report = verify_store(DiskStore(tmp_path))
+    assert report.checked == 4 and [f.identifier for f in report.problems] == ["bad"]
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        for i in range(3):
+            assert lk.load_now(f"e{i}") is not None
+        assert counted == [False, False, False]
+        assert lk.load_now("bad") is None and counted[3:] == [True]
+    finally:
+        lk.close()
+
+
 def test_entries_a_producer_on_this_host_encoded_need_no_checksum(tmp_path, counted):
     """A producer's writer (``EntryWriter``: the codec made the bytes and their checksum
     in that process) records what it wrote in the store's verified log: a consumer on the
