@@ -71,6 +71,9 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "load_errors": c("load_errors"),
         "config_mismatches": c("config_mismatches"),
         "lora_stale": c("lora_stale"),
+        # consumers' checksum passes, and first loads that skipped one (verified this boot)
+        "checksums": c("checksums"),
+        "checksums_skipped": c("checksums_skipped"),
         # why engines missed (counted per miss; older engines recorded no reason)
         "misses_by_reason": {r: c("misses_" + r) for r in MISS_REASONS},
         "load_seconds": c("load_seconds"),
@@ -168,6 +171,9 @@ def render_table(s: dict) -> None:
         ("Load errors", f"{s['load_errors']:,}"),
         ("Config mismatches", f"{s['config_mismatches']:,}"),
         *([("Stale LoRA loads", f"{s['lora_stale']:,}")] if s["lora_stale"] else []),
+        ("Checksums run / skipped", f"{s['checksums']:,} / {s['checksums_skipped']:,}"
+                                    + (" (verified earlier this boot)"
+                                       if s["checksums_skipped"] else "")),
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),
         ("Evictions", f"{s['evictions']:,}"),

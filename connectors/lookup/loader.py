@@ -63,16 +63,19 @@ def read_entry(store: Store, identifier: str):
     return store.read_entry(identifier)
 
 
-def validate(verified: VerifiedVersions, identifier: str, blob, version) -> tuple[EntryMeta, int]:
+def validate(verified: VerifiedVersions, identifier: str, blob, version,
+             metrics: LookupMetrics | None = None) -> tuple[EntryMeta, int]:
     """Header, size and (per ``verify``) checksum checks; remembered per version. A
-    version verified earlier this boot (the store's log) skips the checksum."""
+    version verified earlier this boot (the store's log) skips the checksum. Counted
+    (``metrics``): ``checksums`` run, ``checksums_skipped`` thanks to the log."""
     trusted = verified.trusted(identifier, version)
-    meta, offset = validate_blob(blob, identifier=identifier,
-                                 verify=verified.verify and not trusted)
+    hashing = verified.verify and not trusted
+    meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)
     if trusted:
         verified.trusted_loads += 1
-    verified.remember(identifier, version, meta, offset,
-                      checksummed=verified.verify and not trusted)
+    verified.remember(identifier, version, meta, offset, checksummed=hashing)
+    if metrics is not None and (trusted or hashing):
+        metrics.count("checksums_skipped" if trusted else "checksums")
     return meta, offset
 
 
@@ -145,7 +148,8 @@ class Loader:
                         and not self.verified.trusted(identifier, version)):
                     return DEFER
                 if record is None:
-                    meta, offset = validate(self.verified, identifier, blob, version)
+                    meta, offset = validate(self.verified, identifier, blob, version,
+                                            self.metrics)
                 else:
                     meta, offset = record.meta, record.offset
                     now = time.monotonic()
@@ -222,7 +226,7 @@ class Loader:
                 return False
             blob, version = got
             if version is not None and self.verified.find(identifier, version) is None:
-                validate(self.verified, identifier, blob, version)
+                validate(self.verified, identifier, blob, version, self.metrics)
             del blob
             return version is not None
         except Exception:

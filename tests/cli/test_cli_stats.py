@@ -45,6 +45,12 @@ def test_counters(store):
     assert abs(d["mean_load_seconds"] - 0.02) < 1e-12
     assert d["load_errors"] == 1 and d["saves"] == 9 and d["bytes_saved"] == 1234
     assert isinstance(d["counters_updated"], float)
+    assert (d["checksums"], d["checksums_skipped"]) == (0, 0)
+    store.add_counters({"checksums": 3, "checksums_skipped": 1200})
+    d = stats_json(store.root)
+    assert (d["checksums"], d["checksums_skipped"]) == (3, 1200)
+    out = invoke("stats", "-s", store.root).output
+    assert "3 / 1,200 (verified earlier this boot)" in " ".join(out.split())
 
 
 def test_no_counters_yet(store):

@@ -502,6 +502,8 @@ def test_a_restarted_consumer_trusts_versions_verified_since_boot(tmp_path, coun
         assert counted[2:] == [True, True]
     finally:
         again.close()
+    counters = DiskStore(tmp_path).read_counters()  # what `encache stats` shows
+    assert (counters["checksums"], counters["checksums_skipped"]) == (5, 2)
 
     for kw in ({"remember_verified": False}, {"verify": "always"}):
         counted.clear()
