@@ -31,7 +31,7 @@ from enum import Enum
 
 from ..ratelimit import RateLimitedLog
 from ..store.base import Store
-from ..store.disk import prefault
+from ..store.disk import populate, prefault
 from ..store.entry import CorruptEntry, EntryMeta, validate_blob
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
@@ -226,6 +226,8 @@ class Loader:
                 return False
             blob, version = got
             if version is not None and self.verified.find(identifier, version) is None:
+                if self.verified.trusted(identifier, version):
+                    populate(blob)  # what the skipped checksum pass would have faulted in
                 validate(self.verified, identifier, blob, version, self.metrics)
             del blob
             return version is not None

@@ -581,6 +581,59 @@ def test_the_access_time_refresh_keeps_a_version_trusted_across_restarts(tmp_pat
         again.close()
 
 
+def _present_fraction(m: mmap.mmap) -> float:
+    """Fraction of a mapping's pages with a page-table entry (/proc/self/pagemap bit 63)."""
+    import ctypes
+    import struct
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    n = (len(m) + 4095) // 4096
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // 4096 * 8)
+        data = f.read(n * 8)
+    return sum(struct.unpack_from("<Q", data, 8 * i)[0] >> 63 for i in range(n)) / n
+
+
+def _populate_works(tmp_path) -> bool:
+    path = tmp_path / "probe"
+    path.write_bytes(b"\0" * 8192)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        m.madvise(22)
+        return _present_fraction(m) == 1.0
+    except (OSError, ValueError):
+        return False
+    finally:
+        m.close()
+
+
+def test_start_up_pass_maps_every_page_of_a_trusted_entry(tmp_path):
+    """A restarted consumer's start-up pass skips the checksum of a version verified
+    earlier this boot, yet still leaves its kept mapping fully mapped (as the hash pass
+    did), so the first request's copy takes no page faults (benchmarks/load.json:
+    first.restart)."""
+    if not os.path.exists("/proc/self/pagemap") or not _populate_works(tmp_path):
+        pytest.skip("needs /proc/self/pagemap and MADV_POPULATE_READ (Linux 5.14+)")
+    from encache.connectors.store.files import file_version
+    store = DiskStore(tmp_path / "s")
+    put(store, "e", rows=MMAP_MIN_BYTES // 4, seed=3)  # 8 MiB: more than one folio
+    first = make(store)
+    try:
+        assert first.load_now("e") is not None
+    finally:
+        first.close()
+    again_store = DiskStore(tmp_path / "s")
+    again = make(again_store, verify_ahead_start_bytes=1 << 30)
+    try:
+        assert again.start_verify_done.wait(30) and again.verified.trusted_loads == 1
+        path = str(again_store.entry_path("e"))
+        kept, _ = again_store._recent.get(path, file_version(os.stat(path)))
+        assert isinstance(kept, mmap.mmap)  # kept for the first request
+        assert _present_fraction(kept) == 1.0
+    finally:
+        again.close()
+
+
 def test_after_encache_verify_consumers_load_without_hashing(tmp_path, counted):
     """``verify_store`` (``encache verify``) records each entry whose checksum passed:
     a consumer started afterwards trusts them; the corrupt one is still hashed and missed."""
