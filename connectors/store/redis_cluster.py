@@ -40,7 +40,15 @@ Consequences:
   short backoff until the slot has moved (``redirect_wait`` seconds at most).
 * A dead primary: a consumer's loads of its slots fail fast (connection refused →
   StoreError → a miss, and the consumer's circuit breaker backs off) until the cluster
-  promotes its replica; redis-py then picks up the new topology. Writes and header reads
+  promotes its replica. A client learns the new slot map only from a failed call, so a
+  load (``get``/``read_entry``/``get_many``) that fails on a stale route (connection
+  refused or reset, CLUSTERDOWN, an uncovered slot, MOVED/ASK left over) re-reads the slot
+  map once and retries once, at once: the first load after the promotion is a hit, not a
+  miss. Those re-reads happen at most once per ``REROUTE_EVERY_S`` (0.5 s) per store; a
+  load failing again within that window fails fast (while the primary is dead and not yet
+  promoted a load costs milliseconds, never a wait), unless another load re-read the map
+  since it started (then it retries once on the new map). A timeout is not retried (it
+  already cost ``socket_timeout``). Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
   for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
   reported as failed after it (a second ``precompute`` run writes what is missing).
@@ -75,6 +83,10 @@ log = logging.getLogger(__name__)
 SLOTS = 16384
 _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
                  RedisConnectionError)
+#: a load failing with one of these may have met a stale route: re-read the map, retry once
+#: (not TimeoutError, not TRYAGAIN: the retry would wait, or meet the same half-moved slot)
+_STALE_ROUTE = (RedisConnectionError, ClusterDownError, SlotNotCoveredError, MovedError, AskError)
+REROUTE_EVERY_S = 0.5  # a store re-reads the slot map for its loads at most this often
 _TAGS: list[bytes] | None = None
 # one bucket's part of a SCAN page: KEYS = meta, atime; ARGV = identifiers
 _PAGE_LUA = """
@@ -186,6 +198,9 @@ class RedisClusterStore(RedisStore):
                                  f"{redact(url)}") from None
         self.redirect_wait = float(redirect_wait)
         self._no_wait_until = 0.0
+        self._reroute_lock = threading.Lock()
+        self._next_reroute = 0.0  # monotonic time before which loads do not re-read the map
+        self.route_refreshes = 0  # slot-map re-reads done for loads (each one bumps it)
         super().__init__(url, **options)
         self._options["redirect_wait"] = self.redirect_wait
         p = self.prefix.encode("utf-8")
@@ -260,6 +275,41 @@ class RedisClusterStore(RedisStore):
                 delay = min(0.25, delay * 2)
                 with contextlib.suppress(*ERRORS):
                     self._r.nodes_manager.initialize()  # learn where the slot is now
+
+    def _load(self, op):
+        """``op()`` for a consumer's load: on a stale route, one slot-map re-read and one
+        immediate retry; never a sleep (see the module docstring).
+
+        The re-read is rate-limited per store; a load that fails inside the window still
+        retries once if another load re-read the map after it started (the first loads of
+        several threads right after a promotion all hit), else it fails fast."""
+        seen = self.route_refreshes
+        try:
+            return op()
+        except _STALE_ROUTE:
+            if self.route_refreshes == seen and not self._reread_routes():
+                raise
+        return op()
+
+    def _reread_routes(self) -> bool:
+        """Re-read the slot map unless that was done less than ``REROUTE_EVERY_S`` ago;
+        did it succeed?"""
+        now = time.monotonic()
+        with self._reroute_lock:
+            if now < self._next_reroute:
+                return False
+            self._next_reroute = now + REROUTE_EVERY_S
+        try:
+            self._r.nodes_manager.initialize()
+        except ERRORS:  # no node answers: the map is what it was, a retry would fail alike
+            return False
+        with self._reroute_lock:
+            self.route_refreshes += 1
+        return True
+
+    @_wrapped
+    def get(self, identifier: str) -> bytes | None:
+        return self._load(lambda: RedisStore.get.__wrapped__(self, identifier))
 
     def _transact(self, build) -> list:
         """One MULTI on the bucket's node (waiting out a reshard or failover), then the
@@ -371,6 +421,9 @@ class RedisClusterStore(RedisStore):
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:
+        return self._load(lambda: self._get_many(identifiers))
+
+    def _get_many(self, identifiers: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
         now = time.time()
         for start in range(0, len(identifiers), 256):
