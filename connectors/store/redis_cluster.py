@@ -48,7 +48,9 @@ Consequences:
   load failing again within that window fails fast (while the primary is dead and not yet
   promoted a load costs milliseconds, never a wait), unless another load re-read the map
   since it started (then it retries once on the new map). A timeout is not retried (it
-  already cost ``socket_timeout``). Writes and header reads
+  already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
+  meets the dead node the stale map still names a primary likewise re-reads the map once
+  and walks the new primaries. Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
   for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
   reported as failed after it (a second ``precompute`` run writes what is missing).
@@ -311,6 +313,11 @@ class RedisClusterStore(RedisStore):
     def get(self, identifier: str) -> bytes | None:
         return self._load(lambda: RedisStore.get.__wrapped__(self, identifier))
 
+    @_wrapped
+    def index_version(self) -> bytes | None:
+        # (a consumer's index refresh: its probe of the store, as cheap as a load)
+        return self._load(lambda: RedisStore.index_version.__wrapped__(self))
+
     def _transact(self, build) -> list:
         """One MULTI on the bucket's node (waiting out a reshard or failover), then the
         ``gen`` bump — best effort: the entry is stored, a lost bump only delays consumers'
@@ -392,32 +399,54 @@ class RedisClusterStore(RedisStore):
 
     def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
         """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
-        the way go to ``found`` as ``(meta, atime)`` pairs."""
+        the way go to ``found`` as ``(meta, atime)`` pairs.
+
+        The primaries come from the client's slot map; if one of them is a dead node the
+        map still lists (a failover the client has not seen yet: a consumer's index
+        refresh right after a promotion), the map is re-read once (as for a load) and the
+        walk goes on over the primaries not walked yet (keys already yielded are not
+        yielded again)."""
         seen: set[bytes] = set()
-        plen = len(self.prefix.encode("utf-8"))
-        # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
-        for node in self._primaries():
-            cursor = 0
-            while True:
-                with self._errors():
-                    cursors, keys = self._r.scan(cursor, match=match, count=1000,
-                                                 target_nodes=node)
-                cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
-                page = []
-                for k in keys:
-                    close = k.find(b"}", plen)
-                    rest = k[close + 1:]
-                    if rest.startswith(b":e:"):
-                        if k not in seen:
-                            seen.add(k)
-                            page.append(k)
-                    elif found is not None and rest in (b":m", b":a"):
-                        found.add((k[:close + 1] + b":m", k[:close + 1] + b":a"))
-                if page:
-                    yield page
-                if cursor == 0:
-                    break
+        walked: set[str] = set()
+        refreshes = self.route_refreshes
+        nodes, rerouted = list(self._primaries()), False
+        while nodes:
+            node = nodes.pop(0)
+            try:
+                yield from self._scan_node(node, match, seen, found)
+            except _STALE_ROUTE as e:
+                if rerouted or (self.route_refreshes == refreshes and not self._reread_routes()):
+                    raise self._store_error(e) from None
+                rerouted = True
+                nodes = [n for n in self._primaries() if n.name not in walked]
+                continue
+            except ERRORS as e:
+                raise self._store_error(e) from None
+            walked.add(node.name)
+
+    def _scan_node(self, node, match: bytes, seen: set, found: set | None):
+        """One primary's entry keys, a SCAN page at a time (see ``_scan_pages``)."""
+        plen = len(self.prefix.encode("utf-8"))
+        cursor = 0
+        while True:
+            # (entry keys only, unless side keys are wanted too: a sparse bucket has 3 keys)
+            cursors, keys = self._r.scan(cursor, match=match, count=1000, target_nodes=node)
+            cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
+            page = []
+            for k in keys:
+                close = k.find(b"}", plen)
+                rest = k[close + 1:]
+                if rest.startswith(b":e:"):
+                    if k not in seen:
+                        seen.add(k)
+                        page.append(k)
+                elif found is not None and rest in (b":m", b":a"):
+                    found.add((k[:close + 1] + b":m", k[:close + 1] + b":a"))
+            if page:
+                yield page
+            if cursor == 0:
+                return
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:

@@ -3,7 +3,8 @@
 redis-py's cluster client keeps routing a dead primary's slots to it until a failed call
 makes it re-read the slot map. A consumer's load (``get``/``read_entry``/``get_many``)
 that meets such a stale route re-reads the map once and retries once, at once: its first
-load after the replica's promotion is a hit, not a miss — also for a client that does no
+load after the replica's promotion is a hit, not a miss (and its first listing, an index
+refresh, walks the new primaries instead of failing on the dead one) — also for a client that does no
 retries of its own (``retries=0``: redis-py then gives up on the first refused
 connection). While the primary is dead and not yet promoted, loads still fail fast and
 those re-reads are rate-limited (once per ~0.5 s per store).
@@ -68,6 +69,8 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F8
     consumers = (by_entry, by_get, by_many, no_retries)
     for consumer in consumers:
         assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
+    by_list = open_store(url)  # and a consumer's index refresh (the walk over the primaries)
+    assert set(by_list.identifiers()) == set(blobs)
     replica = c.replica_of(victim)
     assert replica is not None
     _wait_replicated(victim)
@@ -89,6 +92,9 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F8
     got = no_retries.read_entry(on_victim[2])
     assert got is not None and bytes(got[0]) == blobs[on_victim[2]]
     assert no_retries.route_refreshes == 1  # (its own re-read made the hit)
+    assert set(by_list.identifiers()) == set(blobs)  # the first listing walks the new map
+    assert by_list.route_refreshes == 1
+    by_list.close()
     for consumer in consumers:
         assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
         consumer.close()
