@@ -407,6 +407,7 @@ class RedisClusterStore(RedisStore):
         walk goes on over the primaries not walked yet (keys already yielded are not
         yielded again)."""
         seen: set[bytes] = set()
+        # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
         walked: set[str] = set()
         refreshes = self.route_refreshes
@@ -430,7 +431,6 @@ class RedisClusterStore(RedisStore):
         plen = len(self.prefix.encode("utf-8"))
         cursor = 0
         while True:
-            # (entry keys only, unless side keys are wanted too: a sparse bucket has 3 keys)
             cursors, keys = self._r.scan(cursor, match=match, count=1000, target_nodes=node)
             cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
             page = []

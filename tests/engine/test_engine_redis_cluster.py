@@ -6,8 +6,9 @@
   ASK, MOVED) and during a reshard: it never runs the vision encoder and matches a
   cache-less engine token for token;
 * a primary SIGKILLed under the serving consumer: requests keep being answered (its
-  entries are re-encoded: misses, no crash), and once the replica is promoted the consumer
-  hits that node's entries again, without a restart.
+  entries are re-encoded: misses, no crash), and once the replica is promoted the consumer's
+  first requests for that node's entries are hits, without a restart (its cluster client
+  still routes those slots to the dead node: the first load re-reads the slot map).
 
 Engines run in-process, one at a time (see engine_support.EngineSlot).
 """
