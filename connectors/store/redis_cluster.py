@@ -44,11 +44,11 @@ Consequences:
   load (``get``/``read_entry``/``get_many``) that fails on a stale route (connection
   refused or reset, CLUSTERDOWN, an uncovered slot, MOVED/ASK left over) re-reads the slot
   map once and retries once, at once: the first load after the promotion is a hit, not a
-  miss. Those re-reads happen at most once per ``REROUTE_EVERY_S`` (0.5 s) per store; a
-  load failing again within that window fails fast (while the primary is dead and not yet
-  promoted a load costs milliseconds, never a wait), unless another load re-read the map
-  since it started (then it retries once on the new map). A timeout is not retried (it
-  already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
+  miss. Those re-reads happen at most once per ``REROUTE_EVERY_S`` (0.5 s) per store, and
+  the retry is made only if the map now routes the key elsewhere than the failed call did
+  (whoever re-read it: this load, another thread's, or redis-py itself): while the primary
+  is dead and not yet promoted the map still names it, and a load fails fast (milliseconds,
+  never a wait). A timeout is not retried (it already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
   meets the dead node the stale map still names a primary likewise re-reads the map once
   and walks the new primaries. Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
@@ -77,7 +77,7 @@ from redis.exceptions import (AskError, ClusterDownError, ConnectionError as Red
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
 from .base import StoreError, StoreInfo
-from .redis import RedisStore, _dec, _glob_escape, _wrapped
+from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
 from .redis_errors import ERRORS
 from .url import redact
 
@@ -119,6 +119,12 @@ def slot_tags() -> list[bytes]:
 def key_slot(raw: bytes) -> int:
     """Redis Cluster's slot of a key without hash tag (CRC16-XMODEM mod 16384)."""
     return binascii.crc_hqx(raw, 0) & (SLOTS - 1)
+
+
+def _primary(routes: dict, slot: int) -> str | None:
+    """The name (host:port) of the primary a slot map routes ``slot`` to."""
+    nodes = routes.get(slot)
+    return nodes[0].name if nodes else None
 
 
 def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str, str]:
@@ -278,20 +284,33 @@ class RedisClusterStore(RedisStore):
                 with contextlib.suppress(*ERRORS):
                     self._r.nodes_manager.initialize()  # learn where the slot is now
 
-    def _load(self, op):
-        """``op()`` for a consumer's load: on a stale route, one slot-map re-read and one
-        immediate retry; never a sleep (see the module docstring).
+    def _routes(self) -> dict:
+        """The client's slot map (slot -> [primary, replicas…]) as it is now: a re-read
+        replaces the dict, so a reference taken before a call is the map it used."""
+        return self._r.nodes_manager.slots_cache
 
-        The re-read is rate-limited per store; a load that fails inside the window still
-        retries once if another load re-read the map after it started (the first loads of
-        several threads right after a promotion all hit), else it fails fast."""
-        seen = self.route_refreshes
+    def _load(self, op, slots):
+        """``op()`` for a consumer's load of keys in ``slots``: on a stale route, one
+        slot-map re-read and one immediate retry; never a sleep (see the module docstring).
+
+        The re-read is rate-limited per store. The retry is made only if the map now
+        routes one of ``slots`` elsewhere than the failed call did (whoever re-read it:
+        this load, another one, or redis-py itself): a map that still names the node that
+        just failed (a primary dead and not yet replaced, a cluster down) fails fast."""
+        before = self._routes()
         try:
             return op()
         except _STALE_ROUTE:
-            if self.route_refreshes == seen and not self._reread_routes():
+            if not self._rerouted(before, slots):
                 raise
         return op()
+
+    def _rerouted(self, before: dict, slots) -> bool:
+        """After a failed call made with the map ``before``: re-read the map (unless that
+        was done less than ``REROUTE_EVERY_S`` ago); does it route ``slots`` elsewhere?"""
+        self._reread_routes()
+        now = self._routes()
+        return any(_primary(before, s) != _primary(now, s) for s in slots)
 
     def _reread_routes(self) -> bool:
         """Re-read the slot map unless that was done less than ``REROUTE_EVERY_S`` ago;
@@ -303,7 +322,7 @@ class RedisClusterStore(RedisStore):
             self._next_reroute = now + REROUTE_EVERY_S
         try:
             self._r.nodes_manager.initialize()
-        except ERRORS:  # no node answers: the map is what it was, a retry would fail alike
+        except ERRORS:  # no node answers: the map stays what it was
             return False
         with self._reroute_lock:
             self.route_refreshes += 1
@@ -311,12 +330,14 @@ class RedisClusterStore(RedisStore):
 
     @_wrapped
     def get(self, identifier: str) -> bytes | None:
-        return self._load(lambda: RedisStore.get.__wrapped__(self, identifier))
+        return self._load(lambda: RedisStore.get.__wrapped__(self, identifier),
+                          (key_slot(_enc(identifier)),))  # (a bucket's slot: its tag's)
 
     @_wrapped
     def index_version(self) -> bytes | None:
         # (a consumer's index refresh: its probe of the store, as cheap as a load)
-        return self._load(lambda: RedisStore.index_version.__wrapped__(self))
+        return self._load(lambda: RedisStore.index_version.__wrapped__(self),
+                          (key_slot(self._gen_key),))  # (no hash tag: prefixes have no braces)
 
     def _transact(self, build) -> list:
         """One MULTI on the bucket's node (waiting out a reshard or failover), then the
@@ -410,17 +431,19 @@ class RedisClusterStore(RedisStore):
         # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
         walked: set[str] = set()
-        refreshes = self.route_refreshes
         nodes, rerouted = list(self._primaries()), False
         while nodes:
             node = nodes.pop(0)
             try:
                 yield from self._scan_node(node, match, seen, found)
             except _STALE_ROUTE as e:
-                if rerouted or (self.route_refreshes == refreshes and not self._reread_routes()):
+                if rerouted:
                     raise self._store_error(e) from None
                 rerouted = True
+                self._reread_routes()
                 nodes = [n for n in self._primaries() if n.name not in walked]
+                if any(n.name == node.name for n in nodes):  # still named: it is just down
+                    raise self._store_error(e) from None
                 continue
             except ERRORS as e:
                 raise self._store_error(e) from None
@@ -450,7 +473,8 @@ class RedisClusterStore(RedisStore):
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:
-        return self._load(lambda: self._get_many(identifiers))
+        return self._load(lambda: self._get_many(identifiers),
+                          {key_slot(_enc(i)) for i in identifiers})
 
     def _get_many(self, identifiers: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
