@@ -40,7 +40,17 @@ Consequences:
   short backoff until the slot has moved (``redirect_wait`` seconds at most).
 * A dead primary: a consumer's loads of its slots fail fast (connection refused →
   StoreError → a miss, and the consumer's circuit breaker backs off) until the cluster
-  promotes its replica; redis-py then picks up the new topology. Writes and header reads
+  promotes its replica. A client learns the new slot map only from a failed call, so a
+  load (``get``/``read_entry``/``get_many``) that fails on a stale route (connection
+  refused or reset, CLUSTERDOWN, an uncovered slot, MOVED/ASK left over) re-reads the slot
+  map once and retries once, at once: the first load after the promotion is a hit, not a
+  miss. Those re-reads happen at most once per ``REROUTE_EVERY_S`` (0.5 s) per store, and
+  the retry is made only if the map now routes the key elsewhere than the failed call did
+  (whoever re-read it: this load, another thread's, or redis-py itself): while the primary
+  is dead and not yet promoted the map still names it, and a load fails fast (milliseconds,
+  never a wait). A timeout is not retried (it already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
+  meets the dead node the stale map still names a primary likewise re-reads the map once
+  and walks the new primaries. Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
   for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
   reported as failed after it (a second ``precompute`` run writes what is missing).
@@ -67,7 +77,7 @@ from redis.exceptions import (AskError, ClusterDownError, ConnectionError as Red
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
 from .base import StoreError, StoreInfo
-from .redis import RedisStore, _dec, _glob_escape, _wrapped
+from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
 from .redis_errors import ERRORS
 from .url import redact
 
@@ -75,6 +85,10 @@ log = logging.getLogger(__name__)
 SLOTS = 16384
 _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
                  RedisConnectionError)
+#: a load failing with one of these may have met a stale route: re-read the map, retry once
+#: (not TimeoutError, not TRYAGAIN: the retry would wait, or meet the same half-moved slot)
+_STALE_ROUTE = (RedisConnectionError, ClusterDownError, SlotNotCoveredError, MovedError, AskError)
+REROUTE_EVERY_S = 0.5  # a store re-reads the slot map for its loads at most this often
 _TAGS: list[bytes] | None = None
 # one bucket's part of a SCAN page: KEYS = meta, atime; ARGV = identifiers
 _PAGE_LUA = """
@@ -105,6 +119,12 @@ def slot_tags() -> list[bytes]:
 def key_slot(raw: bytes) -> int:
     """Redis Cluster's slot of a key without hash tag (CRC16-XMODEM mod 16384)."""
     return binascii.crc_hqx(raw, 0) & (SLOTS - 1)
+
+
+def _primary(routes: dict, slot: int) -> str | None:
+    """The name (host:port) of the primary a slot map routes ``slot`` to."""
+    nodes = routes.get(slot)
+    return nodes[0].name if nodes else None
 
 
 def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str, str]:
@@ -186,6 +206,9 @@ class RedisClusterStore(RedisStore):
                                  f"{redact(url)}") from None
         self.redirect_wait = float(redirect_wait)
         self._no_wait_until = 0.0
+        self._reroute_lock = threading.Lock()
+        self._next_reroute = 0.0  # monotonic time before which loads do not re-read the map
+        self.route_refreshes = 0  # slot-map re-reads done for loads (each one bumps it)
         super().__init__(url, **options)
         self._options["redirect_wait"] = self.redirect_wait
         p = self.prefix.encode("utf-8")
@@ -260,6 +283,61 @@ class RedisClusterStore(RedisStore):
                 delay = min(0.25, delay * 2)
                 with contextlib.suppress(*ERRORS):
                     self._r.nodes_manager.initialize()  # learn where the slot is now
+
+    def _routes(self) -> dict:
+        """The client's slot map (slot -> [primary, replicas…]) as it is now: a re-read
+        replaces the dict, so a reference taken before a call is the map it used."""
+        return self._r.nodes_manager.slots_cache
+
+    def _load(self, op, slots):
+        """``op()`` for a consumer's load of keys in ``slots``: on a stale route, one
+        slot-map re-read and one immediate retry; never a sleep (see the module docstring).
+
+        The re-read is rate-limited per store. The retry is made only if the map now
+        routes one of ``slots`` elsewhere than the failed call did (whoever re-read it:
+        this load, another one, or redis-py itself): a map that still names the node that
+        just failed (a primary dead and not yet replaced, a cluster down) fails fast."""
+        before = self._routes()
+        try:
+            return op()
+        except _STALE_ROUTE:
+            if not self._rerouted(before, slots):
+                raise
+        return op()
+
+    def _rerouted(self, before: dict, slots) -> bool:
+        """After a failed call made with the map ``before``: re-read the map (unless that
+        was done less than ``REROUTE_EVERY_S`` ago); does it route ``slots`` elsewhere?"""
+        self._reread_routes()
+        now = self._routes()
+        return any(_primary(before, s) != _primary(now, s) for s in slots)
+
+    def _reread_routes(self) -> bool:
+        """Re-read the slot map unless that was done less than ``REROUTE_EVERY_S`` ago;
+        did it succeed?"""
+        now = time.monotonic()
+        with self._reroute_lock:
+            if now < self._next_reroute:
+                return False
+            self._next_reroute = now + REROUTE_EVERY_S
+        try:
+            self._r.nodes_manager.initialize()
+        except ERRORS:  # no node answers: the map stays what it was
+            return False
+        with self._reroute_lock:
+            self.route_refreshes += 1
+        return True
+
+    @_wrapped
+    def get(self, identifier: str) -> bytes | None:
+        return self._load(lambda: RedisStore.get.__wrapped__(self, identifier),
+                          (key_slot(_enc(identifier)),))  # (a bucket's slot: its tag's)
+
+    @_wrapped
+    def index_version(self) -> bytes | None:
+        # (a consumer's index refresh: its probe of the store, as cheap as a load)
+        return self._load(lambda: RedisStore.index_version.__wrapped__(self),
+                          (key_slot(self._gen_key),))  # (no hash tag: prefixes have no braces)
 
     def _transact(self, build) -> list:
         """One MULTI on the bucket's node (waiting out a reshard or failover), then the
@@ -342,35 +420,63 @@ class RedisClusterStore(RedisStore):
 
     def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
         """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
-        the way go to ``found`` as ``(meta, atime)`` pairs."""
+        the way go to ``found`` as ``(meta, atime)`` pairs.
+
+        The primaries come from the client's slot map; if one of them is a dead node the
+        map still lists (a failover the client has not seen yet: a consumer's index
+        refresh right after a promotion), the map is re-read once (as for a load) and the
+        walk goes on over the primaries not walked yet (keys already yielded are not
+        yielded again)."""
         seen: set[bytes] = set()
-        plen = len(self.prefix.encode("utf-8"))
         # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
-        for node in self._primaries():
-            cursor = 0
-            while True:
-                with self._errors():
-                    cursors, keys = self._r.scan(cursor, match=match, count=1000,
-                                                 target_nodes=node)
-                cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
-                page = []
-                for k in keys:
-                    close = k.find(b"}", plen)
-                    rest = k[close + 1:]
-                    if rest.startswith(b":e:"):
-                        if k not in seen:
-                            seen.add(k)
-                            page.append(k)
-                    elif found is not None and rest in (b":m", b":a"):
-                        found.add((k[:close + 1] + b":m", k[:close + 1] + b":a"))
-                if page:
-                    yield page
-                if cursor == 0:
-                    break
+        walked: set[str] = set()
+        nodes, rerouted = list(self._primaries()), False
+        while nodes:
+            node = nodes.pop(0)
+            try:
+                yield from self._scan_node(node, match, seen, found)
+            except _STALE_ROUTE as e:
+                if rerouted:
+                    raise self._store_error(e) from None
+                rerouted = True
+                self._reread_routes()
+                nodes = [n for n in self._primaries() if n.name not in walked]
+                if any(n.name == node.name for n in nodes):  # still named: it is just down
+                    raise self._store_error(e) from None
+                continue
+            except ERRORS as e:
+                raise self._store_error(e) from None
+            walked.add(node.name)
+
+    def _scan_node(self, node, match: bytes, seen: set, found: set | None):
+        """One primary's entry keys, a SCAN page at a time (see ``_scan_pages``)."""
+        plen = len(self.prefix.encode("utf-8"))
+        cursor = 0
+        while True:
+            cursors, keys = self._r.scan(cursor, match=match, count=1000, target_nodes=node)
+            cursor = cursors[node.name] if isinstance(cursors, dict) else cursors
+            page = []
+            for k in keys:
+                close = k.find(b"}", plen)
+                rest = k[close + 1:]
+                if rest.startswith(b":e:"):
+                    if k not in seen:
+                        seen.add(k)
+                        page.append(k)
+                elif found is not None and rest in (b":m", b":a"):
+                    found.add((k[:close + 1] + b":m", k[:close + 1] + b":a"))
+            if page:
+                yield page
+            if cursor == 0:
+                return
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:
+        return self._load(lambda: self._get_many(identifiers),
+                          {key_slot(_enc(i)) for i in identifiers})
+
+    def _get_many(self, identifiers: list[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
         now = time.time()
         for start in range(0, len(identifiers), 256):

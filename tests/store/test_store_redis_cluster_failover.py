@@ -1,0 +1,170 @@
+"""A consumer's loads across a Redis Cluster failover, on a real local cluster.
+
+redis-py's cluster client keeps routing a dead primary's slots to it until a failed call
+makes it re-read the slot map. A consumer's load (``get``/``read_entry``/``get_many``)
+that meets such a stale route re-reads the map once and retries once, at once: its first
+load after the replica's promotion is a hit, not a miss (and its first listing, an index
+refresh, walks the new primaries instead of failing on the dead one) — also for a client that does no
+retries of its own (``retries=0``: redis-py then gives up on the first refused
+connection). While the primary is dead and not yet promoted, loads still fail fast and
+those re-reads are rate-limited (once per ~0.5 s per store).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from encache.connectors.store import StoreError, open_store
+from redis_cluster_fixture import redis_cluster_factory  # noqa: F401 (fixture)
+from store_contract import blob
+
+pytestmark = pytest.mark.redis
+
+
+def _wait_replicated(primary) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = primary.client().info("replication")
+        offs = [v["offset"] for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+        if offs and min(offs) >= info["master_repl_offset"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError("replica did not catch up")
+
+
+def _fresh_reads(url: str, ident: str) -> bool:
+    """Does a brand-new client (slot map read now) load ``ident``?"""
+    fresh = open_store(url)
+    try:
+        return fresh.get(ident) is not None
+    except StoreError:
+        return False
+    finally:
+        fresh.close()
+
+
+def _all_nodes_know(c, victim) -> bool:
+    """Has every live node heard of the promotion (no CLUSTER SLOTS names ``victim``)?
+    (Right after a failover, nodes learn it by gossip within some ms of each other: a
+    slot-map re-read that asks a node not yet told still gets the old route.)"""
+    for n in c.nodes:
+        if n.alive:
+            try:
+                slots = n.client().execute_command("CLUSTER SLOTS")
+            except Exception:
+                return False
+            if any(int(s[2][1]) == victim.port for s in slots):
+                return False
+    return True
+
+
+def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F811
+    c = redis_cluster_factory(3, 1)
+    url = c.url_for(nodes=6) + f"?prefix=f-{uuid.uuid4().hex[:8]}:"
+    writer = open_store(url)
+    blobs = {f"f{i:03d}": blob(f"f{i:03d}", seed=i) for i in range(60)}
+    for i, b in blobs.items():
+        writer.put(i, b)
+    r = c.client()
+    victim = c.primaries()[0]
+    on_victim = [i for i in blobs if r.get_node_from_key(writer.key(i)).port == victim.port]
+    assert len(on_victim) >= 7
+    # three consumers, each with a client that routes the victim's slots to it: one reads
+    # with read_entry (plain GET: its access time was just refreshed), one with get and an
+    # access time refreshed on every load (GET + ZADD pipeline), one with get_many
+    # a fourth does no retries of its own (retries=0: redis-py stops at the first refused
+    # connection; with retries redis-py itself re-reads the map and retries too)
+    by_entry = open_store(url)
+    by_get = open_store(url, access_resolution=0)
+    by_many = open_store(url)
+    no_retries = open_store(url, retries=0)
+    threaded = open_store(url, retries=0)  # four load threads at once, as a consumer's pool
+    consumers = (by_entry, by_get, by_many, no_retries, threaded)
+    for consumer in consumers:
+        assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
+    by_list = open_store(url)  # and a consumer's index refresh (the walk over the primaries)
+    assert set(by_list.identifiers()) == set(blobs)
+    replica = c.replica_of(victim)
+    assert replica is not None
+    _wait_replicated(victim)
+    c.kill(victim)  # SIGKILL by PID
+    deadline = time.monotonic() + 60
+    while not (c.role(replica) == "master" and c.slots_of(replica) > 0
+               and _fresh_reads(url, on_victim[0]) and _all_nodes_know(c, victim)):
+        assert time.monotonic() < deadline, "the replica was not promoted / never served"
+        time.sleep(0.2)
+    # the consumers' clients still route those slots to the dead node: their FIRST loads
+    t = time.monotonic()
+    got = by_entry.read_entry(on_victim[0])
+    took = time.monotonic() - t
+    assert got is not None and bytes(got[0]) == blobs[on_victim[0]]
+    got = by_get.get(on_victim[1])
+    assert got is not None and bytes(got) == blobs[on_victim[1]]
+    many = by_many.get_many(on_victim)
+    assert [bytes(v) for v in many] == [blobs[i] for i in on_victim]
+    got = no_retries.read_entry(on_victim[2])
+    assert got is not None and bytes(got[0]) == blobs[on_victim[2]]
+    assert no_retries.route_refreshes == 1  # (its own re-read made the hit)
+    with ThreadPoolExecutor(4) as pool:  # only one may re-read the map: all four still hit
+        got = list(pool.map(threaded.read_entry, on_victim[3:7]))
+    assert [bytes(g[0]) for g in got] == [blobs[i] for i in on_victim[3:7]]
+    assert set(by_list.identifiers()) == set(blobs)  # the first listing walks the new map
+    assert by_list.route_refreshes == 1
+    by_list.close()
+    for consumer in consumers:
+        assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
+        consumer.close()
+    print(f"\nfirst load after the promotion: a hit in {took * 1000:.0f} ms")
+    writer.close()
+
+
+def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cluster_factory):  # noqa: F811
+    # the replica never takes over (cluster-replica-no-failover) and the other slots stay
+    # served (no full coverage required): a primary that is dead and not promoted, for as
+    # long as the test likes
+    c = redis_cluster_factory(3, 1, config={"cluster-replica-no-failover": "yes",
+                                            "cluster-require-full-coverage": "no"})
+    url = c.url_for(nodes=6) + f"?prefix=d-{uuid.uuid4().hex[:8]}:"
+    writer = open_store(url)
+    blobs = {f"d{i:03d}": blob(f"d{i:03d}", seed=i) for i in range(30)}
+    for i, b in blobs.items():
+        writer.put(i, b)
+    r = c.client()
+    victim = c.primaries()[0]
+    on_victim = [i for i in blobs if r.get_node_from_key(writer.key(i)).port == victim.port]
+    elsewhere = [i for i in blobs if i not in on_victim]
+    assert on_victim and elsewhere
+    consumers = [open_store(url), open_store(url, retries=0)]
+    for consumer in consumers:  # (builds the client; routes the victim's slots to it)
+        assert consumer.get(on_victim[0]) is not None
+    c.kill(victim)  # SIGKILL by PID
+    for consumer in consumers:
+        t0 = time.monotonic()
+        took = []
+        failed = 0
+        while time.monotonic() - t0 < 2.0:  # a consumer hammering the dead slots for 2 s
+            for i in on_victim:
+                t = time.monotonic()
+                try:
+                    consumer.read_entry(i)
+                except StoreError as e:
+                    assert "\n" not in str(e)
+                    failed += 1
+                took.append(time.monotonic() - t)
+        elapsed = time.monotonic() - t0
+        print(f"\nretries={consumer._options['retries']}: {len(took)} failed loads in "
+              f"{elapsed:.1f}s (slowest {max(took) * 1000:.0f} ms), "
+              f"{consumer.route_refreshes} slot-map re-reads for loads")
+        assert failed == len(took), "a dead primary's entry was served"
+        assert max(took) < 0.5, f"a failed load took {max(took):.2f}s"
+        assert len(took) > 20  # (fail fast: many loads fit in 2 s)
+        # re-reads for loads: at most one per ~0.5 s, however many loads failed
+        assert 1 <= consumer.route_refreshes <= elapsed / 0.5 + 1
+        for i in elsewhere[:5]:  # the live primaries' slots still load
+            assert bytes(consumer.get(i)) == blobs[i]
+        consumer.close()
+    writer.close()
