@@ -58,20 +58,11 @@ def stats_json(store: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
-    from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
-    from make_demo_corpus import make_corpus
-
-    files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
-    store = str(tmp_path / "store")
-    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
-    assert summary.encoded == 4
-    config = build_config(store, "ec_consumer", {})  # the defaults users run
-    proc, base = start_server(tiny_model, config, tmp_path / "server.log")
+def _serve_then_sigterm(model: str, config: dict, files, log_path: Path) -> None:
+    proc, base = start_server(model, config, log_path)
     try:
         for path in files:
-            assert chat(base, tiny_model, path)["choices"][0]["message"]["content"] is not None
+            assert chat(base, model, path)["choices"][0]["message"]["content"] is not None
         # stop it at once, as systemd/docker/Ctrl-C do: SIGTERM to the server process only;
         # the server then SIGKILLs its engine core (--shutdown-timeout 0)
         os.kill(proc.pid, signal.SIGTERM)
@@ -82,10 +73,36 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
         except ProcessLookupError:
             pass
     time.sleep(0.5)
+
+
+def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
+    """... and a restarted server trusts what the first one checksummed (the store's log
+    of versions verified this boot): its loads hash nothing."""
+    import shutil
+
+    from encache.cli.connector_config import build_config
+    from encache.cli.precompute import run_precompute
+    from make_demo_corpus import make_corpus
+
+    files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
+    store = str(tmp_path / "store")
+    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    assert summary.encoded == 4
+    # as after a reboot: the precompute's record of what it wrote is gone
+    shutil.rmtree(Path(store, ".encache", "verified"))
+    config = build_config(store, "ec_consumer", {})  # the defaults users run
+    _serve_then_sigterm(tiny_model, config, files, tmp_path / "server.log")
     s = stats_json(store)
     assert (s["hits"], s["misses"]) == (4, 0), s
     assert s["bytes_loaded"] > 0 and s["load_seconds"] > 0
+    assert s["checksums"] >= 4 and s["checksums_skipped"] == 0, s
     # the engine process is gone: its counter file was folded into the totals (what is
     # left is this test process's own, from the in-process precompute)
     left = list(Path(store, ".encache", "counters").glob("*.cnt"))
     assert all(f"-{os.getpid()}-" in p.name for p in left), left
+
+    _serve_then_sigterm(tiny_model, config, files, tmp_path / "server2.log")
+    again = stats_json(store)
+    assert (again["hits"], again["misses"]) == (8, 0), again
+    assert again["checksums"] == s["checksums"], "the restarted server hashed entries again"
+    assert again["checksums_skipped"] >= 4, again
