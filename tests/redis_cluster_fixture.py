@@ -289,6 +289,19 @@ class LocalCluster:
                 return
             time.sleep(0.5)
 
+    def wait_replicated(self, primary: RedisServer, timeout: float = 10.0) -> None:
+        """Until every replica of ``primary`` has acknowledged its whole replication
+        stream (so a failover after ``kill`` loses no entry)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = primary.client().info("replication")
+            offs = [v["offset"] for k, v in info.items()
+                    if k.startswith("slave") and isinstance(v, dict)]
+            if offs and min(offs) >= info["master_repl_offset"]:
+                return
+            time.sleep(0.05)
+        raise AssertionError("replica did not catch up")
+
     def kill(self, node: RedisServer) -> None:
         node.kill()  # SIGKILL by PID
 

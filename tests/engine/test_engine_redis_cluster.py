@@ -161,15 +161,6 @@ def test_consumer_serves_while_slots_move(cluster, engines, corpus, idents, refe
     store.close()
 
 
-def _wait_replicated(primary, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        info = primary.client().info("replication")
-        offs = [v["offset"] for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-        if offs and min(offs) >= info["master_repl_offset"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("replica did not catch up")
 
 
 def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus, idents,
@@ -188,7 +179,7 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
     victim = next(n for n in cluster.nodes if n.port == port)
     replica = cluster.replica_of(victim)
     assert replica is not None
-    _wait_replicated(victim)
+    cluster.wait_replicated(victim)
     cluster.kill(victim)  # SIGKILL by PID
     t0 = time.monotonic()
     during = on_victim[0]

@@ -313,15 +313,6 @@ def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):  # noqa: F8
 
 
 # -- failover ---------------------------------------------------------------------------------------------
-def _wait_replicated(c, primary) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        info = primary.client().info("replication")
-        offs = [v["offset"] for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-        if offs and min(offs) >= info["master_repl_offset"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("replica did not catch up")
 
 
 def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory):  # noqa: F811
@@ -336,7 +327,7 @@ def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory
     assert on_victim
     replica = c.replica_of(victim)
     assert replica is not None
-    _wait_replicated(c, victim)
+    c.wait_replicated(victim)
     c.kill(victim)  # SIGKILL by PID
     writer = s.reopen()
     wrote: dict = {}

@@ -25,15 +25,6 @@ from store_contract import blob
 pytestmark = pytest.mark.redis
 
 
-def _wait_replicated(primary) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        info = primary.client().info("replication")
-        offs = [v["offset"] for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-        if offs and min(offs) >= info["master_repl_offset"]:
-            return
-        time.sleep(0.05)
-    raise AssertionError("replica did not catch up")
 
 
 def _fresh_reads(url: str, ident: str) -> bool:
@@ -62,16 +53,23 @@ def _all_nodes_know(c, victim) -> bool:
     return True
 
 
-def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F811
-    c = redis_cluster_factory(3, 1)
-    url = c.url_for(nodes=6) + f"?prefix=f-{uuid.uuid4().hex[:8]}:"
+def _stored_on_a_victim(c, tag: str, n: int):
+    """``n`` entries stored under a fresh prefix; ``(url, writer, blobs, victim,
+    identifiers on victim)``, the victim being the first primary."""
+    url = c.url_for(nodes=6) + f"?prefix={tag}-{uuid.uuid4().hex[:8]}:"
     writer = open_store(url)
-    blobs = {f"f{i:03d}": blob(f"f{i:03d}", seed=i) for i in range(60)}
+    blobs = {f"{tag}{i:03d}": blob(f"{tag}{i:03d}", seed=i) for i in range(n)}
     for i, b in blobs.items():
         writer.put(i, b)
     r = c.client()
     victim = c.primaries()[0]
     on_victim = [i for i in blobs if r.get_node_from_key(writer.key(i)).port == victim.port]
+    return url, writer, blobs, victim, on_victim
+
+
+def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F811
+    c = redis_cluster_factory(3, 1)
+    url, writer, blobs, victim, on_victim = _stored_on_a_victim(c, "f", 60)
     assert len(on_victim) >= 7
     # three consumers, each with a client that routes the victim's slots to it: one reads
     # with read_entry (plain GET: its access time was just refreshed), one with get and an
@@ -90,7 +88,7 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F8
     assert set(by_list.identifiers()) == set(blobs)
     replica = c.replica_of(victim)
     assert replica is not None
-    _wait_replicated(victim)
+    c.wait_replicated(victim)
     c.kill(victim)  # SIGKILL by PID
     deadline = time.monotonic() + 60
     while not (c.role(replica) == "master" and c.slots_of(replica) > 0
@@ -128,14 +126,7 @@ def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cl
     # long as the test likes
     c = redis_cluster_factory(3, 1, config={"cluster-replica-no-failover": "yes",
                                             "cluster-require-full-coverage": "no"})
-    url = c.url_for(nodes=6) + f"?prefix=d-{uuid.uuid4().hex[:8]}:"
-    writer = open_store(url)
-    blobs = {f"d{i:03d}": blob(f"d{i:03d}", seed=i) for i in range(30)}
-    for i, b in blobs.items():
-        writer.put(i, b)
-    r = c.client()
-    victim = c.primaries()[0]
-    on_victim = [i for i in blobs if r.get_node_from_key(writer.key(i)).port == victim.port]
+    url, writer, blobs, victim, on_victim = _stored_on_a_victim(c, "d", 30)
     elsewhere = [i for i in blobs if i not in on_victim]
     assert on_victim and elsewhere
     consumers = [open_store(url), open_store(url, retries=0)]
