@@ -102,13 +102,7 @@ def check_entry(store: Store, e: EntryInfo, model: str | None = None, *,
     host's consumers load it without hashing it again this boot."""
     out: list[Finding] = []
     ident = e.identifier
-    st = None
-    if not _gettable(ident):
-        blob = None
-    elif log is not None:
-        blob, st = read_untracked_with_stat(store, ident)
-    else:
-        blob = read_untracked(store, ident)
+    blob, st = read_untracked_with_stat(store, ident) if _gettable(ident) else (None, None)
     if blob is None:
         if e.error is not None:  # unreadable by name (hashed directory): the scan's verdict
             return [Finding(ident, "problem", e.error, "", e.size)], None, False
@@ -117,7 +111,7 @@ def check_entry(store: Store, e: EntryInfo, model: str | None = None, *,
         meta, _ = decode(blob, identifier=ident, verify=True)
     except CorruptEntry as err:
         return [Finding(ident, "problem", err.reason, err.detail, len(blob))], None, False
-    if st is not None and meta.checksum is not None:
+    if log is not None and st is not None and meta.checksum is not None:
         from .files import ServedVersion
         from .verified_log import record_key
         log.append(record_key(ident, ServedVersion.of(st)), st.st_ctime_ns)
@@ -150,21 +144,13 @@ def read_untracked(store: Store, identifier: str):
     On disk we read the entry file with ``O_NOATIME`` instead (falling back to a plain
     read where the kernel refuses it); other backends go through ``store.get``.
     """
-    if not store.supports_entry_path:
-        return store.get(identifier)
-    from .disk import open_untracked
-
-    try:
-        fd = open_untracked(store.entry_path(identifier))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        return f.read()
+    return read_untracked_with_stat(store, identifier)[0]
 
 
 def read_untracked_with_stat(store: Store, identifier: str):
-    """``(bytes, stat)`` of a disk entry read untracked; ``stat`` is None when the file
-    changed while it was read (its ctime moved) or the store has no entry files."""
+    """:func:`read_untracked`, and the file's ``stat`` for the verified log: ``(bytes,
+    stat)``; ``stat`` is None when the file changed while it was read (its ctime moved)
+    or the store has no entry files."""
     if not store.supports_entry_path:
         return store.get(identifier), None
     from .disk import open_untracked
