@@ -74,6 +74,11 @@ class VerifiedVersions:
             self._trusted = self.log.load()
         return len(self._trusted)
 
+    @property
+    def logged_versions(self) -> int:
+        """How many versions the log held when :meth:`load_log` read it."""
+        return len(self._trusted)
+
     def trusted(self, identifier: str, version) -> bool:
         """``version`` of ``identifier``, unchanged since (same ctime), was verified
         earlier this boot (the log)."""

@@ -215,41 +215,33 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                     time.sleep(0.05)
                 return look.verified_count(ahead_ids)
 
-            def prepare_restart():
-                """Untimed: a restarted consumer (new store object, new lookup: nothing
-                verified, no kept buffers); wait for its start-up verify-ahead."""
-                old = lk.pop("restart", None)
+            def restarted(key, **kw):
+                """Untimed: lookup ``key`` replaced by a restarted consumer (new store
+                object, new lookup: nothing in memory, no kept buffers), once its start-up
+                thread finished."""
+                old = lk.pop(key, None)
                 if old is not None:
                     old.close()
-                lk["restart"] = EntryLookup(DiskStore(root / "encache", fsync=False),
-                                            counters_flush_s=3600, load_threads=1,
-                                            index_refresh_s=3600, model="bench")
-                assert lk["restart"].start_verify_done.wait(120)
-                return lk["restart"].verified_at_start
+                lk[key] = look = EntryLookup(DiskStore(root / "encache", fsync=False),
+                                             counters_flush_s=3600, load_threads=1,
+                                             index_refresh_s=3600, **kw)
+                assert look.start_verify_done.wait(120)
+                return look
+
+            def prepare_restart():
+                """Its start-up pass prepared the most recently used entries."""
+                return restarted("restart", model="bench").verified_at_start
 
             def prepare_first():
-                """Untimed: a consumer that never saw these versions, nor did any other
-                this boot (no log): every load of the round is a cold first load."""
-                old = lk.pop("first", None)
-                if old is not None:
-                    old.close()
-                lk["first"] = EntryLookup(DiskStore(root / "encache", fsync=False),
-                                          counters_flush_s=3600, load_threads=1,
-                                          index_refresh_s=3600, verify_ahead_start_bytes=0,
-                                          remember_verified=False)
+                """A consumer that never saw these versions, nor did any other this boot
+                (no log): every load of the round is a cold first load."""
+                restarted("first", verify_ahead_start_bytes=0, remember_verified=False)
 
             def prepare_restart_tail():
-                """Untimed: another restarted consumer whose start-up pass does nothing
-                (budget 0): its first loads are all beyond the budget."""
-                old = lk.pop("tail", None)
-                if old is not None:
-                    old.close()
-                lk["tail"] = EntryLookup(DiskStore(root / "encache", fsync=False),
-                                         counters_flush_s=3600, load_threads=1,
-                                         index_refresh_s=3600, model="bench",
-                                         verify_ahead_start_bytes=0)
-                assert lk["tail"].start_verify_done.wait(120)
-                return lk["tail"].verified.load_log()
+                """A start-up pass that does nothing (budget 0): its first loads are all
+                beyond the budget; returns how many versions its log holds."""
+                return restarted("tail", model="bench",
+                                 verify_ahead_start_bytes=0).verified.logged_versions
 
             def checksum_only(i):
                 blob, _ = store.read_entry(ids[i])  # the repeat lookup's kept mapping
