@@ -253,7 +253,8 @@ def progress(label: str, total: int | None = None, *, quiet: bool = False,
 
 
 class PhaseProgress:
-    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=)``),
+    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=,
+    phase=)``),
     the interface job code with several phases drives (precompute: hashing, starting
     engine, encoding). Drawn with Rich on stderr; silent when ``quiet`` or (with
     ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
@@ -266,6 +267,7 @@ class PhaseProgress:
                  show_failures: bool = False, terminal_only: bool = True):
         self.bar = None
         self.task = None
+        self.tasks: dict[str, object] = {}  # phase -> its bar's task
         self.transient = transient
         self.show_failures = show_failures
         if quiet or (terminal_only and not is_tty(sys.stderr)):
@@ -290,10 +292,18 @@ class PhaseProgress:
         if self.bar is not None:
             if self.task is not None and self.transient:
                 self.bar.remove_task(self.task)
+                self.tasks = {p: t for p, t in self.tasks.items() if t != self.task}
             self.task = self.bar.add_task(phase, total=total)
+            self.tasks[phase] = self.task
 
-    def advance(self, n: int, failed: str | None = None) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.advance(self.task, n)
+    def advance(self, n: int, failed: str | None = None, phase: str | None = None) -> None:
+        """Advance ``phase``'s bar (phases may overlap: precompute hashes on a thread
+        while it encodes), else the phase started last."""
+        task = self.task if phase is None else self.tasks.get(phase)
+        if self.bar is not None and task is not None:
+            try:
+                self.bar.advance(task, n)
+            except KeyError:  # a transient bar removed by the phase that followed
+                return
             if failed and self.show_failures:
                 self.console.print(f"[yellow]failed[/] {failed}")

@@ -18,7 +18,9 @@ Both run the same three phases, written once here:
    missing.
 2. **encode** ``todo`` with a pluggable stage: :class:`LocalStage` (an in-process
    :class:`~encache.connectors.vllm.producer.ProducerEngine`, batch by batch, with the
-   ``--over-capacity skip`` room budget and the store-full stop) or the Ray stage of
+   ``--over-capacity skip`` room budget and the store-full stop; it identifies on a
+   background thread and starts the engine at the first missing file, so hashing
+   overlaps the engine's start-up and encoding) or the Ray stage of
    :mod:`encache.jobs.ray_precompute` (identify tasks and an actor pool of engines).
 3. **finish** (:func:`record_encoded`): every identifier an engine reported is checked in
    the store (the store is the truth: evicted-after-write is told from lost), evictions
@@ -39,13 +41,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from .precompute_encode import (Encoded, LocalStage, engine_error, engine_store_url,  # noqa: F401
                                 media_item, store_full)
-from .precompute_identify import (NON_MEDIA, UNREADABLE, account, classify,  # noqa: F401
-                                  identify_or_mark, stored_state)
+from .precompute_identify import (NON_MEDIA, UNREADABLE, RowStream, Todo, account,  # noqa: F401
+                                  classify, identify_or_mark, stored_state)
 from .precompute_options import (PrecomputeOptions, Summary, check_request_kwargs,  # noqa: F401
                                  engine_encoder_config, hashing_settings, manifest_key,
                                  parse_engine_args, validate_args)
@@ -53,15 +55,20 @@ from .precompute_options import (PrecomputeOptions, Summary, check_request_kwarg
 
 class Stage(Protocol):
     """The pluggable part of the job: how files are identified and how ``todo`` is
-    encoded. :class:`LocalStage` runs both in this process; the Ray stage on a cluster."""
+    encoded. :class:`LocalStage` runs both in this process (rows stream from a background
+    thread into the engine); the Ray stage on a cluster (every row first)."""
 
     summary_class: type
 
     def identify(self, files: list, records: dict, store, options: PrecomputeOptions,
-                 summary: Summary, lora_digest: str, progress) -> list: ...
+                 summary: Summary, lora_digest: str, progress) -> Iterable[tuple]:
+        """Rows ``(file, identifier or marker, hashed, state)`` in corpus order: a list,
+        or a :class:`RowStream` still being computed."""
 
-    def encode(self, todo: dict, store, options: PrecomputeOptions, summary: Summary,
-               progress) -> Encoded | None: ...
+    def encode(self, todo: Todo, store, options: PrecomputeOptions, summary: Summary,
+               progress) -> Encoded | None:
+        """Encode what ``todo`` yields (``(identifier, file)`` as found; ``todo.drain()``
+        waits for the whole dict); None when no engine ran (nothing was missing, no room)."""
 
 
 # --------------------------------------------------------------------------- finish
@@ -103,21 +110,29 @@ def check_capacity(store, summary: Summary, wanted: int) -> None:
 
 def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, summary: Summary,
                 stage: Stage, *, manifest, dry_run: bool, progress) -> None:
-    """identify -> account -> encode -> record, the part every entry point shares."""
+    """identify -> encode -> record, the part every entry point shares. The stage's rows
+    may still be coming (``LocalStage``: a :class:`RowStream`): the :class:`Todo` counts
+    them as the encode stage takes them, and the rest once it is done."""
     from ..connectors.lora_stamp import adapter_digest
 
     lora_digest = adapter_digest(options.lora_path) if options.lora else ""
     rows = stage.identify(files, records, store, options, summary, lora_digest, progress)
-    todo = account(rows, summary, manifest)
-    wanted = summary.present + len(todo)  # distinct identifiers the files need
-    if todo and not dry_run:
-        evictions_before = store.read_counters().get("evictions", 0)
-        result = stage.encode(todo, store, options, summary, progress)
-        if result is not None:
-            record_encoded(store, todo, result, summary)
-        summary.evicted = max(summary.evicted_own, int(
-            store.read_counters().get("evictions", 0) - evictions_before))
-    check_capacity(store, summary, wanted)
+    todo = Todo(rows, summary, manifest)
+    try:
+        if dry_run:
+            todo.drain()
+        else:
+            evictions_before = store.read_counters().get("evictions", 0)
+            result = stage.encode(todo, store, options, summary, progress)
+            todo.drain()  # rows the stage did not take (it stopped early, or nothing was missing)
+            if result is not None:
+                record_encoded(store, todo.files, result, summary)
+            if summary.engine_started:
+                summary.evicted = max(summary.evicted_own, int(
+                    store.read_counters().get("evictions", 0) - evictions_before))
+    finally:
+        todo.close()
+    check_capacity(store, summary, summary.present + len(todo.files))
 
 
 def _open(options: PrecomputeOptions, stage: Stage):

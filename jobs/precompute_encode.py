@@ -13,13 +13,14 @@ full (exit 7). :class:`Encoded` is what any encode stage reports. The Ray stage
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
-from .precompute_identify import UNREADABLE, classify
+from .precompute_identify import classify
 from .precompute_options import PrecomputeOptions, Summary
 
 
@@ -136,10 +137,23 @@ def _ordered(pool, fn, items, window: int):
 class LocalStage:
     """Identify in this process; encode with one in-process producer engine, ``batch``
     files per engine call, with the ``--over-capacity skip`` room budget and a stop when
-    the store's filesystem is full. A reader thread reads batch ``k+1``'s files -- and
+    the store's filesystem is full.
+
+    Nothing waits for a whole phase. Files are identified on a background thread
+    (:class:`~.precompute_identify.RowStream`); the engine starts as soon as the first
+    missing file is found and takes batches as they are identified, so hashing overlaps
+    the engine's start-up and its encoding (before, a million-file corpus was hashed
+    before the encoder started). A reader thread reads batch ``k+1``'s files -- and
     decodes its images with the engine's own loader -- while the engine encodes batch
     ``k`` (the connector's writes are already asynchronous), so the engine waits neither
-    for the disk nor for image decoding between batches."""
+    for the disk nor for image decoding between batches.
+
+    The engine accepts the media kinds of the missing files found by the time it starts
+    (images always). A file of another kind the model takes, found later (a video after
+    images), is put aside and encoded at the end by a second engine that accepts it: one
+    extra start-up for a mixed corpus whose first missing file is an image. A kind the
+    model does not take goes to the engine as before and fails item by item, naming the
+    architecture."""
 
     summary_class = Summary
 
@@ -150,8 +164,7 @@ class LocalStage:
         #: decode images in the reader with the engine's own loader (False: send every
         #: image as a data URL, decoded by the engine in its own thread, as before)
         self.decode = decode
-        #: threads that identify files before the engine starts (default: one per CPU, at
-        #: most 8)
+        #: threads that identify files (default: one per CPU, at most 8)
         self.hash_threads = max(1, hash_threads or min(8, os.cpu_count() or 1))
         #: ``trace(stage, batch_index, t_start, t_end)`` for each batch's "read" and
         #: "encode" (``time.perf_counter`` seconds; tests show the overlap with it)
@@ -168,10 +181,17 @@ class LocalStage:
         self._note("read", k, t_start)
         return read
 
-    def identify(self, files, records, store, options, summary, lora_digest, progress) -> list:
+    def _read_next(self, k: int, batches, decode=None) -> tuple[list, list] | None:
+        """The next batch (waiting for it to be identified) and what :meth:`_read` made
+        of it; None at the end."""
+        chunk = next(batches, None)
+        return None if chunk is None else (chunk, self._read(k, chunk, decode))
+
+    def identify(self, files, records, store, options, summary, lora_digest, progress):
+        from .precompute_identify import RowStream
+
         present = set(store.identifiers())
         encoder_config = summary.encoder_config
-        rows = []
         if progress:
             progress.start("hashing", len(files))
 
@@ -179,35 +199,77 @@ class LocalStage:
             return (f, *classify(f, records.get(f.rel), store=store, options=options,
                                  encoder_config=encoder_config, lora_digest=lora_digest,
                                  present=present))
-        # files are read, hashed (blake3) and, where the header cannot tell, decoded
-        # (Pillow) by a few threads: both release the GIL; rows come back in corpus order
-        with ThreadPoolExecutor(max_workers=self.hash_threads,
-                                thread_name_prefix="encache-hash") as pool:
-            for f, ident, hashed, state in _ordered(pool, row, files, 4 * self.hash_threads):
-                rows.append((f, ident, hashed, state))
-                if progress:
-                    progress.advance(1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
-                                     if state == "unreadable" else None)
-        return rows
+        return RowStream(files, row, threads=self.hash_threads, progress=progress)
 
     def encode(self, todo, store, options, summary, progress) -> Encoded | None:
-        from ..connectors.media import sniff
-        from ..connectors.vllm.producer import EngineOptions, ProducerEngine
-
         budget = None
         if options.over_capacity == "skip" and store.max_bytes:
             from ..connectors.capacity import RoomBudget, mean_entry_bytes
+            todo.drain()  # the room budget is planned for the whole todo
+            if not todo.files:
+                return None
             budget = RoomBudget(store, store.max_bytes, store.low_watermark,
                                 mean_entry_bytes(store, store.identifiers()))
-            if budget.fits(len(todo)) == 0:  # nothing fits: do not even start the engine
-                summary.skipped_capacity += len(todo)
+            if budget.fits(len(todo.files)) == 0:  # nothing fits: do not even start the engine
+                summary.skipped_capacity += len(todo.files)
                 return None
-        # the kind of each item routes it to an image_url or a video_url part (a header read)
-        kinds = {ident: sniff(f.path, name=f.rel).kind or "image" for ident, f in todo.items()}
-        opts = EngineOptions(**options.engine_options(engine_store_url(options, store),
-                                                      kinds.values()))
-        items = list(todo.items())
-        chunks = [items[i:i + options.batch] for i in range(0, len(items), options.batch)]
+        stream = iter(todo)  # (identifier, file) of each missing file as it is identified
+        found = list(todo.files.items())  # the whole todo when it was drained above
+        if not found:
+            first = next(stream, None)
+            if first is None:
+                return None  # nothing is missing: no engine starts
+            found = [first, *todo.take_ready()]
+        out = Encoded()
+        t0 = None
+        engine = None
+        try:
+            engine = self._start(options, store, [f for _, f in found], summary, progress)
+            t0 = time.perf_counter()
+            if progress:
+                progress.start("encoding", len(todo.files) if todo.complete else None)
+            later = self._encode_batches(engine, itertools.chain(found, stream), options,
+                                         store, out, budget, summary, progress)
+            if later:  # kinds this engine does not accept: a second one that does
+                self._collect(engine, out)
+                engine.close()
+                engine = None
+                engine = self._start(options, store, [f for _, f in later], summary, progress)
+                if progress:
+                    progress.start("encoding", len(later))
+                self._encode_batches(engine, iter(later), options, store, out, budget,
+                                     summary, progress)
+            self._collect(engine, out)
+        finally:
+            if engine is not None:
+                engine.close()
+        summary.encode_seconds = time.perf_counter() - t0
+        full = store_full(out.save_errors)
+        if full:
+            todo.drain()
+            written = sum(1 for ident in out.ok if ident in out.saved)
+            raise EncacheError(
+                f"the store's filesystem is full ({full}): {len(todo.files) - written:,} of "
+                f"{len(todo.files):,} entries were not written to {store.url}; every entry "
+                f"written is whole", EXIT_STORE,
+                hint="free space or set --max-bytes below the free space, then rerun: it "
+                     "encodes only what is missing")
+        return out
+
+    @staticmethod
+    def _collect(engine, out: Encoded) -> None:
+        """Wait for the engine's writes and take its write results."""
+        engine.wait_for_saves()
+        out.save_errors.update(engine.save_errors())
+        out.saved |= engine.saved_identifiers()
+
+    def _start(self, options, store, files: list, summary, progress):
+        """A producer engine accepting the media kinds of ``files`` (a header read each)."""
+        from ..connectors.media import sniff
+        from ..connectors.vllm.producer import EngineOptions, ProducerEngine
+
+        kinds = {sniff(f.path, name=f.rel).kind or "image" for f in files}
+        opts = EngineOptions(**options.engine_options(engine_store_url(options, store), kinds))
         if progress:
             progress.start("starting engine", None)
         try:
@@ -215,28 +277,39 @@ class LocalStage:
         except Exception as e:
             raise engine_error(options.model, e) from e
         summary.engine_started = True
-        t0 = time.perf_counter()
-        out = Encoded()
-        # one reader thread (started after the engine: no thread across its start-up), at
-        # most one batch ahead: reading the next batch's files (bytes -> sniff -> decoded
-        # image with the engine's own loader, or a data URL for a video) overlaps the
-        # engine's encode of this one (Pillow releases the GIL while it decodes); results
-        # are taken in batch order, so the output is the same as without it
+        return engine
+
+    def _encode_batches(self, engine, items, options, store, out: Encoded, budget, summary,
+                        progress) -> list:
+        """Encode ``items`` (``(identifier, file)``, consumed as they come) in batches;
+        returns the items of a media kind the engine does not accept, untouched."""
+        accepted = {"image", *engine.opts.modalities}
+        later: list = []
+        batches = _batched(items, options.batch)
+        # one reader thread (started after the engine), at most one batch ahead: reading
+        # the next batch's files (bytes -> sniff -> decoded image with the engine's own
+        # loader, or a data URL for a video) overlaps the engine's encode of this one
+        # (Pillow releases the GIL while it decodes); results are taken in batch order,
+        # so the output is the same as without it
         decode = engine.decode_image if self.decode else None
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encache-read")
-        ahead = (reader.submit(self._read, 0, chunks[0], decode)
-                 if chunks and self.prefetch else None)
         try:
-            if progress:
-                progress.start("encoding", len(items))
-            for k, chunk in enumerate(chunks):
+            ahead = reader.submit(self._read_next, 0, batches, decode) if self.prefetch else None
+            k = 0
+            while True:
                 if self.prefetch:
-                    read = ahead.result()
-                    ahead = (reader.submit(self._read, k + 1, chunks[k + 1], decode)
-                             if k + 1 < len(chunks) else None)
+                    got = ahead.result()
+                    if got is None:
+                        break
+                    ahead = reader.submit(self._read_next, k + 1, batches, decode)
                 else:  # one after the other: this batch is read once the last is encoded
-                    read = self._read(k, chunk, decode)
+                    got = self._read_next(k, batches, decode)
+                    if got is None:
+                        break
+                chunk, read = got
+                k += 1
                 if budget is not None:
+                    from ..connectors.capacity import mean_entry_bytes
                     if out.ok and budget.mean_bytes is None:
                         engine.wait_for_saves()
                         budget.mean_bytes = mean_entry_bytes(store, out.ok)
@@ -249,10 +322,13 @@ class LocalStage:
                     chunk, read = chunk[:n], read[:n]
                     if not chunk:
                         continue
-                payload = []
-                for ident, item, error in read:
+                payload, put_aside = [], 0
+                for (ident, f), (_, item, error) in zip(chunk, read):
                     if item is None:
                         out.failed[ident] = error
+                    elif item[2] not in accepted and engine.model_takes(item[2]):
+                        later.append((ident, f))
+                        put_aside += 1
                     else:
                         payload.append(item)
                 t_encode = time.perf_counter()
@@ -261,25 +337,23 @@ class LocalStage:
                         out.ok.append(res.identifier)
                     else:
                         out.failed[res.identifier] = res.error
-                self._note("encode", k, t_encode)
+                self._note("encode", k - 1, t_encode)
                 if progress:
-                    progress.advance(len(chunk))
+                    progress.advance(len(chunk) - put_aside)
                 if store_full(engine.save_errors()):
-                    break  # the store's filesystem is full: stop encoding, report below
-            engine.wait_for_saves()
-            out.save_errors = engine.save_errors()
-            out.saved = engine.saved_identifiers()
+                    return []  # the store's filesystem is full: stop encoding, report after
         finally:
             reader.shutdown(wait=True, cancel_futures=True)
-            engine.close()
-        summary.encode_seconds = time.perf_counter() - t0
-        full = store_full(out.save_errors)
-        if full:
-            written = sum(1 for ident in out.ok if ident in out.saved)
-            raise EncacheError(
-                f"the store's filesystem is full ({full}): {len(todo) - written:,} of "
-                f"{len(todo):,} entries were not written to {store.url}; every entry written is "
-                f"whole", EXIT_STORE,
-                hint="free space or set --max-bytes below the free space, then rerun: it "
-                     "encodes only what is missing")
-        return out
+        return later
+
+
+def _batched(items, size: int):
+    """Lists of up to ``size`` items, each as soon as it is full (or the items end)."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -84,18 +84,139 @@ def classify(f, record, *, store, options: PrecomputeOptions, encoder_config: st
     return ident, hashed, stored_state(store, ident, encoder_config, lora_digest)
 
 
-def account(rows: Iterable[tuple], summary: Summary, manifest=None) -> dict:
-    """Count identify rows ``(CorpusFile, identifier, hashed, state)`` (in corpus order)
-    into ``summary`` and record hashed ones in ``manifest``; returns ``identifier ->
-    CorpusFile`` of what must be encoded (the first file of an identifier wins)."""
-    todo: dict[str, object] = {}
-    for f, ident, hashed, state in rows:
-        if hashed and manifest is not None:
-            manifest.record(f, ident)
+class RowStream:
+    """Identify rows computed in the background, handed out in corpus order as they come.
+
+    A thread (``encache-identify``) runs ``row(f)`` for every file on ``threads`` worker
+    threads (at most a bounded window queued, results in input order) and puts each row in
+    a queue; iterating the stream takes them, waiting for the next one when needed, and
+    re-raises an error the thread met. Why: the encode stage starts its engine when the
+    first missing file is found, while the rest are still being hashed, instead of after
+    the whole corpus (minutes on a million files). ``progress.advance(1, failed=…,
+    phase="hashing")`` is called from that thread after each row; ``close()`` stops it (an
+    engine that failed to start) and waits for it."""
+
+    _END = object()
+
+    def __init__(self, files: list, row, *, threads: int, progress=None):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._progress = progress
+        self._thread = threading.Thread(target=self._run, args=(files, row, max(1, threads)),
+                                        name="encache-identify", daemon=True)
+        self._thread.start()
+
+    def _run(self, files: list, row, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .precompute_encode import _ordered
+
+        try:
+            # files are read, hashed (blake3) and, where the header cannot tell, decoded
+            # (Pillow) by a few threads: both release the GIL
+            with ThreadPoolExecutor(max_workers=threads,
+                                    thread_name_prefix="encache-hash") as pool:
+                for f, ident, hashed, state in _ordered(pool, row, self._files(files),
+                                                        4 * threads):
+                    self._queue.put((f, ident, hashed, state))
+                    if self._progress:
+                        self._progress.advance(
+                            1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
+                            if state == "unreadable" else None, phase="hashing")
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._error = e
+        finally:
+            self._queue.put(self._END)
+
+    def _files(self, files: list):
+        for f in files:
+            if self._stop.is_set():
+                return
+            yield f
+
+    def __iter__(self):
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                self._queue.put(self._END)  # a second iteration ends at once
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def ready(self) -> int:
+        """Rows computed and not yet taken (taking them will not wait)."""
+        return self._queue.qsize()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Todo:
+    """What must be encoded, found as identify rows arrive (corpus order).
+
+    Iterating yields ``(identifier, CorpusFile)`` for each identifier that must be encoded,
+    the first file of an identifier winning, and counts every row it passes into the
+    ``Summary`` and (hashed rows) the manifest, as :func:`account` did for a whole list.
+    ``files`` is what was found so far (identifier -> file); :meth:`drain` takes every
+    remaining row and returns it complete. One consumer at a time."""
+
+    def __init__(self, rows: Iterable[tuple], summary: Summary, manifest=None):
+        self.files: dict[str, object] = {}
+        self._rows = rows
+        self._iter = iter(rows)
+        self._summary = summary
+        self._manifest = manifest
+        self.complete = False
+
+    def __iter__(self):
+        for f, ident, hashed, state in self._iter:
+            if self._count(f, ident, hashed, state) and ident not in self.files:
+                self.files[ident] = f
+                yield ident, f
+        self.complete = True
+
+    def take_ready(self) -> list:
+        """``(identifier, file)`` of the rows already computed (no wait; every row when
+        they are a list)."""
+        n = self._rows.ready() if isinstance(self._rows, RowStream) else None
+        found = []
+        while n is None or n > 0:
+            row = next(self._iter, None)
+            if row is None:
+                self.complete = True
+                break
+            if n is not None:
+                n -= 1
+            f, ident, hashed, state = row
+            if self._count(f, ident, hashed, state) and ident not in self.files:
+                self.files[ident] = f
+                found.append((ident, f))
+        return found
+
+    def drain(self) -> dict:
+        for _ in self:
+            pass
+        return self.files
+
+    def close(self) -> None:
+        if isinstance(self._rows, RowStream):
+            self._rows.close()
+
+    def _count(self, f, ident: str, hashed: bool, state: str) -> bool:
+        """Count one row; True when it must be encoded."""
+        summary = self._summary
+        if hashed and self._manifest is not None:
+            self._manifest.record(f, ident)
         if state == "non_media":  # remembered: an unchanged file is not sniffed again
             summary.skipped_non_media += 1
             summary.non_media.append({"path": f.rel, "reason": ident[len(NON_MEDIA):]})
-            continue
+            return False
         if hashed:
             summary.hashed += 1
         else:
@@ -103,13 +224,20 @@ def account(rows: Iterable[tuple], summary: Summary, manifest=None) -> dict:
         if state == "unreadable":  # remembered: an unchanged bad file is not re-read
             summary.failed += 1
             summary.failures.append({"path": f.rel, "error": ident[len(UNREADABLE):]})
-        elif state == "present":
+            return False
+        if state == "present":
             summary.present += 1
-        else:
-            if ident not in todo:
-                if state == "other_config":
-                    summary.other_config += 1
-                elif state == "stale_lora":
-                    summary.stale_lora += 1
-            todo.setdefault(ident, f)
-    return todo
+            return False
+        if ident not in self.files:
+            if state == "other_config":
+                summary.other_config += 1
+            elif state == "stale_lora":
+                summary.stale_lora += 1
+        return True
+
+
+def account(rows: Iterable[tuple], summary: Summary, manifest=None) -> dict:
+    """Count identify rows ``(CorpusFile, identifier, hashed, state)`` (in corpus order)
+    into ``summary`` and record hashed ones in ``manifest``; returns ``identifier ->
+    CorpusFile`` of what must be encoded (the first file of an identifier wins)."""
+    return Todo(rows, summary, manifest).drain()

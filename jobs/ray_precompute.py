@@ -323,9 +323,12 @@ class RayStage:
         # in corpus order, as single-host (the first file of an identifier wins)
         return [(f, *results[f.rel][1:]) for f in files]
 
-    def encode(self, todo, store, options, summary, progress) -> Encoded:
+    def encode(self, todo, store, options, summary, progress) -> Encoded | None:
         from ..connectors.media import sniff
 
+        todo = todo.drain()  # every row was identified before this stage encodes
+        if not todo:
+            return None
         # the media kinds the engines must accept (a header read per file, as single-host)
         kinds = {sniff(f.path, name=f.rel).kind or "image" for f in todo.values()}
         opts = options.engine_options(engine_store_url(options, store), kinds)

@@ -157,6 +157,33 @@ class TowerTap:
             self.cls.embed_multimodal = self._original
 
 
+class AfterHashing:
+    """A precompute ``progress`` object that runs ``action()`` once every file is hashed
+    and before the engine reads any: at the start of the "encoding" phase, after waiting
+    for the identify thread's last "hashing" advance (hashing runs beside the engine's
+    start-up). Tests use it to change files between hashing and encoding."""
+
+    def __init__(self, action, timeout: float = 120.0):
+        self.action, self.timeout = action, timeout
+        self.total, self.hashed = None, 0
+        self.hashing_done = threading.Event()
+
+    def start(self, phase, total):
+        if phase == "hashing":
+            self.total = total
+            if not total:
+                self.hashing_done.set()
+        elif phase == "encoding":
+            assert self.hashing_done.wait(self.timeout), "hashing never finished"
+            self.action()
+
+    def advance(self, n, failed=None, phase=None):
+        if phase == "hashing":
+            self.hashed += n
+            if self.hashed >= self.total:
+                self.hashing_done.set()
+
+
 class RequestsStuck(Exception):
     """Requests were not answered within the time a test allows (deferred, never served)."""
 

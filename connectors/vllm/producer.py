@@ -63,6 +63,7 @@ class ProducerEngine:
         from vllm import LLM
 
         self.opts = opts
+        self._supported: frozenset | None = None  # model_takes()
         extra_config = {"store": opts.store, **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,
@@ -139,6 +140,19 @@ class ProducerEngine:
         for item in items:
             results.extend(self.encode([item]))
         return results
+
+    def model_takes(self, kind: str) -> bool:
+        """Whether the model accepts ``kind`` items at all (its processor's supported
+        modalities), whatever this engine's ``limit_mm_per_prompt``; True when vLLM
+        cannot tell (another engine could then take them)."""
+        if self._supported is None:
+            try:
+                from vllm.multimodal import MULTIMODAL_REGISTRY
+                info = MULTIMODAL_REGISTRY.get_processing_info(self.llm.model_config)
+                self._supported = frozenset(info.supported_mm_limits)
+            except Exception:  # noqa: BLE001 - unknown: assume it does
+                self._supported = frozenset(("image", "video", kind))
+        return kind in self._supported
 
     def _explain(self, error: BaseException, kind: str) -> str:
         """One line; names the model family when it takes no items of this kind."""

@@ -101,8 +101,8 @@ def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engine
         def start(self, phase, total):
             self.phase = phase
 
-        def advance(self, n, failed=None):
-            if self.phase == "encoding" and not self.during:
+        def advance(self, n, failed=None, phase=None):
+            if (phase or self.phase) == "encoding" and not self.during:
                 mover.wait_running()
                 self.during = mover.moves + 1  # the reshard being run now
 
@@ -265,8 +265,8 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
         def start(self, phase, total):
             self.phase = phase
 
-        def advance(self, n, failed=None):
-            if self.phase != "encoding" or killed:
+        def advance(self, n, failed=None, phase=None):
+            if (phase or self.phase) != "encoding" or killed:
                 return
             pending: dict[int, list[str]] = {}
             for ident in set(idents.values()) - set(store.identifiers()):

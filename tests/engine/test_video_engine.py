@@ -154,3 +154,49 @@ def test_precomputed_videos_hit_and_match_the_plain_engine(tiny_qwen, media, tmp
 def _as_array(meta, data) -> np.ndarray:
     dtypes = {"F32": np.float32, "F16": np.float16}
     return np.frombuffer(data, dtypes[meta.dtype]).astype(np.float32).reshape(meta.shape)
+
+
+def test_a_video_found_after_the_engine_started_gets_an_engine_that_takes_it(tiny_qwen,
+                                                                              tmp_path):
+    """precompute starts its engine at the first missing file, with the media kinds found
+    by then. Here hashing is held after the first file (an image) until that engine is
+    up, so it accepts images only; the video found next is put aside and encoded by a
+    second engine that takes videos, under the identifier a server computes."""
+    import threading
+
+    from encache.connectors.store import open_store
+    from encache.connectors.vllm.hashing import identify_file
+    from encache.jobs.precompute import PrecomputeOptions, precompute_files
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a_still.png").write_bytes(png_bytes((112, 112), (10, 120, 200)))
+    make_video(d / "b_clip.mp4", frames=8, fps=4.0, size=(112, 84), seed=1)
+    files = [str(d / "a_still.png"), str(d / "b_clip.mp4")]
+
+    class HoldHashingUntilTheEngineIsUp:
+        def __init__(self):
+            self.engine_up = threading.Event()
+            self.phases: list[str] = []
+            self.held = None
+
+        def start(self, phase, total):
+            self.phases.append(phase)
+            if phase == "encoding":
+                self.engine_up.set()
+
+        def advance(self, n, failed=None, phase=None):
+            if phase == "hashing" and self.held is None:  # after the image's row
+                self.held = self.engine_up.wait(300)
+
+    hold = HoldHashingUntilTheEngineIsUp()
+    options = PrecomputeOptions(model=tiny_qwen, store=str(tmp_path / "store"), batch=4,
+                                max_model_len=4096, dtype="float32",
+                                engine_args={k: v for k, v in ENGINE.items()
+                                             if k not in ("max_model_len", "dtype")})
+    s = precompute_files(files, options, progress=hold)
+    assert hold.held is True
+    assert s.failed == 0 and s.encoded == 2, s.failures
+    assert hold.phases.count("starting engine") == 2, hold.phases
+    expected = {identify_file(p, tiny_qwen).identifier for p in files}
+    assert set(open_store(str(tmp_path / "store")).identifiers()) == expected

@@ -20,7 +20,7 @@ import io
 
 import pytest
 
-from engine_support import PRECOMPUTE_KW
+from engine_support import PRECOMPUTE_KW, AfterHashing
 
 pytestmark = pytest.mark.engine
 
@@ -193,17 +193,12 @@ def test_a_file_that_stops_decoding_is_its_own_failure(tiny_model, tmp_path):
         (root / f"p{i}.png").write_bytes(png_bytes((30 + i, 20), (i * 70, 20, 90)))
         files.append(str(root / f"p{i}.png"))
 
-    class CutAfterHashing:
-        def start(self, phase, total):
-            if phase == "starting engine":
-                (root / "p1.png").write_bytes(png_bytes((50, 50))[:60])
-
-        def advance(self, n, failed=None):
-            pass
+    def cut():
+        (root / "p1.png").write_bytes(png_bytes((50, 50))[:60])
 
     options = PrecomputeOptions(model=tiny_model, store=str(tmp_path / "s"), batch=4,
                                 **PRECOMPUTE_KW)
-    s = precompute_files(files, options, stage=LocalStage(), progress=CutAfterHashing())
+    s = precompute_files(files, options, stage=LocalStage(), progress=AfterHashing(cut))
     assert s.encoded == 2 and s.failed == 1, s.failures
     (failure,) = s.failures
     assert failure["path"].endswith("p1.png")

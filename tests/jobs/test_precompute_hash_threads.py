@@ -23,8 +23,8 @@ def _rows(corpus, store_dir, threads: int) -> list:
     with open_store(str(store_dir), create=True) as store:
         summary = Summary(store=store.url, model=options.model, lora=None)
         summary.encoder_config = options.encoder_config
-        rows = LocalStage(hash_threads=threads).identify(files, {}, store, options, summary,
-                                                         "", None)
+        rows = list(LocalStage(hash_threads=threads).identify(files, {}, store, options,
+                                                              summary, "", None))
     return [(f.rel, ident, hashed, state) for f, ident, hashed, state in rows]
 
 

@@ -1,4 +1,5 @@
-"""The local encode stage reads batch k+1's files while the engine encodes batch k.
+"""The local encode stage reads batch k+1's files while the engine encodes batch k, and
+encodes while the rest of the corpus is still being hashed.
 
 Real engine (the tiny model), real files: the same corpus precomputed with and without
 the reader thread gives the same identifiers and the same tensor bytes, and the stage
@@ -68,3 +69,47 @@ def test_reads_overlap_encodes_and_output_is_the_same(tiny_model, tmp_path):
 
     assert any(overlaps(piped)), piped
     assert not any(overlaps(serial)), serial
+
+
+def test_the_engine_encodes_while_the_rest_is_still_being_hashed(tiny_model, tmp_path):
+    """Identification runs on a background thread and feeds the engine batch by batch.
+    Here it is held after the first two batches' files until a batch has been encoded:
+    a stage that hashed the whole corpus before encoding would never encode one (the
+    hold times out and the test fails). Every file is still encoded, under the
+    identifiers hashing alone gives."""
+    import threading
+
+    from encache.connectors.corpus import walk
+    from encache.connectors.store import open_store
+    from encache.connectors.vllm.hashing import identify_file
+    from encache.jobs.precompute import PrecomputeOptions, precompute_files
+    from make_demo_corpus import make_corpus
+
+    make_corpus(str(tmp_path / "corpus"), pages=PAGES, seed=5)
+    files = [f.path for f in walk(str(tmp_path / "corpus"))]
+
+    class HoldHashing:
+        def __init__(self):
+            self.encoded = threading.Event()
+            self.hashed = 0
+            self.held = None
+
+        def start(self, phase, total):
+            pass
+
+        def advance(self, n, failed=None, phase=None):
+            if phase == "hashing":
+                self.hashed += n
+                if self.hashed == 2 * BATCH:
+                    self.held = self.encoded.wait(120)
+            else:  # the encode loop's advance: a batch went through the engine
+                self.encoded.set()
+
+    hold = HoldHashing()
+    options = PrecomputeOptions(model=tiny_model, store=str(tmp_path / "s"), batch=BATCH,
+                                **PRECOMPUTE_KW)
+    s = precompute_files(files, options, progress=hold)
+    assert hold.held is True, "no batch was encoded before hashing finished"
+    assert s.encoded == PAGES and s.hashed == PAGES and s.failed == 0, s.failures
+    expected = {identify_file(p, tiny_model).identifier for p in files}
+    assert set(open_store(str(tmp_path / "s")).identifiers()) == expected

@@ -17,26 +17,19 @@ import os
 
 import pytest
 
-from engine_support import PRECOMPUTE_KW
+from engine_support import PRECOMPUTE_KW, AfterHashing
 from media_files import BAD, NON_MEDIA, hostile_corpus, make_bomb, png_bytes
 
 pytestmark = pytest.mark.slow
 
 
-class SwapAfterHashing:
-    """A ``progress`` object that, when the engine is about to start (hashing is over),
-    replaces files: the engine then meets content the hasher never saw."""
-
-    def __init__(self, swaps: dict):
-        self.swaps = swaps
-
-    def start(self, phase, total):
-        if phase == "starting engine":
-            for path, data in self.swaps.items():
-                path.write_bytes(data)
-
-    def advance(self, n, failed=None):
-        pass
+def SwapAfterHashing(swaps: dict) -> AfterHashing:
+    """A ``progress`` object that, once every file is hashed and before the engine reads
+    any, replaces files: the engine then meets content the hasher never saw."""
+    def swap():
+        for path, data in swaps.items():
+            path.write_bytes(data)
+    return AfterHashing(swap)
 
 
 @pytest.fixture(scope="module")
