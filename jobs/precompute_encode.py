@@ -120,20 +120,6 @@ def engine_error(model: str, e: BaseException) -> EncacheError:
                         hint="set ENCACHE_DEBUG=1 for vLLM's traceback")
 
 
-def _ordered(pool, fn, items, window: int):
-    """``pool.map(fn, items)`` with at most ``window`` calls queued (a corpus of millions
-    of files is not turned into millions of futures at once); results in input order."""
-    from collections import deque
-
-    pending: deque = deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
-
-
 class LocalStage:
     """Identify in this process; encode with one in-process producer engine, ``batch``
     files per engine call, with the ``--over-capacity skip`` room budget and a stop when
@@ -229,7 +215,8 @@ class LocalStage:
             if progress:
                 progress.start("encoding", len(todo.files) if todo.complete else None)
             later = self._encode_batches(engine, itertools.chain(found, stream), options,
-                                         store, out, budget, summary, progress)
+                                         store, out, budget, summary, progress,
+                                         on_error=todo.close)
             if later:  # kinds this engine does not accept: a second one that does
                 self._collect(engine, out)
                 engine.close()
@@ -280,9 +267,11 @@ class LocalStage:
         return engine
 
     def _encode_batches(self, engine, items, options, store, out: Encoded, budget, summary,
-                        progress) -> list:
+                        progress, on_error=None) -> list:
         """Encode ``items`` (``(identifier, file)``, consumed as they come) in batches;
-        returns the items of a media kind the engine does not accept, untouched."""
+        returns the items of a media kind the engine does not accept, untouched.
+        ``on_error`` stops what feeds ``items`` when this fails (an engine error, Ctrl-C):
+        the reader may be waiting for the next batch to be identified."""
         accepted = {"image", *engine.opts.modalities}
         later: list = []
         batches = _batched(items, options.batch)
@@ -342,6 +331,10 @@ class LocalStage:
                     progress.advance(len(chunk) - put_aside)
                 if store_full(engine.save_errors()):
                     return []  # the store's filesystem is full: stop encoding, report after
+        except BaseException:
+            if on_error is not None:
+                on_error()
+            raise
         finally:
             reader.shutdown(wait=True, cancel_futures=True)
         return later

@@ -3,9 +3,11 @@
 What: :func:`classify` gives one file's row -- its identifier (from the manifest record,
 else vLLM's hasher over the bytes as ``vllm serve`` reads them: :func:`identify_or_mark`),
 whether it was hashed, and its state (:func:`stored_state`: present, other encoder
-config, stale LoRA adapter, missing; or a marker: not media, unreadable). :func:`account`
-counts rows, in corpus order, into the ``Summary`` and returns the ``todo``. Why apart:
-the same row is computed in this process (single-host) and in Ray tasks
+config, stale LoRA adapter, missing; or a marker: not media, unreadable). A
+:class:`Todo` counts rows, in corpus order, into the ``Summary`` and yields what must be
+encoded as the rows arrive (:func:`account`: all at once); a :class:`RowStream` computes
+the rows on a background thread, so encoding starts before the corpus is hashed. Why
+apart: the same row is computed in this process (single-host) and in Ray tasks
 (:mod:`encache.jobs.ray_precompute`), and counted the same way.
 """
 
@@ -84,6 +86,20 @@ def classify(f, record, *, store, options: PrecomputeOptions, encoder_config: st
     return ident, hashed, stored_state(store, ident, encoder_config, lora_digest)
 
 
+def _ordered(pool, fn, items, window: int):
+    """``pool.map(fn, items)`` with at most ``window`` calls queued (a corpus of millions
+    of files is not turned into millions of futures at once); results in input order."""
+    from collections import deque
+
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 class RowStream:
     """Identify rows computed in the background, handed out in corpus order as they come.
 
@@ -112,8 +128,6 @@ class RowStream:
 
     def _run(self, files: list, row, threads: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
-
-        from .precompute_encode import _ordered
 
         try:
             # files are read, hashed (blake3) and, where the header cannot tell, decoded

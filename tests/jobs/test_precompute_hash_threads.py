@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import engine_support  # noqa: F401 (puts scripts/ on sys.path: make_demo_corpus)
-from encache.jobs.precompute_encode import _ordered
+from encache.jobs.precompute_identify import _ordered
 from media_files import hostile_corpus
 
 
