@@ -212,7 +212,8 @@ class LocalStage:
         try:
             engine = self._start(options, store, [f for _, f in found], summary, progress)
             t0 = time.perf_counter()
-            if progress:
+            found += todo.take_ready()  # identified during the start-up
+            if progress:  # the total is known when identification ended meanwhile
                 progress.start("encoding", len(todo.files) if todo.complete else None)
             later = self._encode_batches(engine, itertools.chain(found, stream), options,
                                          store, out, budget, summary, progress,

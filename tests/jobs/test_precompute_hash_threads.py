@@ -66,3 +66,57 @@ def test_ordered_keeps_input_order_and_bounds_the_queue():
             out.append(value)
     assert out == [i * i for i in range(60)]
     assert peak <= 4
+
+
+def test_row_stream_hands_rows_over_in_order_and_reports_errors():
+    """``RowStream`` computes rows on its own thread: they come out in input order, a
+    progress object is advanced once per row -- with ``phase="hashing"`` when its
+    ``advance`` takes a phase, without one when it does not (the older protocol) -- and
+    an error of the row function is raised to the consumer, not lost in the thread."""
+    from encache.jobs.precompute_identify import RowStream
+
+    class File:
+        def __init__(self, i):
+            self.i, self.rel = i, f"f{i}"
+
+    def row(f):
+        time.sleep(0.001 * (f.i % 3))
+        return (f, f"id{f.i}", True, "missing")
+
+    class Phased:
+        def __init__(self):
+            self.calls = []
+
+        def advance(self, n, failed=None, phase=None):
+            self.calls.append((n, phase))
+
+    class Older:
+        def __init__(self):
+            self.calls = []
+
+        def advance(self, n, failed=None):
+            self.calls.append(n)
+
+    files = [File(i) for i in range(40)]
+    for progress, expected in ((Phased(), [(1, "hashing")] * 40), (Older(), [1] * 40)):
+        stream = RowStream(files, row, threads=3, progress=progress)
+        assert [ident for _, ident, _, _ in stream] == [f"id{i}" for i in range(40)]
+        assert list(stream) == []  # the end stays the end
+        stream.close()
+        assert progress.calls == expected
+
+    def broken(f):
+        if f.i == 7:
+            raise OSError("disk gone")
+        return row(f)
+
+    stream = RowStream(files, broken, threads=2)
+    taken = []
+    try:
+        for r in stream:
+            taken.append(r[1])
+        raise AssertionError("the row function's error was not raised")
+    except OSError as e:
+        assert str(e) == "disk gone"
+    assert taken == [f"id{i}" for i in range(7)]
+    stream.close()
