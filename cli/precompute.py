@@ -128,9 +128,6 @@ def register(app: typer.Typer) -> None:
                        dry_run=dry_run, wait=wait, progress=progress)
             if ray:  # the Ray job (encache.jobs.ray_precompute); no Ray import otherwise
                 from . import precompute_ray
-                if over_capacity != "keep-served":
-                    raise EncacheError("--ray does not take --over-capacity skip yet",
-                                       EXIT_USAGE)
                 summary = precompute_ray.run(corpus, options, address=ray, engines=engines,
                                              gpus_per_engine=gpus_per_engine,
                                              cpus_per_engine=cpus_per_engine, **run)

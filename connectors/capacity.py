@@ -82,6 +82,10 @@ class RoomBudget:
     low_watermark: float = 0.9
     mean_bytes: float | None = None
 
+    #: entries other writers may be adding at the same time (Ray: the other engines'
+    #: batches in flight), held back from the room once the entry size is known
+    others_in_flight: int = 0
+
     def fits(self, wanted: int) -> int:
         """Of ``wanted`` new entries, how many fit now (all, while the size is unknown
         and the store is empty enough to learn it from the first batch)."""
@@ -89,4 +93,5 @@ class RoomBudget:
         room = self.max_bytes * self.low_watermark - used
         if self.mean_bytes is None:
             return wanted if room > 0 else 0
+        room -= self.others_in_flight * self.mean_bytes
         return max(0, min(wanted, int(room // self.mean_bytes)))

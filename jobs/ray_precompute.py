@@ -146,7 +146,7 @@ def read_batch(batch: dict) -> dict:
 class _EngineActor:
     """One in-process producer engine per Ray actor (Ray Data's actor pool holds N)."""
 
-    def __init__(self, options: dict, cwd: str):
+    def __init__(self, options: dict, cwd: str, room: dict | None = None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if os.path.isdir(cwd):
             os.chdir(cwd)  # a relative model path means what it means on the driver
@@ -159,10 +159,29 @@ class _EngineActor:
         self.pid = os.getpid()
         self.batches = 0
         self.engine = ProducerEngine(EngineOptions(**options))
+        self.budget = None
+        if room:  # --over-capacity skip: encode only into free room (see _room_for)
+            from ..connectors.capacity import RoomBudget
+            from ..connectors.store import open_store
+            self.budget = RoomBudget(open_store(options["store"], create=False), **room)
+
+    def _room_for(self, idents: list) -> int:
+        """How many of this batch fit without eviction: the store's free room under the
+        low watermark, less what the other engines' batches in flight may add (each
+        engine has one; a batch returns once written). The entry size is learned from
+        this engine's first batch when the store held none."""
+        return len(idents) if self.budget is None else self.budget.fits(len(idents))
+
+    def _learn_entry_size(self, written: list) -> None:
+        if self.budget is not None and self.budget.mean_bytes is None and written:
+            from ..connectors.capacity import mean_entry_bytes
+            self.budget.mean_bytes = mean_entry_bytes(self.budget.store, written)
 
     def __call__(self, batch: dict) -> dict:
         t0, wall0 = time.perf_counter(), time.time()
-        batch = read_batch(batch)
+        all_idents, all_rels = list(batch["identifier"]), list(batch["rel"])
+        keep = self._room_for(all_idents)  # the rest is skipped: no room without eviction
+        batch = read_batch({key: list(v)[:keep] for key, v in batch.items()})
         idents = list(batch["identifier"])
         errors = list(batch["error"])
         payload = [(i, u, str(k)) for i, u, k, e in zip(idents, batch["url"], batch["kind"],
@@ -185,11 +204,16 @@ class _EngineActor:
                 errors[n] = save_errors[ident]
             else:
                 ok.append(True)
+        self._learn_entry_size([i for i, good in zip(idents, ok) if good and i in saved])
+        skipped = len(all_idents) - keep
+        ok += [False] * skipped
+        errors += [""] * skipped
         seconds = time.perf_counter() - t0
-        n = len(idents)
+        n = len(all_idents)
         self.batches += 1
-        return {"identifier": idents, "rel": list(batch["rel"]), "ok": ok, "error": errors,
-                "saved": [i in saved for i in idents],
+        return {"identifier": all_idents, "rel": all_rels, "ok": ok, "error": errors,
+                "saved": [i in saved for i in all_idents],
+                "skipped": [k >= keep for k in range(n)],
                 "batch_id": [f"{self.pid}-{self.batches}"] * n,
                 "node_id": [self.node_id] * n, "engine": [self.actor_id] * n,
                 "pid": [self.pid] * n, "batch_seconds": [seconds] * n,
@@ -199,10 +223,13 @@ class _EngineActor:
 def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: int,
                   batch: int, cpus_per_engine: float, gpus_per_engine: float,
                   max_restarts: int, resources_per_engine: dict | None,
-                  start_timeout: float, progress) -> tuple[list, dict, set]:
+                  start_timeout: float, progress,
+                  room: dict | None = None) -> tuple[list, dict, set]:
     """Encode ``todo`` (identifier -> CorpusFile) on an actor pool; returns the identifiers
     the engines encoded, ``{identifier: error}`` for the rest, and the identifiers the
-    engines' writers saved (to tell an evicted entry from a lost one, as single-host)."""
+    engines' writers saved (to tell an evicted entry from a lost one, as single-host).
+    ``room`` (``RoomBudget`` fields but the store; ``--over-capacity skip``): each engine
+    encodes only what fits, and what it skips is counted in ``summary.skipped_capacity``."""
     # every engine starts before the first batch (so the work spreads over all of them),
     # and a pool the cluster cannot place fails after start_timeout instead of hanging
     ray.data.DataContext.get_current().wait_for_min_actors_s = int(start_timeout)
@@ -215,7 +242,8 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
         ds = ds.map_batches(_EngineActor,
-                            fn_constructor_kwargs={"options": opts, "cwd": os.getcwd()},
+                            fn_constructor_kwargs={"options": opts, "cwd": os.getcwd(),
+                                                   "room": room},
                             batch_size=batch, num_cpus=cpus_per_engine,
                             # one batch in flight per engine: the next batch goes to
                             # whichever engine is free, so a slow node gets less work
@@ -234,7 +262,9 @@ def encode_on_ray(ray, todo: dict, opts: dict, summary: RaySummary, *, engines: 
             n = len(out["identifier"])
             for k in range(n):
                 ident = str(out["identifier"][k])
-                if bool(out["ok"][k]):
+                if bool(out["skipped"][k]):
+                    summary.skipped_capacity += 1
+                elif bool(out["ok"][k]):
                     ok.append(ident)
                     if bool(out["saved"][k]):
                         saved.add(ident)
@@ -329,6 +359,17 @@ class RayStage:
         todo = todo.drain()  # every row was identified before this stage encodes
         if not todo:
             return None
+        room = None
+        if options.over_capacity == "skip" and store.max_bytes:
+            from ..connectors.capacity import RoomBudget, mean_entry_bytes
+            budget = RoomBudget(store, store.max_bytes, store.low_watermark,
+                                mean_entry_bytes(store, store.identifiers()))
+            if budget.fits(len(todo)) == 0:  # nothing fits: no engine starts (as single-host)
+                summary.skipped_capacity += len(todo)
+                return None
+            room = {"max_bytes": store.max_bytes, "low_watermark": store.low_watermark,
+                    "mean_bytes": budget.mean_bytes,
+                    "others_in_flight": (self.opts.engines - 1) * options.batch}
         # the media kinds the engines must accept (a header read per file, as single-host)
         kinds = {sniff(f.path, name=f.rel).kind or "image" for f in todo.values()}
         opts = options.engine_options(engine_store_url(options, store), kinds)
@@ -338,7 +379,7 @@ class RayStage:
             self.ray, todo, opts, summary, engines=o.engines, batch=options.batch,
             cpus_per_engine=o.cpus_per_engine, gpus_per_engine=o.gpus_per_engine,
             max_restarts=o.max_restarts, resources_per_engine=o.resources_per_engine,
-            start_timeout=o.start_timeout, progress=progress)
+            start_timeout=o.start_timeout, progress=progress, room=room)
         return Encoded(ok=ok, failed=failed, saved=saved)
 
 
@@ -347,12 +388,11 @@ def precompute_on_ray(corpus: str, options: PrecomputeOptions,
                       use_manifest: bool = True, prune_missing: bool = False,
                       dry_run: bool = False, wait: float = 0.0, progress=None) -> RaySummary:
     """:func:`~encache.jobs.precompute.precompute_corpus` on a Ray cluster: the same
-    result (identifiers, entries, ``Summary`` fields), plus where the work ran. Not
-    supported yet: ``over_capacity="skip"`` (the room budget is checked batch by batch
-    on one engine)."""
+    result (identifiers, entries, ``Summary`` fields), plus where the work ran. With
+    ``over_capacity="skip"`` each engine checks the room before each batch, holding back
+    the other engines' batches in flight, so the store never evicts (the entry size is
+    learned from the store, else from each engine's first batch, as single-host)."""
     validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
-    if options.over_capacity != "keep-served":
-        raise EncacheError("--ray does not take --over-capacity skip yet", EXIT_USAGE)
     ray_options = ray_options.check()
     with contextlib.redirect_stdout(RayNotices()):  # stdout stays the summary's (--json)
         ray, started = connect(ray_options.address)

@@ -288,7 +288,7 @@ def test_ray_hashes_request_mm_processor_kwargs_as_single_host(cluster, corpus, 
                                                                tmp_path):
     """--request-mm-processor-kwargs on Ray: the identify tasks hash each file with the
     requests' kwargs exactly as single-host (identify_file) does, so entries made for such
-    requests are "present" and plain ones are not; --over-capacity skip stays refused."""
+    requests are "present" and plain ones are not."""
     import numpy as np
 
     from encache.connectors.corpus import non_media_reason, walk
@@ -319,6 +319,26 @@ def test_ray_hashes_request_mm_processor_kwargs_as_single_host(cluster, corpus, 
     out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--dry-run"),
                          capture_output=True, text=True, env=env, timeout=900)
     assert json.loads(out.stdout)["present"] == 0  # plain requests: other identifiers
-    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--over-capacity", "skip"),
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert out.returncode == 2 and "--ray does not take --over-capacity skip" in out.stderr
+
+
+def test_ray_skip_fills_free_room_and_evicts_nothing(cluster, corpus, tiny_model, tmp_path):
+    """--over-capacity skip on Ray, two engines, from an empty store under a cap that
+    holds about half the corpus: each engine checks the room before each batch (holding
+    back the other engine's batch in flight), so some entries are encoded, the rest
+    counted as skipped, and the store never evicts or goes over its cap."""
+    from encache.connectors.store import open_store
+
+    cap = 30_000  # ~12 tiny-LLaVA entries of ~2.4 KB; 16 pages in the corpus
+    store = tmp_path / "skip"
+    out = subprocess.run(_ray_cmd(cluster, corpus, tiny_model, store, "--over-capacity",
+                                  "skip", "--max-bytes", str(cap)),
+                         capture_output=True, text=True, env=_env(cluster), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    st = open_store(str(store), create=False)
+    kept = list(st.identifiers())
+    assert s["failed"] == 0 and s["encoded"] == len(kept) > 0, s
+    assert s["skipped_capacity"] == PAGES - s["encoded"] > 0, s
+    assert s["evicted"] == 0 and st.read_counters().get("evictions", 0) == 0
+    assert st.used_bytes() <= cap
+    assert s["capacity"] is not None and "skipped" in s["capacity"]["message"]
