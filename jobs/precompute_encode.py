@@ -228,10 +228,11 @@ class LocalStage:
                 self._encode_batches(engine, iter(later), options, store, out, budget,
                                      summary, progress)
             self._collect(engine, out)
+            # from the engine being ready until every write is on disk (not its shutdown)
+            summary.encode_seconds = time.perf_counter() - t0
         finally:
             if engine is not None:
                 engine.close()
-        summary.encode_seconds = time.perf_counter() - t0
         full = store_full(out.save_errors)
         if full:
             todo.drain()
