@@ -235,12 +235,17 @@ class LocalStage:
                 engine.close()
         full = store_full(out.save_errors)
         if full:
-            todo.drain()
             written = sum(1 for ident in out.ok if ident in out.saved)
+            if todo.complete:
+                what = (f"{len(todo.files) - written:,} of {len(todo.files):,} entries were "
+                        f"not written to {store.url}")
+            else:  # nothing more can be written: stop identifying the rest of the corpus
+                todo.close()
+                what = (f"{written:,} entries were written to {store.url} before it filled, "
+                        f"the rest of the corpus was not (identifying it stopped too)")
             raise EncacheError(
-                f"the store's filesystem is full ({full}): {len(todo.files) - written:,} of "
-                f"{len(todo.files):,} entries were not written to {store.url}; every entry "
-                f"written is whole", EXIT_STORE,
+                f"the store's filesystem is full ({full}): {what}; every entry written is "
+                f"whole", EXIT_STORE,
                 hint="free space or set --max-bytes below the free space, then rerun: it "
                      "encodes only what is missing")
         return out
