@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
+from ..connectors.store.scanning import batched
 from .precompute_identify import classify
 from .precompute_options import PrecomputeOptions, Summary
 
@@ -120,6 +121,27 @@ def engine_error(model: str, e: BaseException) -> EncacheError:
                         hint="set ENCACHE_DEBUG=1 for vLLM's traceback")
 
 
+def room_budget(store, options: PrecomputeOptions):
+    """``--over-capacity skip`` on a store with a capacity: its
+    :class:`~encache.connectors.capacity.RoomBudget` (the entry size from what the store
+    holds, None while it holds nothing); None for any other run."""
+    if options.over_capacity != "skip" or not store.max_bytes:
+        return None
+    from ..connectors.capacity import RoomBudget, mean_entry_bytes
+
+    return RoomBudget(store, store.max_bytes, store.low_watermark,
+                      mean_entry_bytes(store, store.identifiers()))
+
+
+def nothing_fits(budget, wanted: int, summary: Summary) -> bool:
+    """True, with the ``wanted`` entries counted as skipped, when none of them fits: then
+    no engine starts."""
+    if budget.fits(wanted) > 0:
+        return False
+    summary.skipped_capacity += wanted
+    return True
+
+
 class LocalStage:
     """Identify in this process; encode with one in-process producer engine, ``batch``
     files per engine call, with the ``--over-capacity skip`` room budget and a stop when
@@ -188,16 +210,10 @@ class LocalStage:
         return RowStream(files, row, threads=self.hash_threads, progress=progress)
 
     def encode(self, todo, store, options, summary, progress) -> Encoded | None:
-        budget = None
-        if options.over_capacity == "skip" and store.max_bytes:
-            from ..connectors.capacity import RoomBudget, mean_entry_bytes
+        budget = room_budget(store, options)
+        if budget is not None:
             todo.drain()  # the room budget is planned for the whole todo
-            if not todo.files:
-                return None
-            budget = RoomBudget(store, store.max_bytes, store.low_watermark,
-                                mean_entry_bytes(store, store.identifiers()))
-            if budget.fits(len(todo.files)) == 0:  # nothing fits: do not even start the engine
-                summary.skipped_capacity += len(todo.files)
+            if not todo.files or nothing_fits(budget, len(todo.files), summary):
                 return None
         stream = iter(todo)  # (identifier, file) of each missing file as it is identified
         found = list(todo.files.items())  # the whole todo when it was drained above
@@ -279,9 +295,11 @@ class LocalStage:
         returns the items of a media kind the engine does not accept, untouched.
         ``on_error`` stops what feeds ``items`` when this fails (an engine error, Ctrl-C):
         the reader may be waiting for the next batch to be identified."""
+        from ..connectors.capacity import mean_entry_bytes
+
         accepted = {"image", *engine.opts.modalities}
         later: list = []
-        batches = _batched(items, options.batch)
+        batches = batched(items, options.batch)
         # one reader thread (started after the engine), at most one batch ahead: reading
         # the next batch's files (bytes -> sniff -> decoded image with the engine's own
         # loader, or a data URL for a video) overlaps the engine's encode of this one
@@ -305,7 +323,6 @@ class LocalStage:
                 chunk, read = got
                 k += 1
                 if budget is not None:
-                    from ..connectors.capacity import mean_entry_bytes
                     if out.ok and budget.mean_bytes is None:
                         engine.wait_for_saves()
                         budget.mean_bytes = mean_entry_bytes(store, out.ok)
@@ -346,14 +363,3 @@ class LocalStage:
             reader.shutdown(wait=True, cancel_futures=True)
         return later
 
-
-def _batched(items, size: int):
-    """Lists of up to ``size`` items, each as soon as it is full (or the items end)."""
-    batch: list = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch

@@ -206,8 +206,7 @@ class Todo:
 
     def __iter__(self):
         for f, ident, hashed, state in self._iter:
-            if self._count(f, ident, hashed, state) and ident not in self.files:
-                self.files[ident] = f
+            if self._take(f, ident, hashed, state):
                 yield ident, f
         self.complete = True
 
@@ -224,8 +223,7 @@ class Todo:
             if n is not None:
                 n -= 1
             f, ident, hashed, state = row
-            if self._count(f, ident, hashed, state) and ident not in self.files:
-                self.files[ident] = f
+            if self._take(f, ident, hashed, state):
                 found.append((ident, f))
         return found
 
@@ -238,8 +236,9 @@ class Todo:
         if isinstance(self._rows, RowStream):
             self._rows.close()
 
-    def _count(self, f, ident: str, hashed: bool, state: str) -> bool:
-        """Count one row; True when it must be encoded."""
+    def _take(self, f, ident: str, hashed: bool, state: str) -> bool:
+        """Count one row; True (and ``f`` recorded in ``files``) when it is an identifier
+        to encode not found before."""
         summary = self._summary
         if hashed and self._manifest is not None:
             self._manifest.record(f, ident)
@@ -258,11 +257,13 @@ class Todo:
         if state == "present":
             summary.present += 1
             return False
-        if ident not in self.files:
-            if state == "other_config":
-                summary.other_config += 1
-            elif state == "stale_lora":
-                summary.stale_lora += 1
+        if ident in self.files:  # another file with the same content: encoded once
+            return False
+        if state == "other_config":
+            summary.other_config += 1
+        elif state == "stale_lora":
+            summary.stale_lora += 1
+        self.files[ident] = f
         return True
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from ..connectors.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
 from .precompute import (Encoded, PrecomputeOptions, Summary, classify, engine_store_url,
                          media_item, precompute_corpus, validate_args)
+from .precompute_encode import nothing_fits, room_budget
 from .ray_cluster import RayNotices, check_nodes, connect
 
 log = logging.getLogger("encache.ray")
@@ -360,14 +361,11 @@ class RayStage:
         if not todo:
             return None
         room = None
-        if options.over_capacity == "skip" and store.max_bytes:
-            from ..connectors.capacity import RoomBudget, mean_entry_bytes
-            budget = RoomBudget(store, store.max_bytes, store.low_watermark,
-                                mean_entry_bytes(store, store.identifiers()))
-            if budget.fits(len(todo)) == 0:  # nothing fits: no engine starts (as single-host)
-                summary.skipped_capacity += len(todo)
+        budget = room_budget(store, options)
+        if budget is not None:
+            if nothing_fits(budget, len(todo), summary):  # no engine starts, as single-host
                 return None
-            room = {"max_bytes": store.max_bytes, "low_watermark": store.low_watermark,
+            room = {"max_bytes": budget.max_bytes, "low_watermark": budget.low_watermark,
                     "mean_bytes": budget.mean_bytes,
                     "others_in_flight": (self.opts.engines - 1) * options.batch}
         # the media kinds the engines must accept (a header read per file, as single-host)

@@ -227,6 +227,19 @@ class Summary:
         return self
 
 
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of up to ``size`` items, each handed out as soon as it is full (or the items
+    end): a store walk or a stream of work in chunks, without reading it all first."""
+    batch: list = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def scan(store: Store, flt: EntryFilter | None = None,
          progress: Callable[[int], None] | None = None) -> Iterator[EntryInfo]:
     """Every entry's header info (optionally filtered); ``progress(n_seen)`` now and then."""

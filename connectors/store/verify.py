@@ -38,6 +38,7 @@ from .base import EntryInfo, Store
 from .entry import CorruptEntry, decode
 from .keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
+from .scanning import batched
 
 DEFAULT_GRACE = 3600.0  # temp files younger than this may belong to a running writer
 CHUNK = 64  # entries per unit of work on the reader threads
@@ -200,18 +201,8 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
     def check_chunk(chunk):
         return [(e, *check_entry(store, e, model, log=log)) for e in chunk]
 
-    def chunks():
-        buf = []
-        for e in store.scan():
-            buf.append(e)
-            if len(buf) >= CHUNK:
-                yield buf
-                buf = []
-        if buf:
-            yield buf
-
     done = 0
-    for results in _pipelined(check_chunk, chunks(), threads):
+    for results in _pipelined(check_chunk, batched(store.scan(), CHUNK), threads):
         for e, findings, m, vanished in results:
             done += 1
             if vanished:
