@@ -23,7 +23,9 @@ No vLLM import: precompute (CLI) uses it around the producer engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 __all__ = ["OVER_CAPACITY", "mean_entry_bytes", "capacity_note", "RoomBudget"]
 
@@ -75,7 +77,17 @@ def capacity_note(entries: int, mean_bytes: float | None, max_bytes: int | None,
 
 @dataclass
 class RoomBudget:
-    """How many more entries fit under ``max_bytes × low_watermark`` without eviction."""
+    """How many more entries fit under ``max_bytes × low_watermark`` without eviction.
+
+    The store's usage is re-read only while reading it costs at most 5 % of the time
+    since the last read (``scan_share``): a disk store stats every entry to sum them,
+    seconds on a million-entry store, and a run asks before every batch. Between reads
+    the figure is the last one plus what this run let in (``fits`` reserves
+    ``n × mean_bytes`` for the ``n`` it returns). A small store is therefore re-read at
+    every batch (exact, as before); a million-entry one about once a minute. What other
+    writers add between reads (Ray's other engines) goes unseen for that long; the gap
+    between the low watermark and ``max_bytes`` (10 % of the store) absorbs it unless
+    they write more than ~1,600 entries/s, and past ``max_bytes`` the store evicts."""
 
     store: object
     max_bytes: int
@@ -86,12 +98,47 @@ class RoomBudget:
     #: batches in flight), held back from the room once the entry size is known
     others_in_flight: int = 0
 
+    #: the largest share of a run's time spent re-reading the store's usage
+    scan_share: float = 0.05
+
+    #: called before the usage is re-read (a producer: wait for its queued writes)
+    before_read: Callable[[], None] | None = None
+
+    _used: int | None = field(default=None, init=False, repr=False)
+    _read_at: float = field(default=0.0, init=False, repr=False)
+    _read_cost: float = field(default=0.0, init=False, repr=False)
+    _reserved: float = field(default=0.0, init=False, repr=False)
+    _unsized: bool = field(default=False, init=False, repr=False)
+
+    #: how many times the store's usage was read (tests, benchmarks)
+    reads: int = field(default=0, init=False)
+
+    def used(self) -> float:
+        """The store's usage as this budget knows it: last read plus reservations."""
+        now = time.monotonic()
+        stale = (self._used is None or self._unsized
+                 or now - self._read_at >= self._read_cost / self.scan_share)
+        if stale:
+            if self.before_read is not None:
+                self.before_read()
+            t0 = time.monotonic()
+            self._used = int(self.store.used_bytes())
+            self._read_at = time.monotonic()
+            self._read_cost = self._read_at - t0
+            self._reserved, self._unsized = 0.0, False
+            self.reads += 1
+        return self._used + self._reserved
+
     def fits(self, wanted: int) -> int:
         """Of ``wanted`` new entries, how many fit now (all, while the size is unknown
-        and the store is empty enough to learn it from the first batch)."""
-        used = self.store.used_bytes()
-        room = self.max_bytes * self.low_watermark - used
+        and the store is empty enough to learn it from the first batch); the ones
+        returned are counted as written until the usage is next read."""
+        room = self.max_bytes * self.low_watermark - self.used()
         if self.mean_bytes is None:
-            return wanted if room > 0 else 0
+            n = wanted if room > 0 else 0
+            self._unsized = self._unsized or n > 0  # read again once they are written
+            return n
         room -= self.others_in_flight * self.mean_bytes
-        return max(0, min(wanted, int(room // self.mean_bytes)))
+        n = max(0, min(wanted, int(room // self.mean_bytes)))
+        self._reserved += n * self.mean_bytes
+        return n

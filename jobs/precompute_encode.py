@@ -323,11 +323,11 @@ class LocalStage:
                 chunk, read = got
                 k += 1
                 if budget is not None:
+                    # a re-read of the store's usage must include the writes still queued
+                    budget.before_read = engine.wait_for_saves
                     if out.ok and budget.mean_bytes is None:
                         engine.wait_for_saves()
                         budget.mean_bytes = mean_entry_bytes(store, out.ok)
-                    elif out.ok:
-                        engine.wait_for_saves()  # the store's usage must include what is queued
                     n = budget.fits(len(chunk))
                     summary.skipped_capacity += len(chunk) - n
                     if progress and n < len(chunk):
