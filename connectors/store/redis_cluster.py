@@ -22,7 +22,8 @@ bucket carries the same hash tag::
     P counters / P gen / P lock:{name}     (as for one node; each a single key)
 
 ``T`` is the bucket's tag: the bucket is the slot the identifier itself hashes to
-(CRC16 mod 16384), and ``T`` is the shortest decimal string that hashes to that same slot.
+(CRC16 mod 16384), and ``T`` is the shortest decimal string that hashes to that same slot
+(:mod:`.redis_cluster_routing`: tags, slots, the URL, the lazily built client).
 So the buckets are *slot-aligned* — exactly one bucket per slot — entries spread over all
 primaries as evenly as slots do, and ``redis-cli --cluster reshard`` moves whole buckets:
 an entry, its header and its access time always move together and live on one node.
@@ -61,7 +62,6 @@ Consequences:
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import hashlib
 import logging
@@ -71,25 +71,23 @@ from collections.abc import Iterator
 from urllib.parse import parse_qsl, unquote
 
 from redis.cluster import ClusterNode, RedisCluster
-from redis.commands.core import Script
 from redis.connection import parse_url
 from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
 from .base import StoreError, StoreInfo
 from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
+from .redis_cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
 from .redis_errors import ERRORS
-from .url import redact
+from .url import CLUSTER_SCHEMES, redact
 
 log = logging.getLogger(__name__)
-SLOTS = 16384
 _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
                  RedisConnectionError)
 #: a load failing with one of these may have met a stale route: re-read the map, retry once
 #: (not TimeoutError, not TRYAGAIN: the retry would wait, or meet the same half-moved slot)
 _STALE_ROUTE = (RedisConnectionError, ClusterDownError, SlotNotCoveredError, MovedError, AskError)
 REROUTE_EVERY_S = 0.5  # a store re-reads the slot map for its loads at most this often
-_TAGS: list[bytes] | None = None
 # one bucket's part of a SCAN page: KEYS = meta, atime; ARGV = identifiers
 _PAGE_LUA = """
 return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]),
@@ -97,101 +95,11 @@ return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]),
 """
 
 
-def slot_tags() -> list[bytes]:
-    """``tags[slot]``: the smallest decimal string whose CRC16 lands in ``slot``.
-
-    Deterministic, so every process agrees; built once per process (~0.05 s)."""
-    global _TAGS
-    if _TAGS is None:
-        tags: list[bytes | None] = [None] * SLOTS
-        left, n = SLOTS, 0
-        while left:
-            t = b"%d" % n
-            s = binascii.crc_hqx(t, 0) & (SLOTS - 1)
-            if tags[s] is None:
-                tags[s] = t
-                left -= 1
-            n += 1
-        _TAGS = tags  # type: ignore[assignment]
-    return _TAGS  # type: ignore[return-value]
-
-
-def key_slot(raw: bytes) -> int:
-    """Redis Cluster's slot of a key without hash tag (CRC16-XMODEM mod 16384)."""
-    return binascii.crc_hqx(raw, 0) & (SLOTS - 1)
-
-
-def _primary(routes: dict, slot: int) -> str | None:
-    """The name (host:port) of the primary a slot map routes ``slot`` to."""
-    nodes = routes.get(slot)
-    return nodes[0].name if nodes else None
-
-
-def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str, str]:
-    """``(startup nodes, a redis[s]:// URL for the connection options, query)``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in RedisClusterStore.SCHEMES:
-        raise StoreError(f"not a Redis Cluster URL: {redact(url)}")
-    cut = min((rest.find(c) for c in "/?" if c in rest), default=len(rest))
-    netloc, tail = rest[:cut], rest[cut:]
-    if tail.startswith("/"):
-        path, _, query = tail[1:].partition("?")
-        if path not in ("", "0"):
-            raise StoreError(f"a Redis Cluster has only database 0, not /{path}: {redact(url)}")
-    else:
-        query = tail[1:]
-    userinfo, _, hosts = netloc.rpartition("@")
-    nodes = []
-    for h in hosts.split(","):
-        host, _, port = h.strip().rpartition(":")
-        host = host.strip("[]")
-        if not host or not port.isdigit():
-            raise StoreError(f"bad node {h!r} in {redact(url)} (use host:port[,host:port…])")
-        nodes.append((host, int(port)))
-    base = "rediss" if scheme.startswith("rediss") else "redis"
-    auth = f"{userinfo}@" if userinfo else ""
-    h0, p0 = nodes[0]
-    return nodes, f"{base}://{auth}{h0}:{p0}/0", query
-
-
-class _LazyCluster:
-    """A ``RedisCluster`` client built on first use.
-
-    redis-py's client asks the startup nodes for the topology as it is constructed; done
-    lazily, opening a store never touches the network (like :class:`.redis.RedisStore`), so
-    a cluster that is down when an engine starts means misses, not a failed start-up, and
-    the first command after it is back builds the client."""
-
-    def __init__(self, factory):
-        self._factory = factory
-        self._client = None
-        self._lock = threading.Lock()
-
-    def _get(self):
-        client = self._client
-        if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._factory()
-                client = self._client
-        return client
-
-    def register_script(self, script: str) -> Script:
-        return Script(self, script.encode())  # (bytes: no encoder, so no connection yet)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
-    def __getattr__(self, name):
-        return getattr(self._get(), name)
-
-
 class RedisClusterStore(RedisStore):
     """Entries on a Redis Cluster in slot-aligned buckets (see the module docstring)."""
 
     backend = "redis-cluster"
-    SCHEMES = ("redis+cluster", "rediss+cluster")
+    SCHEMES = CLUSTER_SCHEMES
     OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
     _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
@@ -232,7 +140,7 @@ class RedisClusterStore(RedisStore):
         kwargs.pop("timeout", None)  # (a BlockingConnectionPool option)
         password = opts.get("password")
         self._pool = None
-        return _LazyCluster(lambda: RedisCluster(
+        return LazyCluster(lambda: RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry, **kwargs,
             **opts)), (unquote(password) if password else password)
 
@@ -310,7 +218,7 @@ class RedisClusterStore(RedisStore):
         was done less than ``REROUTE_EVERY_S`` ago); does it route ``slots`` elsewhere?"""
         self._reread_routes()
         now = self._routes()
-        return any(_primary(before, s) != _primary(now, s) for s in slots)
+        return any(primary_of(before, s) != primary_of(now, s) for s in slots)
 
     def _reread_routes(self) -> bool:
         """Re-read the slot map unless that was done less than ``REROUTE_EVERY_S`` ago;

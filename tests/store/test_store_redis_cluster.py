@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from encache.connectors.store import StoreError, decode, open_store
-from encache.connectors.store.redis_cluster import (RedisClusterStore, key_slot,
-                                                    parse_cluster_url, slot_tags)
+from encache.connectors.store.redis_cluster import RedisClusterStore
+from encache.connectors.store.redis_cluster_routing import key_slot, parse_cluster_url, slot_tags
 from redis_cluster_fixture import redis_cluster, redis_cluster_factory  # noqa: F401 (fixtures)
 from store_contract import StoreContract, blob
 from test_store_redis import big_blob
