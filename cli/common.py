@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import warnings
 from collections.abc import Iterator
 
 from encache.cli.errors import EXIT_USAGE, EncacheError
@@ -56,3 +58,14 @@ def make_filter(*, lora=None, model=None, older_than=None):
 
 def usage(message: str, hint: str | None = None) -> EncacheError:
     return EncacheError(message, EXIT_USAGE, hint)
+
+
+def quiet_engine_start() -> None:
+    """Before a command starts a vLLM engine: keep vLLM's start-up chatter (its INFO logs,
+    and the deprecation warnings its import draws from torch) off the terminal, unless
+    ``ENCACHE_DEBUG`` is set. Errors still reach the user as encache's one-line message."""
+    if os.environ.get("ENCACHE_DEBUG"):
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm(\.|$)")

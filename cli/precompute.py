@@ -15,7 +15,6 @@ for scripts that imported them from here.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from typing import Annotated
 
@@ -25,6 +24,7 @@ from ..jobs.precompute import (  # noqa: F401 (re-exported: older imports)
     NON_MEDIA, UNREADABLE, PrecomputeOptions, Summary, check_request_kwargs,
     engine_encoder_config, hashing_settings, identify_or_mark, manifest_key,
     parse_engine_args, precompute_corpus, run_precompute, validate_args)
+from .common import quiet_engine_start
 from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
@@ -112,8 +112,7 @@ def register(app: typer.Typer) -> None:
         """Encode a corpus of images and videos with a real vLLM engine into the store."""
         from .render import PhaseProgress
 
-        if not os.environ.get("ENCACHE_DEBUG"):
-            os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
+        quiet_engine_start()
 
         engine_args = parse_engine_args(engine_arg or [])
         validate_args(corpus, batch, lora, lora_path, shard)

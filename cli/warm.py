@@ -30,13 +30,13 @@ renders the :class:`WarmSummary`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from encache.cli import errors
+from encache.cli.common import quiet_engine_start
 from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
 
 if TYPE_CHECKING:
@@ -109,8 +109,8 @@ def run_warm(store_url: str, *, quiet: bool = False, **kwargs) -> WarmSummary:
     from encache.cli.render import PhaseProgress, note, progress
     from encache.jobs.warm import warm
 
-    if kwargs.get("compute") and not os.environ.get("ENCACHE_DEBUG"):
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's start-up chatter
+    if kwargs.get("compute"):
+        quiet_engine_start()
 
     def bar(label: str, total: int | None, unit: str):
         return progress(label, total, quiet=quiet, unit=unit)

@@ -180,3 +180,25 @@ def test_shell_completion():
                        timeout=120, env={**os.environ, "_ENCACHE_COMPLETE": "complete_bash",
                                          "COMP_WORDS": "encache size --by ", "COMP_CWORD": "3"})
     assert p.stdout.split() == ["model", "lora"]
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_engine_start_keeps_vllm_deprecation_warnings_off_the_terminal(debug):
+    """What vLLM's import draws from torch (FutureWarning / DeprecationWarning raised from a
+    ``vllm.*`` module) is not shown to a precompute user, unless ENCACHE_DEBUG asks."""
+    code = ("import os, warnings\n"
+            "from encache.cli.common import quiet_engine_start\n"
+            "quiet_engine_start()\n"
+            "warnings.warn_explicit('reduce_op is deprecated', FutureWarning, 'dispatcher.py', 1,"
+            " module='vllm.triton_utils.dispatcher')\n"
+            "warnings.warn_explicit('ours', FutureWarning, 'x.py', 1, module='encache.x')\n"
+            "print(os.environ['VLLM_LOGGING_LEVEL'] if 'VLLM_LOGGING_LEVEL' in os.environ else '-')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ENCACHE_DEBUG", "VLLM_LOGGING_LEVEL")}
+    if debug:
+        env["ENCACHE_DEBUG"] = "1"
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert ("reduce_op is deprecated" in r.stderr) is debug
+    assert "ours" in r.stderr  # other modules' warnings are left alone
+    assert r.stdout.strip() == ("-" if debug else "ERROR")
