@@ -67,6 +67,8 @@ def _render(summary: Summary, as_json: bool) -> None:
     console.print(t)
     if summary.capacity:
         console.print(f"[yellow]over capacity:[/] {summary.capacity['message']}")
+    for note in summary.notes:
+        console.print(f"[yellow]note:[/] {note}")
     for fail in summary.failures[:20]:
         console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
     if len(summary.failures) > 20:

@@ -133,6 +133,18 @@ def room_budget(store, options: PrecomputeOptions):
                       mean_entry_bytes(store, store.identifiers()))
 
 
+def lora_note(options: PrecomputeOptions, engine) -> str | None:
+    """``--lora`` on a model whose LoRA does not reach its vision encoder: say which
+    server configuration the ``{lora}:`` entries serve, and which one they do not."""
+    if not options.lora or engine.lora_reaches_encoder():
+        return None
+    arch = ", ".join(getattr(engine.llm.model_config, "architectures", None) or [options.model])
+    return (f"{arch} does not apply LoRA to its vision encoder: the '{options.lora}:' entries "
+            f"equal the base ones and serve only a server started with "
+            f"--enable-tower-connector-lora; a server with --enable-lora alone looks up every "
+            f"adapter's images under the base entries (precompute without --lora)")
+
+
 def nothing_fits(budget, wanted: int, summary: Summary) -> bool:
     """True, with the ``wanted`` entries counted as skipped, when none of them fits: then
     no engine starts."""
@@ -287,6 +299,9 @@ class LocalStage:
         except Exception as e:
             raise engine_error(options.model, e) from e
         summary.engine_started = True
+        note = lora_note(options, engine)
+        if note and note not in summary.notes:
+            summary.notes.append(note)
         return engine
 
     def _encode_batches(self, engine, items, options, store, out: Encoded, budget, summary,

@@ -48,6 +48,7 @@ class Summary:
     encode_seconds: float = 0.0
     failures: list = field(default_factory=list)  # [{path, error}]
     non_media: list = field(default_factory=list)  # [{path, reason}]: skipped, not failed
+    notes: list = field(default_factory=list)  # one-line notes on what the run wrote (str)
 
     @property
     def images_per_second(self) -> float:

@@ -151,6 +151,43 @@ def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: fl
     return out
 
 
+def build_text_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1,
+                    scale: float = 0.5) -> str:
+    """A PEFT-format LoRA adapter on the language model's ``q_proj`` / ``v_proj`` (what
+    most adapters of Gemma 3 or Qwen2.5-VL are), for any family's tiny model.
+
+    It changes the text, not the vision encoder's outputs: for a model without
+    tower-connector LoRA, LoRA requests use the same encoder entries as the base model.
+    Module names are the checkpoint's, as PEFT names them from the Hugging Face model.
+    """
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        for key in f.keys():
+            if not key.endswith(("self_attn.q_proj.weight", "self_attn.v_proj.weight")):
+                continue
+            if "vision" in key or "visual" in key:
+                continue
+            d_out, d_in = f.get_slice(key).get_shape()
+            prefix = "base_model.model." + key[: -len(".weight")]
+            weights[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * scale
+            weights[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * scale
+    if not weights:
+        raise SystemExit(f"no language-model q_proj/v_proj in {model_dir}")
+    os.makedirs(out, exist_ok=True)
+    save_file(weights, os.path.join(out, "adapter_model.safetensors"))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+                   "lora_dropout": 0.0, "bias": "none", "target_modules": ["q_proj", "v_proj"],
+                   "base_model_name_or_path": os.path.abspath(model_dir),
+                   "fan_in_fan_out": False, "inference_mode": True}, f, indent=1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -164,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--feature-strategy", choices=("default", "full"), default="default",
                    help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
     p.add_argument("--lora", metavar="DIR", help="also write a projector LoRA adapter to DIR")
+    p.add_argument("--text-lora", metavar="DIR",
+                   help="also write a language-model (q_proj/v_proj) LoRA adapter to DIR")
     a = p.parse_args(argv)
     if a.arch != "llava":
         if a.lora:
@@ -171,12 +210,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         module = __import__(f"tiny_{a.arch}")
         module.build(a.out, seed=a.seed)
+        if a.text_lora:
+            build_text_lora(a.out, a.text_lora)
         print(a.out)
         return 0
     build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed,
           a.feature_strategy)
     if a.lora:
         build_lora(a.out, a.lora)
+    if a.text_lora:
+        build_text_lora(a.out, a.text_lora)
     print(a.out)
     return 0
 

@@ -154,6 +154,21 @@ class ProducerEngine:
                 self._supported = frozenset(("image", "video", kind))
         return kind in self._supported
 
+    def lora_reaches_encoder(self) -> bool:
+        """Whether the model applies LoRA to its vision tower and connector (vLLM's
+        ``supports_tower_connector_lora``: LLaVA, Qwen3-VL, InternVL in vLLM 0.32; not
+        Gemma 3 or Qwen2.5-VL). Where it does not, an adapter cannot change the encoder
+        outputs, and a server started with ``--enable-lora`` alone looks up a LoRA
+        request's images under their bare hashes: the base entries. True when vLLM cannot
+        tell (nothing is then said)."""
+        try:
+            from vllm.model_executor.models import ModelRegistry
+            config = self.llm.model_config
+            cls, _ = ModelRegistry.resolve_model_cls(config.architectures, config)
+        except Exception:  # noqa: BLE001 - unknown: assume it does
+            return True
+        return bool(getattr(cls, "supports_tower_connector_lora", False))
+
     def _explain(self, error: BaseException, kind: str) -> str:
         """One line; names the model family when it takes no items of this kind."""
         line = _one_line(error)
