@@ -2,7 +2,10 @@
 
 The scheduler asks "is this item stored?" per item per step, so the answer comes from
 memory. The set is scanned at start and refreshed every ``index_refresh_s`` by the
-lookup's background thread (skipped while the store's ``index_version()`` is unchanged).
+lookup's background thread (skipped while the store's ``index_version()`` is unchanged,
+and while listing again would take more than ``LIST_SHARE`` of the thread's time: a
+million-entry disk store costs seconds to list, and a producer writing to it moves the
+version at every put).
 For a local disk store an identifier not in the set is also checked with one ``stat``
 (negative-cached for one refresh period), so an entry written a moment ago is seen at
 once. A stale positive costs one background read that finds nothing: a miss.
@@ -16,6 +19,7 @@ import time
 from ..store.base import Store
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
+LIST_SHARE = 0.05  # the largest share of time spent listing the store (after the first)
 
 
 class StoreIndex:
@@ -27,6 +31,10 @@ class StoreIndex:
         self._absent: dict[str, float] = {}  # identifier -> expiry (local stores)
         self._last_version = None
         self._ready = threading.Event()
+        self._listed_at = 0.0  # when the last listing ended (monotonic)
+        self._list_cost = 0.0  # how long it took
+        #: how many times the store was listed (tests, benchmarks)
+        self.listings = 0
 
     def refresh(self) -> set[str]:
         """Re-list the store if its index version moved; the identifiers that appeared.
@@ -34,7 +42,13 @@ class StoreIndex:
         version = self.store.index_version()
         if version is not None and version == self._last_version:
             return set()
+        if self.listings and time.monotonic() - self._listed_at < self._list_cost / LIST_SHARE:
+            return set()  # later; a local store's holds() stats an unknown identifier meanwhile
+        t0 = time.monotonic()
         ids = set(self.store.identifiers())
+        self._listed_at = time.monotonic()
+        self._list_cost = self._listed_at - t0
+        self.listings += 1
         with self._lock:
             old, self._ids = self._ids, ids
         self._last_version = version

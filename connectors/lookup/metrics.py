@@ -21,6 +21,7 @@ from ..store.base import Store
 
 STORE_COUNTERS = ("evictions", "bytes_saved")  # exported as store_* counters
 LATENCIES_MAX = 10_000  # load latencies kept per interval
+BYTES_SHARE = 0.05  # the largest share of time spent summing the store's bytes
 
 
 def open_live_counters(store: Store, warn: RateLimitedLog):
@@ -50,6 +51,11 @@ class LookupMetrics:
         self._store_totals: dict[str, float] | None = None  # last seen store counters
         self._last_flush = time.monotonic()
         self._live = open_live_counters(store, warn)
+        self._bytes: int | None = None  # the last sum of the store's bytes (_store_bytes)
+        self._bytes_at = self._bytes_cost = 0.0
+        self._bytes_version = None
+        #: how many times the store's bytes were summed (tests)
+        self.bytes_reads = 0
 
     def count(self, name: str, value: float = 1) -> None:
         with self._lock:
@@ -90,9 +96,8 @@ class LookupMetrics:
             max_bytes = self.store.max_bytes
             if max_bytes:
                 gauges["store_capacity_bytes"] = max_bytes
-            used = self.store.used_bytes if self.store.supports_used_bytes else None
-            if used is not None:
-                gauges["store_bytes"] = used()
+            if self.store.supports_used_bytes:
+                gauges["store_bytes"] = self._store_bytes()
             totals = self.store.read_counters()
         except Exception as e:
             self.warn.warning("store-stats", "encache: cannot read the state of %s: %s",
@@ -106,6 +111,22 @@ class LookupMetrics:
                     if delta > 0:  # a reset (encache stats --reset) is not negative growth
                         self._interval["store_" + k] = self._interval.get("store_" + k, 0) + delta
             self._store_totals = {k: totals.get(k, 0) for k in STORE_COUNTERS}
+
+    def _store_bytes(self) -> int:
+        """The store's bytes, summed again only when its ``index_version()`` moved (or it
+        has none) and at most while that costs ``BYTES_SHARE`` of the time: a disk store
+        stats every entry to sum them, seconds at a million."""
+        version = self.store.index_version()
+        now = time.monotonic()
+        if self._bytes is not None and (
+                (version is not None and version == self._bytes_version)
+                or now - self._bytes_at < self._bytes_cost / BYTES_SHARE):
+            return self._bytes
+        self._bytes = int(self.store.used_bytes())
+        self._bytes_at = time.monotonic()
+        self._bytes_cost, self._bytes_version = self._bytes_at - now, version
+        self.bytes_reads += 1
+        return self._bytes
 
     def maybe_flush(self, force: bool = False) -> None:
         """Persist counter deltas to the store (called by the background thread)."""
