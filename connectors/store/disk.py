@@ -141,6 +141,7 @@ class DiskStore(Store):
         self._written_log = None  # the verified log puts of encoded_here bytes go to
         self._used: int | None = None
         self._used_at = 0.0
+        self._used_cost = 0.0  # seconds the last used_bytes() of _make_room took
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -512,13 +513,19 @@ class DiskStore(Store):
     def _make_room(self, incoming: int) -> bool:
         """Reserve ``incoming`` bytes under the capacity, evicting first if needed.
 
-        The usage figure is this process's running total, re-read from disk every 30 s
-        (so writers in other processes can overshoot by what they wrote since)."""
+        The usage figure is this process's running total, re-read from disk every 30 s,
+        or every 20 × what reading it costs when that is longer (a stat per entry:
+        seconds on a million-entry store), so writers in other processes can overshoot by
+        what they wrote since."""
         limit = self.max_bytes
         evicted = 0
         with self._lock:
-            if self._used is None or time.monotonic() - self._used_at > 30:
-                self._used, self._used_at = self.used_bytes(), time.monotonic()
+            if self._used is None or time.monotonic() - self._used_at > max(
+                    30.0, 20 * self._used_cost):  # at most ~5 % of a writer's time
+                t0 = time.monotonic()
+                self._used = self.used_bytes()
+                self._used_at = time.monotonic()
+                self._used_cost = self._used_at - t0
             if self._used + incoming <= limit:
                 self._used += incoming
                 return True
