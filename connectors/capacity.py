@@ -23,9 +23,10 @@ No vLLM import: precompute (CLI) uses it around the producer engine.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .store.scanning import ScanThrottle
 
 __all__ = ["OVER_CAPACITY", "mean_entry_bytes", "capacity_note", "RoomBudget"]
 
@@ -106,28 +107,25 @@ class RoomBudget:
     before_read: Callable[[], None] | None = None
 
     _used: int | None = field(default=None, init=False, repr=False)
-    _read_at: float = field(default=0.0, init=False, repr=False)
-    _read_cost: float = field(default=0.0, init=False, repr=False)
     _reserved: float = field(default=0.0, init=False, repr=False)
     _unsized: bool = field(default=False, init=False, repr=False)
+    _reading: ScanThrottle = field(init=False, repr=False)
 
-    #: how many times the store's usage was read (tests, benchmarks)
-    reads: int = field(default=0, init=False)
+    def __post_init__(self) -> None:
+        self._reading = ScanThrottle(self.scan_share)
+
+    @property
+    def reads(self) -> int:
+        """How many times the store's usage was read (tests, benchmarks)."""
+        return self._reading.walks
 
     def used(self) -> float:
         """The store's usage as this budget knows it: last read plus reservations."""
-        now = time.monotonic()
-        stale = (self._used is None or self._unsized
-                 or now - self._read_at >= self._read_cost / self.scan_share)
-        if stale:
+        if self._used is None or self._unsized or self._reading.due():
             if self.before_read is not None:
                 self.before_read()
-            t0 = time.monotonic()
-            self._used = int(self.store.used_bytes())
-            self._read_at = time.monotonic()
-            self._read_cost = self._read_at - t0
+            self._used = int(self._reading.run(self.store.used_bytes))
             self._reserved, self._unsized = 0.0, False
-            self.reads += 1
         return self._used + self._reserved
 
     def fits(self, wanted: int) -> int:

@@ -17,6 +17,7 @@ import threading
 import time
 
 from ..store.base import Store
+from ..store.scanning import ScanThrottle
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
 LIST_SHARE = 0.05  # the largest share of time spent listing the store (after the first)
@@ -31,10 +32,7 @@ class StoreIndex:
         self._absent: dict[str, float] = {}  # identifier -> expiry (local stores)
         self._last_version = None
         self._ready = threading.Event()
-        self._listed_at = 0.0  # when the last listing ended (monotonic)
-        self._list_cost = 0.0  # how long it took
-        #: how many times the store was listed (tests, benchmarks)
-        self.listings = 0
+        self.listing = ScanThrottle(LIST_SHARE)  # paces listings after the first
 
     def refresh(self) -> set[str]:
         """Re-list the store if its index version moved; the identifiers that appeared.
@@ -42,17 +40,18 @@ class StoreIndex:
         version = self.store.index_version()
         if version is not None and version == self._last_version:
             return set()
-        if self.listings and time.monotonic() - self._listed_at < self._list_cost / LIST_SHARE:
+        if not self.listing.due():
             return set()  # later; a local store's holds() stats an unknown identifier meanwhile
-        t0 = time.monotonic()
-        ids = set(self.store.identifiers())
-        self._listed_at = time.monotonic()
-        self._list_cost = self._listed_at - t0
-        self.listings += 1
+        ids = self.listing.run(lambda: set(self.store.identifiers()))
         with self._lock:
             old, self._ids = self._ids, ids
         self._last_version = version
         return ids - old
+
+    @property
+    def listings(self) -> int:
+        """How many times the store was listed (tests, benchmarks)."""
+        return self.listing.walks
 
     def mark_ready(self) -> None:
         """The first refresh finished (or failed): lookups may trust the set now."""

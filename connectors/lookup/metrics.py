@@ -18,6 +18,7 @@ import time
 
 from ..ratelimit import RateLimitedLog
 from ..store.base import Store
+from ..store.scanning import ScanThrottle
 
 STORE_COUNTERS = ("evictions", "bytes_saved")  # exported as store_* counters
 LATENCIES_MAX = 10_000  # load latencies kept per interval
@@ -52,10 +53,8 @@ class LookupMetrics:
         self._last_flush = time.monotonic()
         self._live = open_live_counters(store, warn)
         self._bytes: int | None = None  # the last sum of the store's bytes (_store_bytes)
-        self._bytes_at = self._bytes_cost = 0.0
         self._bytes_version = None
-        #: how many times the store's bytes were summed (tests)
-        self.bytes_reads = 0
+        self._summing = ScanThrottle(BYTES_SHARE)
 
     def count(self, name: str, value: float = 1) -> None:
         with self._lock:
@@ -117,16 +116,18 @@ class LookupMetrics:
         has none) and at most while that costs ``BYTES_SHARE`` of the time: a disk store
         stats every entry to sum them, seconds at a million."""
         version = self.store.index_version()
-        now = time.monotonic()
         if self._bytes is not None and (
                 (version is not None and version == self._bytes_version)
-                or now - self._bytes_at < self._bytes_cost / BYTES_SHARE):
+                or not self._summing.due()):
             return self._bytes
-        self._bytes = int(self.store.used_bytes())
-        self._bytes_at = time.monotonic()
-        self._bytes_cost, self._bytes_version = self._bytes_at - now, version
-        self.bytes_reads += 1
+        self._bytes = int(self._summing.run(self.store.used_bytes))
+        self._bytes_version = version
         return self._bytes
+
+    @property
+    def bytes_reads(self) -> int:
+        """How many times the store's bytes were summed (tests)."""
+        return self._summing.walks
 
     def maybe_flush(self, force: bool = False) -> None:
         """Persist counter deltas to the store (called by the background thread)."""

@@ -54,6 +54,7 @@ from .entry import header_length
 from .files import TEMP_PREFIX, ServedVersion, atomic_write_json
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
+from .scanning import ScanThrottle
 from .verified_log import VerifiedLog, boot_id, record_key
 
 ENTRY_FILE = "encoder_cache.safetensors"
@@ -140,8 +141,8 @@ class DiskStore(Store):
         self._lock = threading.Lock()
         self._written_log = None  # the verified log puts of encoded_here bytes go to
         self._used: int | None = None
-        self._used_at = 0.0
-        self._used_cost = 0.0  # seconds the last used_bytes() of _make_room took
+        # _make_room re-reads the usage every 30 s, or at most ~5 % of a writer's time
+        self._usage_reads = ScanThrottle(0.05, min_interval=30.0)
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -510,6 +511,16 @@ class DiskStore(Store):
                 total += os.stat(os.path.join(d.path, ENTRY_FILE)).st_size
         return total
 
+    def _eviction_candidates(self) -> list[tuple[float, int, str]]:
+        """``(access or write time, size, entry name)`` of every entry (a stat each)."""
+        candidates = []
+        for d in self._entry_dirs():
+            with contextlib.suppress(OSError):
+                st = os.stat(os.path.join(d.path, ENTRY_FILE))
+                key = st.st_atime if self.eviction == "lru" else st.st_mtime
+                candidates.append((key, st.st_size, d.name))
+        return candidates
+
     def _make_room(self, incoming: int) -> bool:
         """Reserve ``incoming`` bytes under the capacity, evicting first if needed.
 
@@ -520,23 +531,14 @@ class DiskStore(Store):
         limit = self.max_bytes
         evicted = 0
         with self._lock:
-            if self._used is None or time.monotonic() - self._used_at > max(
-                    30.0, 20 * self._used_cost):  # at most ~5 % of a writer's time
-                t0 = time.monotonic()
-                self._used = self.used_bytes()
-                self._used_at = time.monotonic()
-                self._used_cost = self._used_at - t0
+            if self._used is None or self._usage_reads.due():
+                self._used = self._usage_reads.run(self.used_bytes)
             if self._used + incoming <= limit:
                 self._used += incoming
                 return True
             target = max(0, int(limit * self.low_watermark) - incoming)
-            candidates = []
-            for d in self._entry_dirs():
-                with contextlib.suppress(OSError):
-                    st = os.stat(os.path.join(d.path, ENTRY_FILE))
-                    key = st.st_atime if self.eviction == "lru" else st.st_mtime
-                    candidates.append((key, st.st_size, d.name))
-            candidates.sort()
+            # a full walk too: it restarts the clock of the usage re-read
+            candidates = sorted(self._usage_reads.run(self._eviction_candidates))
             used = sum(c[1] for c in candidates)
             for _, size, name in candidates:
                 if used <= target:
@@ -550,7 +552,7 @@ class DiskStore(Store):
                     evicted += 1
                 with contextlib.suppress(OSError):
                     os.rmdir(self.root / name)
-            self._used, self._used_at = used + incoming, time.monotonic()
+            self._used = used + incoming
         if evicted:
             self._bump_generation()
             self.add_counters({"evictions": evicted})

@@ -6,6 +6,7 @@ no torch, no backend internals), so it works on every backend.
 * :class:`EntryFilter` selects entries by LoRA, model and age.
 * :class:`Summary` aggregates counts and bytes (total, by model, by LoRA, legacy,
   unreadable); summaries merge, so shards can be scanned in parallel.
+* :class:`ScanThrottle` paces full walks repeated in the background (≤ 5 % of the time).
 * :func:`scan` / :func:`summarize` walk a store (headers only), optionally across
   processes (:func:`summarize` with ``workers > 1`` re-opens the store by URL in each
   worker process and splits the identifiers between them).
@@ -225,6 +226,37 @@ class Summary:
             d[1] += size
             d[2] = max(d[2], newest)
         return self
+
+
+class ScanThrottle:
+    """When a full walk of a store may run again: once at least ``1 / share`` times its
+    last duration has passed since it ended (so walking takes at most ``share`` of the
+    time), and no sooner than ``min_interval`` seconds. The walks it paces (a consumer's
+    index listing, the store's usage for metrics, ``--over-capacity skip`` and the disk
+    store's capacity total) cost a ``stat`` per entry: milliseconds on a small store,
+    which is then walked every time it is asked, seconds on a million entries."""
+
+    def __init__(self, share: float = 0.05, min_interval: float = 0.0):
+        self.share = share
+        self.min_interval = min_interval
+        self.ended = 0.0  # when the last walk ended (monotonic)
+        self.cost = 0.0  # how long it took
+        #: how many walks ran (tests, benchmarks)
+        self.walks = 0
+
+    def due(self) -> bool:
+        """No walk yet, or enough time has passed since the last one."""
+        return not self.walks or (time.monotonic() - self.ended
+                                  >= max(self.min_interval, self.cost / self.share))
+
+    def run(self, walk: Callable[[], object]):
+        """``walk()``, timed; returns what it returns."""
+        t0 = time.monotonic()
+        result = walk()
+        self.ended = time.monotonic()
+        self.cost = self.ended - t0
+        self.walks += 1
+        return result
 
 
 def batched(items: Iterable, size: int) -> Iterator[list]:

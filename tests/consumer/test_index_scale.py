@@ -93,10 +93,10 @@ def test_a_big_store_is_listed_rarely_and_new_entries_are_still_found(tmp_path):
         time.sleep(0.002)
     elapsed = time.monotonic() - t0
     assert index.listings < 100, index.listings  # not one per put
-    assert index._list_cost * (index.listings - 1) <= 0.10 * elapsed + 0.05
+    assert index.listing.cost * (index.listings - 1) <= 0.10 * elapsed + 0.05
     listed = index.listings
     put(writer, ident(20_000))
-    time.sleep(index._list_cost / 0.05 + 0.01)
+    time.sleep(index.listing.cost / 0.05 + 0.01)
     assert ident(20_000) in index.refresh() and index.listings == listed + 1  # in time
     # whatever the last listing did not see yet is found with one stat each
     assert all(index.holds(i) for i in written)
