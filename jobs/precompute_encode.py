@@ -321,6 +321,8 @@ class LocalStage:
         # (Pillow releases the GIL while it decodes); results are taken in batch order,
         # so the output is the same as without it
         decode = engine.decode_image if self.decode else None
+        if budget is not None:  # a re-read of the store's usage includes queued writes
+            budget.before_read = engine.wait_for_saves
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encache-read")
         try:
             ahead = reader.submit(self._read_next, 0, batches, decode) if self.prefetch else None
@@ -338,8 +340,6 @@ class LocalStage:
                 chunk, read = got
                 k += 1
                 if budget is not None:
-                    # a re-read of the store's usage must include the writes still queued
-                    budget.before_read = engine.wait_for_saves
                     if out.ok and budget.mean_bytes is None:
                         engine.wait_for_saves()
                         budget.mean_bytes = mean_entry_bytes(store, out.ok)

@@ -156,8 +156,8 @@ class ProducerEngine:
 
     def lora_reaches_encoder(self) -> bool:
         """Whether the model applies LoRA to its vision tower and connector (vLLM's
-        ``supports_tower_connector_lora``: LLaVA, Qwen3-VL, InternVL in vLLM 0.32; not
-        Gemma 3 or Qwen2.5-VL). Where it does not, an adapter cannot change the encoder
+        ``supports_tower_connector_lora``: most families in vLLM 0.32, Gemma 3 and
+        Qwen2.5-VL included; not Mistral 3 or LLaVA-OneVision). Where it does not, an adapter cannot change the encoder
         outputs, and a server started with ``--enable-lora`` alone looks up a LoRA
         request's images under their bare hashes: the base entries. True when vLLM cannot
         tell (nothing is then said)."""
