@@ -122,6 +122,20 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     return out
 
 
+def _save_adapter(weights: dict, out: str, model_dir: str, rank: int, targets: list) -> str:
+    """Write ``weights`` as a PEFT LoRA adapter directory ``out`` on ``targets``."""
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    save_file(weights, os.path.join(out, "adapter_model.safetensors"))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+                   "lora_dropout": 0.0, "bias": "none", "target_modules": targets,
+                   "base_model_name_or_path": os.path.abspath(model_dir),
+                   "fan_in_fan_out": False, "inference_mode": True}, f, indent=1)
+    return out
+
+
 def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: float = 0.5) -> str:
     """A PEFT-format LoRA adapter on the multimodal projector (tower-connector LoRA).
 
@@ -129,7 +143,6 @@ def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: fl
     so vLLM keys them ``{lora_name}:{hash}`` — what ``precompute --lora`` must reproduce.
     """
     import torch
-    from safetensors.torch import save_file
 
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -141,14 +154,7 @@ def build_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1, scale: fl
         prefix = f"base_model.model.multi_modal_projector.{name}"
         weights[f"{prefix}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) * scale
         weights[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * scale
-    os.makedirs(out, exist_ok=True)
-    save_file(weights, os.path.join(out, "adapter_model.safetensors"))
-    with open(os.path.join(out, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-                   "lora_dropout": 0.0, "bias": "none", "target_modules": ["linear_1", "linear_2"],
-                   "base_model_name_or_path": os.path.abspath(model_dir),
-                   "fan_in_fan_out": False, "inference_mode": True}, f, indent=1)
-    return out
+    return _save_adapter(weights, out, model_dir, rank, ["linear_1", "linear_2"])
 
 
 def build_text_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1,
@@ -162,7 +168,6 @@ def build_text_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1,
     """
     import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
     weights = {}
@@ -178,14 +183,7 @@ def build_text_lora(model_dir: str, out: str, rank: int = 8, seed: int = 1,
             weights[f"{prefix}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * scale
     if not weights:
         raise SystemExit(f"no language-model q_proj/v_proj in {model_dir}")
-    os.makedirs(out, exist_ok=True)
-    save_file(weights, os.path.join(out, "adapter_model.safetensors"))
-    with open(os.path.join(out, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-                   "lora_dropout": 0.0, "bias": "none", "target_modules": ["q_proj", "v_proj"],
-                   "base_model_name_or_path": os.path.abspath(model_dir),
-                   "fan_in_fan_out": False, "inference_mode": True}, f, indent=1)
-    return out
+    return _save_adapter(weights, out, model_dir, rank, ["q_proj", "v_proj"])
 
 
 def main(argv: list[str] | None = None) -> int:

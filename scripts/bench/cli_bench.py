@@ -48,6 +48,12 @@ DTYPE = "BF16"
 
 # -- the synthetic store -------------------------------------------------------------------
 
+def default_store(n: int) -> Path:
+    """Where the synthetic ``n``-entry store is built and reused ($TMPDIR), by this
+    benchmark and by ``index_bench.py``."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{n}"
+
+
 def build_store(root: Path, n: int) -> dict:
     """``n`` entries: 90 % base-model, 10 % LoRA, two models, 1 % legacy, 30 days of ages."""
     from encache.connectors.store.disk import DiskStore
@@ -291,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip", default="", help="comma-separated substrings of case names to skip")
     args = ap.parse_args(argv)
     load_at_start = os.getloadavg()
-    store = args.store or Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{args.entries}"
+    store = args.store or default_store(args.entries)
     print(f"building / reusing {store} ({args.entries:,} entries)", file=sys.stderr)
     spec = build_store(store, args.entries)
     du = subprocess.run(["du", "-sb", str(store)], capture_output=True, text=True).stdout.split()[0]

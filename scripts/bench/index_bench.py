@@ -127,12 +127,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "index")
     args = ap.parse_args(argv)
 
-    from cli_bench import build_store
+    from cli_bench import build_store, default_store
     from serving_common import code_state
 
     from encache.connectors.store.disk import DiskStore
 
-    path = args.store or Path(os.environ.get("TMPDIR", "/tmp")) / f"encache-bench-cli-{args.entries}"
+    path = args.store or default_store(args.entries)
     print(f"building / reusing {path} ({args.entries:,} entries)", file=sys.stderr)
     spec = build_store(path, args.entries)
     store = DiskStore(path, fsync=False)
