@@ -82,6 +82,12 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "bytes_loaded": c("bytes_loaded"),
         "saves": c("saves"),
         "save_errors": c("save_errors"),
+        # encoders (EPD): writes not in the store when the request finished
+        "save_timeouts": c("save_timeouts"),
+        # PD (EPD): requests failed because a metadata-only item's entry was not delivered
+        "unavailable": c("unavailable"),
+        "unavailable_by_reason": {r: c("unavailable_" + r)
+                                  for r in ("late", "corrupt", "config", "lora_stale")},
         "bytes_saved": c("bytes_saved"),
         "evictions": c("evictions"),
         "counters_updated": counters.get("updated"),
@@ -176,6 +182,10 @@ def render_table(s: dict) -> None:
                                        if s["checksums_skipped"] else "")),
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),
+        *([("Saves late (EPD)", f"{s['save_timeouts']:,}")] if s["save_timeouts"] else []),
+        *([("Requests failed, entry not delivered (EPD)", f"{s['unavailable']:,} ("
+            + ", ".join(f"{r} {n:,}" for r, n in s["unavailable_by_reason"].items() if n) + ")")]
+          if s["unavailable"] else []),
         ("Evictions", f"{s['evictions']:,}"),
         ("Counters updated", human_ago(s["counters_updated"]) if s["counters_updated"] else "never"),
     ]

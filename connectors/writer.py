@@ -4,7 +4,9 @@
 (checksum) and stores them. Pending bytes are bounded: past ``max_pending_bytes`` the
 caller blocks briefly (back-pressure) rather than letting memory grow without limit.
 Failures are counted and logged (rate-limited) — a producer whose store is down keeps
-serving. ``flush()`` waits for everything submitted so far (precompute, shutdown).
+serving. ``flush()`` waits for everything submitted so far (precompute, shutdown);
+``wait()`` for given submissions (an encoder instance's step: its request must not finish
+before its entries are readable, see :mod:`encache.connectors.vllm.worker`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 from .encoder_config import holds
 from .ratelimit import RateLimitedLog
@@ -45,58 +48,63 @@ class EntryWriter:
         self.errors: dict[str, str] = {}
 
     def submit(self, identifier: str, data_fn: Callable[[], tuple[object, str, tuple]],
-               nbytes: int, **meta) -> None:
+               nbytes: int, **meta) -> Future:
         """Queue one entry. ``data_fn`` returns ``(buffer, dtype_code, shape)`` when run
-        in the writer thread (e.g. a device-to-host copy happens there, not in the step)."""
+        in the writer thread (e.g. a device-to-host copy happens there, not in the step).
+        The future's result is True once the entry is in the store (written, or already
+        there), False when the write failed (counted and logged here)."""
         with self._cond:
             while self._pending and self._pending_bytes + nbytes > self.max_pending_bytes:
                 self._cond.wait(1.0)
             self._pending_bytes += nbytes
             self._pending += 1
-        self._pool.submit(self._write, identifier, data_fn, nbytes, meta)
+        return self._pool.submit(self._write, identifier, data_fn, nbytes, meta)
+
+    def wait(self, futures: list[Future], timeout: float | None) -> tuple[int, int]:
+        """Block until ``futures`` (from :meth:`submit`) are done or ``timeout`` s passed;
+        ``(failed, late)``: how many writes failed and how many are still running."""
+        if not futures:
+            return 0, 0
+        done, late = wait_futures(futures, timeout=timeout)
+        failed = sum(1 for f in done if f.result() is False)
+        return failed, len(late)
 
     def _current(self, identifier: str, lora_digest: str = "") -> bool:
         """Whether the store already holds a usable entry for this producer (same encoder
         config and, for a stamped LoRA entry, the same adapter digest)."""
-        if lora_digest:
-            info = self.store.stat(identifier)
-            return (info is not None and info.meta is not None
-                    and (self.encoder_config is None
-                         or info.meta.encoder_config == self.encoder_config)
-                    and info.meta.lora_digest == lora_digest)
-        if self.encoder_config is None:
-            return self.store.contains(identifier)
-        return holds(self.store, identifier, self.encoder_config)
+        return holds(self.store, identifier, self.encoder_config, lora_digest)
 
-    def _write(self, identifier, data_fn, nbytes, meta) -> None:
+    def _write(self, identifier, data_fn, nbytes, meta) -> bool:
         try:
             if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
-                self._count("skipped_existing")
-                return
+                self.count("skipped_existing")
+                return True
             data, dtype, shape = data_fn()
             written = self.store.put(identifier, encode_parts(identifier, data, dtype, shape, **meta),
                                      encoded_here=True)
-            self._count("saves")
-            self._count("bytes_saved", written)
+            self.count("saves")
+            self.count("bytes_saved", written)
             with self._cond:
                 if len(self.saved) < 1_000_000:
                     self.saved.append(identifier)
             if self.on_saved:
                 self.on_saved(identifier)
+            return True
         except Exception as e:  # never propagate into the engine
-            self._count("save_errors")
+            self.count("save_errors")
             with self._cond:
                 if len(self.errors) < 10_000:
                     self.errors[identifier] = str(e)
             self.warn.warning("save", "encache: cannot save %s to %s: %s",
                               identifier, self.store.url, e)
+            return False
         finally:
             with self._cond:
                 self._pending_bytes -= nbytes
                 self._pending -= 1
                 self._cond.notify_all()
 
-    def _count(self, name: str, value: float = 1) -> None:
+    def count(self, name: str, value: float = 1) -> None:
         if self._live is not None:
             self._live.add(name, value)
         with self._cond:

@@ -14,6 +14,11 @@ downloaded. Deterministic: the same arguments give byte-identical weights. The d
 (32 px, patch 8 -> 16 image tokens, 2-layer towers) starts in seconds on a CPU; larger
 towers (e.g. ``--image-size 224 --patch 16 --vision-hidden 768 --vision-layers 12``, a
 SigLIP-base-sized encoder) are for benchmarks.
+
+An entry is (image tokens) x (the language model's hidden size) x (dtype bytes), so
+``--text-hidden`` sizes the entries: ``--image-size 128 --patch 8 --text-hidden 2688``
+gives 256 tokens x 2688 fp32 = 2.75 MB per image (Gemma 3 27B's 256 x 5376 fp16);
+``--image-size 256`` gives 1024 tokens, 11 MB (four such crops).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ CHAT_TEMPLATE = (
 
 
 def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
-          vision_layers: int = 2, seed: int = 0, feature_strategy: str = "default") -> str:
+          vision_layers: int = 2, seed: int = 0, feature_strategy: str = "default",
+          text_hidden: int = 64) -> str:
     import torch
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -81,10 +87,17 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         hidden_size=vision_hidden, intermediate_size=vision_hidden * 4 if vision_hidden > 32 else 64,
         num_hidden_layers=vision_layers, num_attention_heads=heads,
         image_size=image_size, patch_size=patch, projection_dim=32)
+    # head_dim 32 (the default 64-wide model) or 128 for wider ones: both supported by
+    # vLLM's CPU attention
+    head_dim = 32 if text_hidden <= 64 else 128
+    if text_hidden % head_dim:
+        raise SystemExit(f"--text-hidden must be a multiple of {head_dim}")
+    text_heads = text_hidden // head_dim
     text = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2,  # head_dim 32: supported by CPU attention
-        max_position_embeddings=1024, bos_token_id=hf_tok.bos_token_id,
+        vocab_size=vocab_size, hidden_size=text_hidden, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=text_heads, num_key_value_heads=text_heads,
+        max_position_embeddings=max(1024, (image_size // patch) ** 2 + 512),
+        bos_token_id=hf_tok.bos_token_id,
         eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id,
         tie_word_embeddings=False)
     cfg = LlavaConfig(
@@ -116,6 +129,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     processor.save_pretrained(out)
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"image_size": image_size, "patch": patch, "vision_hidden": vision_hidden,
+                   "text_hidden": text_hidden,
                    "vision_layers": vision_layers, "seed": seed,
                    "feature_strategy": feature_strategy,
                    "image_tokens": (image_size // patch) ** 2 + (feature_strategy == "full")}, f)
@@ -195,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patch", type=int, default=8)
     p.add_argument("--vision-hidden", type=int, default=32)
     p.add_argument("--vision-layers", type=int, default=2)
+    p.add_argument("--text-hidden", type=int, default=64,
+                   help="the language model's hidden size: the entry width (llava)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feature-strategy", choices=("default", "full"), default="default",
                    help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
@@ -213,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         print(a.out)
         return 0
     build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed,
-          a.feature_strategy)
+          a.feature_strategy, a.text_hidden)
     if a.lora:
         build_lora(a.out, a.lora)
     if a.text_lora:

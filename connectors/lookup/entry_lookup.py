@@ -222,6 +222,11 @@ class EntryLookup:
         """Synchronous read + verify, not staged (tools, tests, benchmarks)."""
         return self.loader.load(identifier, register=False)
 
+    def recheck(self, identifier: str) -> None:
+        """Look ``identifier`` up in the store again at its next request, even if it was
+        found absent a moment ago (a metadata-only item waits for its entry)."""
+        self.index.recheck(identifier)
+
     def reject(self, identifier: str, reason: str) -> None:
         """Drop a staged entry the engine cannot use (e.g. wrong token count)."""
         self.staging.discard(identifier)

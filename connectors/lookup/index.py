@@ -6,9 +6,12 @@ lookup's background thread (skipped while the store's ``index_version()`` is unc
 and while listing again would take more than ``LIST_SHARE`` of the thread's time: a
 million-entry disk store costs seconds to list, and a producer writing to it moves the
 version at every put).
-For a local disk store an identifier not in the set is also checked with one ``stat``
-(negative-cached for one refresh period), so an entry written a moment ago is seen at
-once. A stale positive costs one background read that finds nothing: a miss.
+An identifier not in the set may have been written since the last listing (an encoder
+instance wrote it a moment ago, EPD): a local disk store checks it with one ``stat``, and
+for a remote store (Redis) it is worth one background read (``holds`` says yes; the read
+finds it or not). Either way an identifier found absent is remembered for ``ABSENT_S``
+only, so a retry moments later looks again. A stale positive costs one background read
+that finds nothing: a miss.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..store.base import Store
 from ..store.scanning import ScanThrottle
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
+ABSENT_S = 0.2  # an identifier found absent is not looked up again for this long
 LIST_SHARE = 0.05  # the largest share of time spent listing the store (after the first)
 
 
@@ -68,18 +72,19 @@ class StoreIndex:
             return len(self._ids)
 
     def holds(self, identifier: str, now: float | None = None) -> bool:
-        """Does the store (probably) hold ``identifier``? Memory speed, except one
-        ``stat`` for an unknown identifier on a local store; may be stale. Raises what
-        the store raises on that ``stat``."""
+        """Is ``identifier`` worth a read? Memory speed, except one ``stat`` for an
+        unknown identifier on a local store (a remote store: yes, unless it was found
+        absent within ``ABSENT_S``); may be stale. Raises what the store raises on that
+        ``stat``."""
         # single set/dict reads, atomic under the GIL (the set is swapped whole by
         # refresh()): no lock on the scheduler's per-item path
         if identifier in self._ids:
             return True
-        if not self.store.local:
-            return False
         now = time.monotonic() if now is None else now
         if self._absent.get(identifier, 0) > now:
             return False
+        if not self.store.local:
+            return True  # the background read finds out (forget() if it is absent)
         found = self.store.contains(identifier)  # one stat on a local disk
         with self._lock:
             if found:
@@ -94,7 +99,11 @@ class StoreIndex:
             self._ids.discard(identifier)
             self._note_absent(identifier, time.monotonic())
 
+    def recheck(self, identifier: str) -> None:
+        """Look ``identifier`` up again at its next ``holds`` (a caller waits for it)."""
+        self._absent.pop(identifier, None)
+
     def _note_absent(self, identifier: str, now: float) -> None:  # caller holds the lock
-        self._absent[identifier] = now + self.refresh_s
+        self._absent[identifier] = now + ABSENT_S
         if len(self._absent) > ABSENT_MAX:
             self._absent.clear()

@@ -52,6 +52,10 @@ VERIFY_AHEAD_START_BYTES = 2 << 30
 DEFER = object()  # load(inline=True): too big to do in the caller's thread
 
 
+class _Deferred(Exception):
+    """Raised inside a first load that turned out too big to check inline."""
+
+
 class State(Enum):
     READY = "ready"  # verified bytes are staged: say yes
     PENDING = "pending"  # a read is in flight: defer the request
@@ -68,15 +72,27 @@ def validate(verified: VerifiedVersions, identifier: str, blob, version,
     """Header, size and (per ``verify``) checksum checks; remembered per version. A
     version verified earlier this boot (the store's log) skips the checksum. Counted
     (``metrics``): ``checksums`` run, ``checksums_skipped`` thanks to the log."""
-    trusted = verified.trusted(identifier, version)
-    hashing = verified.verify and not trusted
+    hashing = needs_checksum(verified, identifier, version)
     meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)
+    validated(verified, identifier, version, meta, offset, hashing, metrics)
+    return meta, offset
+
+
+def needs_checksum(verified: VerifiedVersions, identifier: str, version) -> bool:
+    """Whether a load of this stored version hashes its bytes (``verify``, and not a
+    version verified earlier this boot)."""
+    return verified.verify and not verified.trusted(identifier, version)
+
+
+def validated(verified: VerifiedVersions, identifier: str, version, meta: EntryMeta,
+              offset: int, hashed: bool, metrics: LookupMetrics | None) -> None:
+    """Remember a version that passed validation, and count how (:func:`validate`)."""
+    trusted = verified.verify and not hashed
     if trusted:
         verified.trusted_loads += 1
-    verified.remember(identifier, version, meta, offset, checksummed=hashing)
-    if metrics is not None and (trusted or hashing):
+    verified.remember(identifier, version, meta, offset, checksummed=hashed)
+    if metrics is not None and verified.verify:
         metrics.count("checksums_skipped" if trusted else "checksums")
-    return meta, offset
 
 
 class Loader:
@@ -138,29 +154,18 @@ class Loader:
         t0 = time.perf_counter()
         staged = None
         try:
-            got = read_entry(self.store, identifier)
+            if self.store.supports_verified_reads and not self.verified.seen(identifier):
+                got = self._first_load(identifier, inline)  # one pass: read and check
+            else:
+                got = self._load(identifier, inline)
+            if got is DEFER:
+                return DEFER
             if got is None:
                 self.index.forget(identifier)
-            else:
-                blob, version = got
-                record = self.verified.find(identifier, version)
-                if (inline and len(blob) > INLINE_VERIFY_MAX and record is None
-                        and not self.verified.trusted(identifier, version)):
-                    return DEFER
-                if record is None:
-                    meta, offset = validate(self.verified, identifier, blob, version,
-                                            self.metrics)
-                else:
-                    meta, offset = record.meta, record.offset
-                    now = time.monotonic()
-                    if now - record.last_load > PREFAULT_AFTER_S:
-                        # not read for a while: its pages may have left the page cache;
-                        # start fetching them now rather than in the model step
-                        prefault(blob)
-                    record.last_load = now
-                if self.checks.usable(identifier, meta):
-                    staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
-                                    version)
+            elif self.checks.usable(identifier, got[1]):
+                blob, meta, offset, version = got
+                staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
+                                version)
         except CorruptEntry as e:
             self.misses.reject(identifier, "corrupt")
             self.metrics.count("load_errors")
@@ -177,6 +182,50 @@ class Loader:
             with self._lock:
                 self._inflight.pop(identifier, None)
         return staged
+
+    def _first_load(self, identifier: str, inline: bool):
+        """A version of ``identifier`` never validated here (every load of an entry an
+        encoder instance just wrote, EPD): read it into a buffer of its own and check it
+        in the same pass (``Store.read_verified``), not map it and then hash the mapping.
+        ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""
+        def checksum(version) -> bool:
+            hashing = needs_checksum(self.verified, identifier, version)
+            if inline and hashing and version is not None and version[2] > INLINE_VERIFY_MAX:
+                raise _Deferred
+            return hashing
+
+        try:
+            got = self.store.read_verified(identifier, checksum)
+        except _Deferred:
+            return DEFER
+        if got is None:
+            return None
+        blob, version, meta, offset, hashed = got
+        validated(self.verified, identifier, version, meta, offset, hashed, self.metrics)
+        return blob, meta, offset, version
+
+    def _load(self, identifier: str, inline: bool):
+        """A load that may reuse an earlier validation of the same stored version (the
+        file mapped, or its recently served buffer: no copy, no hash)."""
+        got = read_entry(self.store, identifier)
+        if got is None:
+            return None
+        blob, version = got
+        record = self.verified.find(identifier, version)
+        if (inline and len(blob) > INLINE_VERIFY_MAX and record is None
+                and not self.verified.trusted(identifier, version)):
+            return DEFER
+        if record is None:
+            meta, offset = validate(self.verified, identifier, blob, version, self.metrics)
+        else:
+            meta, offset = record.meta, record.offset
+            now = time.monotonic()
+            if now - record.last_load > PREFAULT_AFTER_S:
+                # not read for a while: its pages may have left the page cache;
+                # start fetching them now rather than in the model step
+                prefault(blob)
+            record.last_load = now
+        return blob, meta, offset, version
 
     # -- verify ahead --------------------------------------------------------------
     def verify_ahead(self, identifiers, closed: threading.Event) -> None:

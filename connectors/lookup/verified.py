@@ -62,6 +62,7 @@ class VerifiedVersions:
         self.verify, self.verify_always = parse_verify(verify)
         self._lock = threading.Lock()
         self._records: OrderedDict[object, VerifiedRecord] = OrderedDict()
+        self._seen: set[str] = set()  # identifiers with a record (first loads: not here)
         #: the store's log of versions verified this boot (only when checksums run once)
         self.log = log if self.verify and not self.verify_always else None
         self._trusted = VerifiedTable()  # what the log held at start
@@ -124,14 +125,21 @@ class VerifiedVersions:
         with self._lock:
             self._records[version] = VerifiedRecord(identifier, meta, offset, time.monotonic(),
                                                     ctime)
+            self._seen.add(identifier)
             if len(self._records) > VERIFIED_VERSIONS:
-                self._records.popitem(last=False)
+                self._seen.discard(self._records.popitem(last=False)[1].identifier)
 
     def forget_all(self) -> None:
         """Forget every verified version, the log's included (they are hashed again)."""
         with self._lock:
             self._records.clear()
+            self._seen.clear()
             self._trusted = VerifiedTable()
+
+    def seen(self, identifier: str) -> bool:
+        """A version of ``identifier`` was validated here (else its next load is a first
+        load: nothing to reuse, read and check it in one pass)."""
+        return identifier in self._seen
 
     def count(self, identifiers) -> int:
         """How many of ``identifiers`` have a verified version on record."""

@@ -29,6 +29,9 @@ backend:
 ``supports_live_counters``  ``live_counters()`` gives this process an in-place counter file
                             that survives SIGKILL; default: None (counts are batched and
                             flushed with ``add_counters``)
+``supports_verified_reads`` ``read_verified()`` reads an entry into a private buffer and checks
+                            it in the same pass (one pass over the bytes); default:
+                            ``read_entry`` then a validation pass
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
@@ -126,6 +129,7 @@ class Store(ABC):
     read_only: bool = False
     supports_live_counters: bool = False
     supports_verified_log: bool = False
+    supports_verified_reads: bool = False
 
     @property
     @abstractmethod
@@ -156,6 +160,21 @@ class Store(ABC):
         """
         blob = self.get(identifier)
         return None if blob is None else (blob, None)
+
+    def read_verified(self, identifier: str, checksum=lambda version: True):
+        """``(buffer, version, meta, offset, checksummed)`` of a whole entry validated on
+        the way in, or None if absent. ``checksum(version) -> bool`` says whether this
+        stored version's bytes must be hashed (False: a version verified before; header
+        and size are still checked). Raises :class:`~.entry.CorruptEntry` for bad bytes.
+        Default: :meth:`read_entry`, then a validation pass over the buffer."""
+        from .entry import validate_blob
+        got = self.read_entry(identifier)
+        if got is None:
+            return None
+        blob, version = got
+        hashing = checksum(version)
+        meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)
+        return blob, version, meta, offset, hashing
 
     @abstractmethod
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:

@@ -276,6 +276,65 @@ def validate_blob(blob, *, identifier: str | None = None,
     return meta, offset
 
 
+#: bytes read (and then hashed while still in the CPU cache) per step of read_verified
+READ_CHUNK = 256 << 10
+
+
+def _hasher(recorded: str):
+    algo = recorded.split(":", 1)[0]
+    if algo == "xxh3_128":
+        return xxhash.xxh3_128()
+    if algo == "blake3":
+        return blake3()
+    raise CorruptEntry("bad-header", f"unknown checksum algorithm {algo!r}")
+
+
+def read_verified(readinto, size: int, buf, *, identifier: str | None = None,
+                  verify: bool = True) -> tuple[EntryMeta, int]:
+    """Read a whole entry of ``size`` bytes into ``buf`` and validate it in the same pass.
+
+    ``readinto(view) -> n`` reads the entry's next bytes into ``view`` (a file's
+    ``readinto``, ``os.readv`` on a descriptor, a socket's ``recv_into``); ``buf`` is any
+    writable buffer of ``size`` bytes (the buffer the engine will own: a private copy,
+    or a pinned staging buffer on a GPU host). Each chunk is hashed right after it was
+    read, while it is still in the CPU cache, so a checksummed first load costs one pass
+    over the bytes instead of a read (or page faults) plus a second, hashing pass.
+    Returns ``(meta, offset of the tensor bytes)``; raises :class:`CorruptEntry` as
+    :func:`validate_blob` does (``truncated`` when the source ends early)."""
+    view = memoryview(buf).cast("B")
+    if view.nbytes != size:
+        raise ValueError(f"buffer of {view.nbytes} bytes for an entry of {size}")
+
+    def fill(start: int, end: int) -> None:
+        while start < end:
+            n = readinto(view[start:end])
+            if not n:
+                raise CorruptEntry("truncated", f"expected {size} bytes, read {start}")
+            start += n
+
+    got = min(size, max(8, READ_CHUNK))
+    fill(0, got)
+    need = header_length(view[:got])
+    if need > got:
+        fill(got, min(size, need))
+        got = min(size, need)
+    meta, offset = parse_header(view[:got], total_size=size)
+    if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
+        raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
+    hasher = _hasher(meta.checksum) if verify and meta.checksum is not None else None
+    if hasher is not None and got > offset:
+        hasher.update(view[offset:got])
+    while got < size:
+        end = min(size, got + READ_CHUNK)
+        fill(got, end)
+        if hasher is not None:
+            hasher.update(view[got:end])
+        got = end
+    if hasher is not None and f"{meta.checksum.split(':', 1)[0]}:{hasher.hexdigest()}" != meta.checksum:
+        raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
+    return meta, offset
+
+
 def decode(blob, *, identifier: str | None = None, verify: bool = True) -> tuple[EntryMeta, memoryview]:
     """Validate a whole entry and return ``(meta, tensor_bytes_view)`` (no copy)."""
     meta, offset = validate_blob(blob, identifier=identifier, verify=verify)

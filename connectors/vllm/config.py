@@ -45,6 +45,9 @@ class ConnectorConfig:
     # weights change in place); see encache.connectors.encoder_config
     tag: str = ""
     # producer (worker side)
+    # a step (and so an encoder instance's request) ends once its entries are in the
+    # store, waiting at most this long (0: do not wait; precompute drains at the end)
+    save_wait_s: float = 10.0
     write_threads: int = 2
     max_pending_write_bytes: int = 1 << 30
     skip_existing: bool = True

@@ -177,6 +177,11 @@ class EncacheConnector(ECConnectorBase):
             return False, None
         return self.scheduler.request_finished(request)
 
+    def take_unavailable_requests(self) -> set[str]:
+        if self.scheduler is None:
+            return set()
+        return self.scheduler.take_unavailable_requests()
+
     # ============================== metrics =====================================
     def get_ec_connector_stats(self):
         return self.scheduler.get_ec_connector_stats() if self.scheduler is not None else None
@@ -201,6 +206,13 @@ class EncacheConnector(ECConnectorBase):
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str, **kwargs) -> None:
         if self.worker is not None:
             self.worker.save_caches(encoder_cache, mm_hash)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # vLLM calls this at the end of every step, before the step's output leaves the
+        # worker: a producer's step ends once its entries are in the store
+        if self.worker is not None:
+            self.worker.end_step()
+        return None, None
 
     # ============================== lifecycle ===================================
     def shutdown(self) -> None:

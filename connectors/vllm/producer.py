@@ -64,7 +64,8 @@ class ProducerEngine:
 
         self.opts = opts
         self._supported: frozenset | None = None  # model_takes()
-        extra_config = {"store": opts.store, **(opts.store_options or {})}
+        # a batch job: writes overlap the next batch's encoding, wait_for_saves() drains them
+        extra_config = {"store": opts.store, "save_wait_s": 0, **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,
             # one item per prompt; video only when asked for (a model without video

@@ -12,7 +12,18 @@ pinned entry -> ``build_connector_meta`` ships the queued entries to the worker 
 workers in other processes).
 
 A producer's scheduler keeps the adapter digest of each LoRA name it serves (sent to the
-worker in the metadata, stamped into entries) and reports each finished request's items.
+worker in the metadata, stamped into entries) and reports each finished request's items
+(``request_finished``: the metadata vLLM's EPD proxy reads). An encoder-only producer
+also reads the store: ``has_cache_item`` says yes for an item the store already holds for
+it (same encoder config and adapter), so vLLM does not run the tower for it -- what was
+precomputed, or encoded by another encoder instance, is not encoded again.
+
+A consumer item that arrives *metadata-only* (vLLM's EPD proxy rewrites media into
+``image_embeds`` references: no pixels) cannot be encoded here. Such an item's entry is
+waited for up to ``load_timeout_s``; when it is absent, corrupt, stamped for another
+config or late past that bound, the request is failed (``take_unavailable_requests``,
+a request-level error the proxy retries) and counted (``unavailable_<reason>``) instead
+of reaching a tower with nothing to encode.
 """
 
 from __future__ import annotations
@@ -25,8 +36,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..diagnosis import MissDiagnosis
+from ..encoder_config import holds
 from ..lookup import EntryLookup, State
 from ..lora_stamp import adapter_digest
+from ..ratelimit import RateLimitedLog
+from ..store.keys import split_lora
 from .config import ConnectorConfig
 from .metadata import WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry
 from .metrics import EncacheStats
@@ -67,9 +81,16 @@ class EncacheSchedulerConnector:
             self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
             self.diagnosis = MissDiagnosis(store, self.model_id)
             self.diagnosis.start()
-        if is_producer:
-            from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
-            self._resolver = PlaceholderMetadataResolver(model_config)
+        from vllm.distributed.ec_transfer.ec_connector.utils import PlaceholderMetadataResolver
+        # the placeholder-metadata fields per modality (what a metadata-only item carries)
+        self._resolver = PlaceholderMetadataResolver(model_config)
+        self.encoder_config = encoder_config
+        #: encoder-only producers answer has_cache_item from the store (skip_existing)
+        self._reads_store = is_producer and not is_consumer and config.skip_existing
+        self._stored: dict[str, bool] = {}  # this step's answers (producers)
+        self._unavailable: set[str] = set()  # request ids to fail (metadata-only items)
+        self._waiting: dict[tuple[str, str], float] = {}  # (request, item) -> first seen
+        self.warn = RateLimitedLog(log)
         self._step = 0
         self._pins: collections.deque = collections.deque()
         self._pinned_fds = 0
@@ -89,18 +110,38 @@ class EncacheSchedulerConnector:
 
     # -- lookups -------------------------------------------------------------------
     def has_cache_item(self, identifier: str) -> bool:
-        """Memory-speed: yes only for an entry already read and verified (staged)."""
+        """Consumers, memory-speed: yes only for an entry already read and verified
+        (staged). Encoder-only producers: yes when the store holds a usable entry."""
         if self.lookup is None:
-            return False
+            return self._reads_store and self._holds(identifier)
         staged = self.lookup.get_staged(identifier)
         if staged is None:
             return False
         self._pinned[identifier] = staged  # survives staging eviction until this step ships
         return True
 
+    def _holds(self, identifier: str) -> bool:
+        """Producers: does the store hold a usable entry for this engine (one header read,
+        remembered for the step)? A store error is a no: the tower runs."""
+        known = self._stored.get(identifier)
+        if known is not None:
+            return known
+        lora = split_lora(identifier)[0]
+        lora_digest = self._lora_digests.get(lora, "") if lora else ""
+        try:
+            found = holds(self.store, identifier, self.encoder_config, lora_digest)
+        except Exception as e:
+            self.warn.warning("holds", "encache: cannot check %s for stored entries: %s; "
+                              "encoding", self.store.url, e)
+            found = False
+        self._stored[identifier] = found
+        return found
+
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
         """Start background reads for this request's stored items; defer it while they run."""
         if self.lookup is None:
+            if self._reads_store:
+                self._note_lora(request)  # before has_cache_item checks the adapter's stamp
             return True
         self._note_lora(request)
         pending = self._start_loads(request, num_computed_tokens)
@@ -120,6 +161,10 @@ class EncacheSchedulerConnector:
             pos = feature.mm_position
             if pos.offset + pos.length <= num_computed_tokens:
                 continue  # already consumed into the KV cache
+            metadata_only = self._metadata_only(feature)
+            if metadata_only:  # its wait for the store starts when it is first seen
+                self._waiting.setdefault((request.request_id, feature.identifier),
+                                         time.monotonic())
             if self._inline_budget > 0:
                 # a local read inline (budgeted per step) beats a thread hand-off
                 t0 = time.perf_counter()
@@ -127,6 +172,8 @@ class EncacheSchedulerConnector:
                 self._inline_budget -= time.perf_counter() - t0
             else:
                 state = self.lookup.request(feature.identifier)
+            if state is State.MISS and metadata_only:
+                state = self._cannot_encode(request, feature.identifier)
             if state is State.PENDING:
                 pending.append(feature.identifier)
             elif state is State.READY:
@@ -137,6 +184,44 @@ class EncacheSchedulerConnector:
                                        f"{staged.meta.shape[0]} embeddings stored, {want} expected "
                                        f"by {self.architecture}")
         return pending
+
+    def _metadata_only(self, feature) -> bool:
+        """An item sent without its media (only the placeholder metadata, e.g. the image
+        grid): the tower has nothing to encode, the entry must come from the store."""
+        data = feature.data
+        if data is None:  # a processor-cache hit: the media are restored later
+            return False
+        wanted = self._resolver.fields_for(feature.modality)
+        return bool(wanted) and set(data.keys()) <= wanted
+
+    def _cannot_encode(self, request: Request, identifier: str) -> State:
+        """A metadata-only item the store did not deliver: wait for it (PENDING) up to
+        ``load_timeout_s``, then fail the request (still PENDING: never scheduled)."""
+        key = (request.request_id, identifier)
+        now = time.monotonic()
+        since = self._waiting.get(key, now)
+        reason = self.lookup.miss_reason(identifier)
+        if reason == "absent" and now - since < self.lookup.load_timeout_s:
+            self.lookup.recheck(identifier)  # written by now? look again next step
+            return State.PENDING
+        self._waiting.pop(key, None)
+        if request.request_id not in self._unavailable:
+            self._unavailable.add(request.request_id)
+            late = reason == "absent"
+            self.lookup.count("unavailable")
+            self.lookup.count("unavailable_" + ("late" if late else reason))
+            self.warn.warning(
+                "unavailable", "encache: request %s sent %s without its media and the store %s "
+                "%s; failing the request (retry it through the encoder)", request.request_id,
+                identifier, self.store.url,
+                f"did not deliver it within {self.lookup.load_timeout_s:g} s" if late
+                else f"holds no usable entry ({reason})")
+        return State.PENDING
+
+    def take_unavailable_requests(self) -> set[str]:
+        """Requests to fail: a metadata-only item the store cannot deliver."""
+        out, self._unavailable = self._unavailable, set()
+        return out
 
     def _note_lora(self, request: Request) -> None:
         """Remember the digest of the adapter this request's LoRA name stands for (files
@@ -204,6 +289,7 @@ class EncacheSchedulerConnector:
         self._release_pins()
         self._need_loads.clear()
         self._pinned.clear()
+        self._stored.clear()
         self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
         return meta
 
@@ -249,6 +335,9 @@ class EncacheSchedulerConnector:
         return EncacheStats(data=data) if data else None
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
+        if self._waiting:
+            for key in [k for k in self._waiting if k[0] == request.request_id]:
+                del self._waiting[key]
         if not self.is_producer:
             return False, None
         from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata

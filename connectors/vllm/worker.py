@@ -8,7 +8,13 @@ left on this path, so it cannot fail for a stored entry's sake.
 A producer's worker hands each encoder output to a background writer
 (:class:`~encache.connectors.writer.EntryWriter`) with the stamps that make it a valid
 entry for consumers (model id, vLLM version, hash algorithm, encoder config, LoRA
-adapter digest learned from the scheduler's metadata).
+adapter digest learned from the scheduler's metadata). The writes of one step run in
+parallel while the step goes on; at the step's end (vLLM calls ``get_finished`` before
+the step's output leaves the worker) the worker waits until they are in the store, at
+most ``save_wait_s``. So an encoder instance's request finishes only once its entries
+are readable: a prefill/decode instance that the EPD proxy sends the request to next
+finds them (read-after-write). A write that fails or is late is logged here, on the
+encoder, and counted (``save_errors``, ``save_timeouts``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ class EncacheWorkerConnector:
         self.hash_algo = getattr(mm_config, "mm_hasher_algorithm", None) or "blake3"
         self.encoder_config = encoder_config
         self.writer: EntryWriter | None = None
+        self.save_wait_s = config.save_wait_s
+        self.counters_flush_s = config.counters_flush_s
+        self._flushed_at = time.monotonic()
+        self._step_saves: list = []  # (identifier, future) of this step's writes
         if is_producer:
             self.writer = EntryWriter(store, **config.writer_options(),
                                       encoder_config=encoder_config)
@@ -123,10 +133,42 @@ class EncacheWorkerConnector:
 
         from vllm import __version__ as vllm_version
         lora_name = split_lora(mm_hash)[0]
-        self.writer.submit(mm_hash, data, tensor.numel() * tensor.element_size(),
-                           model=self.model_id, vllm_version=vllm_version,
-                           hash_algo=self.hash_algo, encoder_config=self.encoder_config,
-                           lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "")
+        future = self.writer.submit(
+            mm_hash, data, tensor.numel() * tensor.element_size(),
+            model=self.model_id, vllm_version=vllm_version, hash_algo=self.hash_algo,
+            encoder_config=self.encoder_config,
+            lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "")
+        if self.save_wait_s > 0:
+            self._step_saves.append((mm_hash, future))
+
+    def end_step(self) -> None:
+        """The step's end (vLLM's ``get_finished``): wait until this step's writes are in
+        the store, at most ``save_wait_s``, and say so on this side when one is not; then
+        hand batched counters to the store when they are due."""
+        if self.writer is None:
+            return
+        if self._step_saves:
+            self._wait_step_saves()
+        now = time.monotonic()
+        if now - self._flushed_at >= self.counters_flush_s:
+            self._flushed_at = now
+            self._flush_writer_counters()
+
+    def _wait_step_saves(self) -> None:
+        saves, self._step_saves = self._step_saves, []
+        failed, late = self.writer.wait([f for _, f in saves], self.save_wait_s)
+        if late:
+            self.writer.count("save_timeouts", late)
+            pending = [i for i, f in saves if not f.done()]
+            self.writer.warn.warning(
+                "save-late", "encache: %d entr%s not in %s after %.1f s (%s...): the request "
+                "finishes without them; consumers encode them themselves", late,
+                "y" if late == 1 else "ies", self.store.url, self.save_wait_s, pending[0])
+        if failed:
+            self.writer.warn.warning(
+                "save-failed", "encache: %d of this step's %d entr%s could not be written to "
+                "%s: consumers encode them themselves", failed, len(saves),
+                "y" if len(saves) == 1 else "ies", self.store.url)
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:
         """Block until queued saves are written (precompute calls this before exiting)."""

@@ -134,7 +134,7 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     c.store, c.lookup, c._worker_reads = store, lk, True
     c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
     c._step, c._pinned_fds = 0, 0
-    c.is_producer, c._lora_digests = False, {}  # a consumer
+    c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
         meta = c.build_connector_meta(None)

@@ -1,0 +1,150 @@
+"""Online encoder disaggregation (EPD) through real servers: encoder -> store -> PD.
+
+For each backend (a disk store, a password-protected Redis, a Redis Cluster) an encoder
+instance (``ec_producer``: encode-only) and a prefill/decode instance (``ec_consumer``)
+run as ``python -m vllm.entrypoints.openai.api_server`` with worker processes, sharing
+one store. The model is a tiny LLaVA whose language model is 2688 wide: 256 image tokens
+x 2688 fp32 = 2.75 MB per entry, Gemma 3 27B's size (small entries hide the race this
+guards against). The client does what vLLM's EPD proxy does: the request's images to the
+encoder, wait for its 200, then the original request to PD at once, no sleep.
+
+Shown here: every PD item is a hit and the PD tower never runs; PD's answers equal a plain
+single instance's; an encoder asked for images the store already holds (precomputed)
+does not run its tower either, and PD still loads them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from encache.connectors.store import open_store
+from engine_support import PRECOMPUTE_KW, ROOT, consumer_config, data_url
+from redis_fixture import RedisServer
+from served_support import (assert_logprobs_close, counter_deltas, draw_images,
+                            first_token_logprobs, start_server)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
+
+MAX_LEN = 512
+NEW = 12  # images only the encoder sees first
+PRE = 4  # images precomputed before the servers start
+
+
+def wide_model() -> str:
+    """The tiny LLaVA with Gemma-3-sized entries (built by scripts/setup)."""
+    path = ROOT / ".models" / "tiny-llava-2688"
+    if not (path / "encache_tiny_model.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
+                        "--image-size", "128", "--patch", "8", "--text-hidden", "2688"],
+                       check=True, capture_output=True)
+    return str(path)
+
+
+def post(base: str, body: dict) -> dict:
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        assert r.status == 200
+        return json.loads(r.read())
+
+
+def request(model: str, path: str) -> dict:
+    return {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "top_logprobs": 5, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(path)}},
+                {"type": "text", "text": "What is on this page?"}]}]}
+
+
+def encoder_part(body: dict) -> dict:
+    """What the proxy sends the encoder: the media items, no text."""
+    content = [c for m in body["messages"] for c in m["content"] if c["type"] == "image_url"]
+    return {"model": body["model"], "max_tokens": 1,
+            "messages": [{"role": "user", "content": content}]}
+
+
+@pytest.fixture(scope="module")
+def epd(tmp_path_factory, redis_cluster):
+    from encache.cli.precompute import run_precompute
+
+    model = wide_model()
+    root = tmp_path_factory.mktemp("epd")
+    images = draw_images(root / "img", {f"p{i}": (160 + 8 * i, 128 + 4 * i)
+                                        for i in range(NEW + PRE)}, seed=23)
+    paths = [images[f"p{i}"] for i in range(NEW + PRE)]
+    redis = RedisServer(password="epd-secret")
+    stores = {"disk": str(root / "store"), "redis": redis.url_for(db=0) + "?prefix=epd:",
+              "cluster": redis_cluster.url_for(nodes=6) + "?prefix=epd-c:"}
+    pre_dir = root / "pre"
+    pre_dir.mkdir()
+    for p in paths[NEW:]:
+        (pre_dir / Path(p).name).write_bytes(Path(p).read_bytes())
+    pre = dict(PRECOMPUTE_KW, max_model_len=MAX_LEN,
+               engine_args={**PRECOMPUTE_KW["engine_args"], "max_num_batched_tokens": MAX_LEN})
+    summary = run_precompute(str(pre_dir), model, stores["disk"], **pre)
+    assert summary.encoded == PRE
+    servers = {"plain": start_server(model, None, root, max_model_len=MAX_LEN, probe="plain")}
+    for name, store in stores.items():
+        servers[f"e-{name}"] = start_server(
+            model, consumer_config(store, role="ec_producer"), root, max_model_len=MAX_LEN,
+            probe=f"e-{name}")
+        servers[f"pd-{name}"] = start_server(
+            model, consumer_config(store), root, max_model_len=MAX_LEN, probe=f"pd-{name}")
+    try:
+        for s in servers.values():
+            s.wait_ready()
+        yield {"model": model, "paths": paths, "stores": stores, "servers": servers,
+               "reference": {}}
+    finally:
+        for s in servers.values():
+            s.stop()
+        redis.stop()
+
+
+def reference(epd, path: str) -> dict:
+    if path not in epd["reference"]:
+        reply = post(epd["servers"]["plain"].base, request(epd["model"], path))
+        epd["reference"][path] = first_token_logprobs(reply)
+    return epd["reference"][path]
+
+
+@pytest.mark.parametrize("backend", ["disk", "redis", "cluster"])
+def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
+    e, pd = epd["servers"][f"e-{backend}"], epd["servers"][f"pd-{backend}"]
+    store = epd["stores"][backend]
+    before = open_store(store).read_counters()
+    e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
+    replies = []
+    for path in epd["paths"][:NEW]:
+        body = request(epd["model"], path)
+        post(e.base, encoder_part(body))  # the proxy waits for the encoder's 200...
+        replies.append((path, post(pd.base, body)))  # ...then forwards at once
+    assert e.encoder_log.count() - e_runs == NEW  # the encoder encoded each image once
+    assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
+    deltas = counter_deltas(store, before, keys=("hits", "misses", "saves", "save_timeouts"))
+    assert deltas["hits"] == NEW and deltas["misses"] == 0, deltas
+    assert deltas["save_timeouts"] == 0, deltas
+    for path, reply in replies:  # what a single instance answers
+        assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
+
+
+def test_an_encoder_does_not_encode_what_the_store_holds(epd):
+    """Precomputed images: the encoder's request returns without its tower, PD loads them."""
+    e, pd = epd["servers"]["e-disk"], epd["servers"]["pd-disk"]
+    store = epd["stores"]["disk"]
+    before = open_store(store).read_counters()
+    e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
+    for path in epd["paths"][NEW:]:
+        body = request(epd["model"], path)
+        post(e.base, encoder_part(body))
+        reply = post(pd.base, body)
+        assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
+    assert e.encoder_log.count() == e_runs, "the encoder re-encoded stored images"
+    assert pd.encoder_log.count() == pd_runs
+    deltas = counter_deltas(store, before, keys=("hits", "misses", "saves"))
+    assert deltas == {"hits": PRE, "misses": 0, "saves": 0}, deltas
