@@ -8,8 +8,7 @@ for cron mail, ``--prune-missing`` to drop entries whose source images left the 
 
 This module parses options, builds :class:`~encache.jobs.precompute.PrecomputeOptions`,
 calls the job (:func:`encache.jobs.precompute.precompute_corpus`, or the Ray job with
-``--ray``) and renders its ``Summary``. The names below re-exported from the job module are
-for scripts that imported them from here.
+``--ray``) and renders its ``Summary``.
 """
 
 from __future__ import annotations
@@ -20,15 +19,11 @@ from typing import Annotated
 
 import typer
 
-from ..jobs.precompute import (  # noqa: F401 (re-exported: older imports)
-    NON_MEDIA, UNREADABLE, PrecomputeOptions, Summary, check_request_kwargs,
-    engine_encoder_config, hashing_settings, identify_or_mark, manifest_key,
-    parse_engine_args, precompute_corpus, run_precompute, validate_args)
+from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
+                               parse_engine_args, precompute_corpus, validate_args)
 from .common import quiet_engine_start
 from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
-
-_parse_engine_args = parse_engine_args  # the name cli/warm.py used
 
 
 def _render(summary: Summary, as_json: bool) -> None:

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
             raise usage("--lora-path is only used with --stale")
         current = None
         if lora_path:
-            from encache.connectors.lora_stamp import adapter_digest
+            from encache.connectors.store.lora_stamp import adapter_digest
             current = adapter_digest(lora_path)
             if not current:
                 raise usage(f"no LoRA adapter files in {lora_path}")

@@ -20,6 +20,7 @@ from concurrent.futures import wait as wait_futures
 from .encoder_config import holds
 from .ratelimit import RateLimitedLog
 from .store.base import Store
+from .store.counters import open_live_counters
 from .store.entry import encode_parts
 
 log = logging.getLogger("encache.writer")
@@ -42,7 +43,6 @@ class EntryWriter:
         self._pending_bytes = 0
         self._pending = 0
         self.counters: dict[str, float] = {}
-        from .lookup.metrics import open_live_counters
         self._live = open_live_counters(store, self.warn)  # survives SIGKILL (disk)
         self.saved: list[str] = []  # identifiers written by this writer (bounded)
         self.errors: dict[str, str] = {}

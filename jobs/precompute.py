@@ -113,7 +113,7 @@ def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, s
     """identify -> encode -> record, the part every entry point shares. The stage's rows
     may still be coming (``LocalStage``: a :class:`RowStream`): the :class:`Todo` counts
     them as the encode stage takes them, and the rest once it is done."""
-    from ..connectors.lora_stamp import adapter_digest
+    from ..connectors.store.lora_stamp import adapter_digest
 
     lora_digest = adapter_digest(options.lora_path) if options.lora else ""
     rows = stage.identify(files, records, store, options, summary, lora_digest, progress)

@@ -6,8 +6,7 @@ One idea per module; none imports vLLM:
 * the policies: :mod:`.fifo` (vLLM's release-FIFO), :mod:`.lru`, :mod:`.s3fifo`,
   :mod:`.tinylfu` (W-TinyLFU, with :mod:`.sketch`), :mod:`.dlfu` (encache's policy, with
   its :mod:`.shadow` caches), the offline :mod:`.static` oracle and :mod:`.belady` MIN;
-* :mod:`.registry` -- policies by name (``make_policy``); :mod:`.policies` re-exports
-  everything under its former single-module path;
+* :mod:`.registry` -- policies by name (``make_policy``);
 * :mod:`.workload` -- seeded RAG trace generator, JSONL trace read/write;
 * :mod:`.simulate` -- replay with reference holding, L2 tiers, upper bound;
 * :mod:`.online_bound` -- the best any online policy can expect (stationary).

@@ -172,7 +172,8 @@ class StoreContract:
         assert isinstance(store, Store)
         for flag in ("supports_entry_path", "supports_used_bytes", "supports_batch",
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
-                     "supports_live_counters", "supports_verified_log", "local", "read_only"):
+                     "supports_live_counters", "supports_verified_log", "supports_verified_reads",
+                     "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
         assert store.max_bytes is None or store.max_bytes > 0
@@ -209,6 +210,42 @@ class StoreContract:
             assert not table.holds(key, 6) and not table.holds(record_key("vl", (1, 2, 3, 5)), 5)
         finally:
             other.close()
+
+    def test_read_verified_checks_on_the_way_in(self, store):
+        """``read_verified``: the entry's bytes, validated, with the version a reader can
+        reuse; a flipped byte is caught (checksum asked) or not (a version verified
+        before); absent is None."""
+        b = blob("rv", n=4096)
+        store.put("rv", b)
+        got = store.read_verified("rv")
+        assert got is not None
+        buf, version, meta, offset, hashed = got
+        assert bytes(buf) == b and hashed and meta.shape == (4096, 8)
+        assert bytes(memoryview(buf).cast("B")[offset:offset + meta.data_bytes]) == b[-4096 * 16:]
+        assert store.read_verified("nope") is None
+        bad = bytearray(b)
+        bad[-3] ^= 0xFF
+        store.put("rv", bytes(bad))
+        with pytest.raises(CorruptEntry):
+            store.read_verified("rv")
+        assert store.read_verified("rv", lambda version: False)[4] is False
+
+    def test_unchanged_tells_a_purge_and_a_rewrite(self, store):
+        """``unchanged``: a held entry is still the stored version until it is deleted or
+        rewritten (by another handle too); a copy of the same bytes and stamps is the same
+        version."""
+        for i in ("u1", "u2", "u3"):
+            store.put(i, blob(i, seed=1, created=100.0))
+        held = []
+        for i in ("u1", "u2", "u3"):
+            buf, version, meta, _, _ = store.read_verified(i)
+            held.append((i, version, meta))
+        assert store.unchanged(held) == [True, True, True]
+        other = self.make_store(store)
+        other.delete("u1")
+        other.put("u2", blob("u2", seed=2))  # rewritten
+        assert store.unchanged(held) == [False, False, True]
+        assert store.unchanged([]) == []
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

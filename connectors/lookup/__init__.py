@@ -18,9 +18,8 @@ layer over this.
 from ..ratelimit import RateLimitedLog
 from .entry_lookup import EntryLookup
 from .loader import INLINE_VERIFY_MAX, PREFAULT_AFTER_S, State
-from .metrics import open_live_counters
 from .staging import Staged
 from .verified import VERIFIED_VERSIONS, parse_verify
 
 __all__ = ["EntryLookup", "INLINE_VERIFY_MAX", "PREFAULT_AFTER_S", "RateLimitedLog", "Staged",
-           "State", "VERIFIED_VERSIONS", "open_live_counters", "parse_verify"]
+           "State", "VERIFIED_VERSIONS", "parse_verify"]

@@ -122,6 +122,7 @@ class EntryLookup:
                     new = self.index.refresh()
                     if self.verify_ahead and self.index.is_ready() and new:
                         self.loader.verify_ahead(new, self._closed)
+                    self._revalidate_staged()
                     self.breaker.reset()
                 except Exception as e:  # store down: keep the old index, retry later
                     self.breaker.trip()
@@ -141,6 +142,18 @@ class EntryLookup:
                 next_stats = now + self.store_stats_s
             self.metrics.maybe_flush()
             self._closed.wait(tick)
+
+    def _revalidate_staged(self) -> None:
+        """What a purge, a quarantine or a rewrite elsewhere changed is no longer served
+        from memory: staged entries are checked against the store whenever it changed
+        (and those staged since the last check, every refresh)."""
+        dropped = self.staging.revalidate(self.store.unchanged, everything=self.index.changed)
+        if dropped:
+            for identifier in dropped:
+                self.index.forget(identifier)
+            self.metrics.count("staged_invalidated", len(dropped))
+            log.info("encache: %d staged entr%s changed or removed in %s: no longer served",
+                     len(dropped), "y" if len(dropped) == 1 else "ies", self.store.url)
 
     def _start_verify_recent(self) -> None:
         start_pass = self.verify_ahead and self.verify_ahead_start_bytes

@@ -20,7 +20,7 @@ import threading
 import time
 
 from ..store.base import Store
-from ..store.scanning import ScanThrottle
+from ..store.throttle import ScanThrottle
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
 ABSENT_S = 0.2  # an identifier found absent is not looked up again for this long
@@ -35,6 +35,8 @@ class StoreIndex:
         self._ids: set[str] = set()
         self._absent: dict[str, float] = {}  # identifier -> expiry (local stores)
         self._last_version = None
+        #: the last refresh found the store changed (or cannot tell: no version token)
+        self.changed = True
         self._ready = threading.Event()
         self.listing = ScanThrottle(LIST_SHARE)  # paces listings after the first
 
@@ -42,7 +44,8 @@ class StoreIndex:
         """Re-list the store if its index version moved; the identifiers that appeared.
         Raises what the store raises (the caller trips the breaker and keeps the old set)."""
         version = self.store.index_version()
-        if version is not None and version == self._last_version:
+        self.changed = version is None or version != self._last_version
+        if not self.changed:
             return set()
         if not self.listing.due():
             return set()  # later; a local store's holds() stats an unknown identifier meanwhile

@@ -31,7 +31,7 @@ from enum import Enum
 
 from ..ratelimit import RateLimitedLog
 from ..store.base import Store
-from ..store.disk import populate, prefault
+from ..store.files import populate, prefault
 from ..store.entry import CorruptEntry, EntryMeta, validate_blob
 from .breaker import CircuitBreaker
 from .checks import EntryChecks

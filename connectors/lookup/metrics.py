@@ -17,25 +17,13 @@ import threading
 import time
 
 from ..ratelimit import RateLimitedLog
+from ..store.counters import open_live_counters
 from ..store.base import Store
-from ..store.scanning import ScanThrottle
+from ..store.throttle import ScanThrottle
 
 STORE_COUNTERS = ("evictions", "bytes_saved")  # exported as store_* counters
 LATENCIES_MAX = 10_000  # load latencies kept per interval
 BYTES_SHARE = 0.05  # the largest share of time spent summing the store's bytes
-
-
-def open_live_counters(store: Store, warn: RateLimitedLog):
-    """The store's in-place per-process counters (:mod:`..counters`), or None: the store
-    has none (Redis: batched flushes) or cannot be written (a read-only mount)."""
-    if not store.supports_live_counters or store.read_only:
-        return None
-    try:
-        return store.live_counters()
-    except OSError as e:
-        warn.warning("counters", "encache: cannot keep counters in %s (%s); they are only "
-                     "reported in the engine's metrics", store.url, e)
-        return None
 
 
 class LookupMetrics:

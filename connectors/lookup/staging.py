@@ -39,6 +39,37 @@ class StagingArea:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, Staged] = OrderedDict()
         self._bytes = 0
+        self._unchecked: set[str] = set()  # staged since the last revalidate()
+
+    def revalidate(self, unchanged, everything: bool) -> list[str]:
+        """Drop staged entries that are no longer the stored version (purged,
+        quarantined, evicted, rewritten): ``unchanged`` is the store's
+        :meth:`~encache.connectors.store.base.Store.unchanged`. Checks every staged entry
+        (``everything``: the store changed) or those staged since the last call (a load
+        may have read a version just before it was purged). Returns the dropped ones.
+        Raises what the store raises (the entries stay: an outage serves what was
+        current at the last successful check)."""
+        with self._lock:
+            ids = list(self._entries) if everything else \
+                [i for i in self._unchecked if i in self._entries]
+            self._unchecked.clear()
+            held = [self._entries[i] for i in ids]
+        if not held:
+            return []
+        try:
+            current = unchanged([(s.identifier, s.version, s.meta) for s in held])
+        except BaseException:
+            with self._lock:
+                self._unchecked.update(ids)
+            raise
+        dropped = []
+        with self._lock:
+            for st, ok in zip(held, current):
+                if not ok and self._entries.get(st.identifier) is st:
+                    del self._entries[st.identifier]
+                    self._bytes -= st.nbytes
+                    dropped.append(st.identifier)
+        return dropped
 
     @property
     def nbytes(self) -> int:
@@ -66,6 +97,7 @@ class StagingArea:
             if old is not None:
                 self._bytes -= old.nbytes
             self._entries[staged.identifier] = staged
+            self._unchecked.add(staged.identifier)
             self._bytes += staged.nbytes
             while self._bytes > self.max_bytes and len(self._entries) > 1:
                 _, evicted = self._entries.popitem(last=False)

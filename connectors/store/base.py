@@ -176,6 +176,19 @@ class Store(ABC):
         meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)
         return blob, version, meta, offset, hashing
 
+    def unchanged(self, entries: list[tuple[str, object, EntryMeta]]) -> list[bool]:
+        """For ``(identifier, version, meta)`` of entries a reader holds in memory: is each
+        still the stored version (not purged, quarantined, evicted or rewritten)? One
+        bool per entry, in order. Default: one header read each (``stat``); backends do
+        it in a ``stat`` (disk: the file's version) or one round trip per batch (Redis)."""
+        from .entry import same_version
+        out = []
+        for identifier, _, meta in entries:
+            info = self.stat(identifier)
+            out.append(info is not None and info.meta is not None
+                       and same_version(info.meta, meta))
+        return out
+
     @abstractmethod
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
         """Store an encoded entry atomically (``parts``: one buffer or several to join).

@@ -50,11 +50,12 @@ from pathlib import Path
 
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
-from .entry import header_length, read_verified
-from .files import TEMP_PREFIX, ServedVersion, atomic_write_json
+from .entry import header_length, read_verified, validate_blob
+from .files import (TEMP_PREFIX, ServedVersion, atomic_write_json, file_version,
+                    filesystem_type, fsync_dir, open_untracked, uninitialized)
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
-from .scanning import ScanThrottle
+from .throttle import ScanThrottle
 from .verified_log import VerifiedLog, boot_id, record_key
 
 ENTRY_FILE = "encoder_cache.safetensors"
@@ -188,11 +189,15 @@ class DiskStore(Store):
         return self._open_entry(identifier, mapped=self.mapped_loads)
 
     def read_verified(self, identifier: str, checksum=lambda version: True):
-        """An entry read into a private, uninitialised buffer and validated in the same
-        pass (:func:`.entry.read_verified`: each chunk hashed while still in the CPU
-        cache): a first load costs one pass over the bytes, where mapping it and hashing
-        the mapping (then copying it into the engine) costs two. The buffer is the
-        engine's to keep. ``checksum(version)`` is asked once the file is open."""
+        """An entry validated on the way in. Where :meth:`read_entry` would *read* it (not
+        mapped: ``load_mode: read``, a network filesystem, an entry under
+        ``map_min_bytes``), it is read into a private, uninitialised buffer and checked in
+        the same pass (:func:`.entry.read_verified`: each chunk hashed while still in the
+        CPU cache), where reading it and then hashing the buffer takes two passes. A
+        mapped entry is mapped as :meth:`read_entry` does and hashed over the mapping,
+        which faults its pages in: one pass too, and the staged bytes stay the page cache
+        (no private copy in memory). ``checksum(version)`` is asked once the file is open;
+        a version that needs no checksum gets header and size checks only."""
         path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -202,7 +207,9 @@ class DiskStore(Store):
             st = os.fstat(fd)
             version = ServedVersion.of(st)
             hashing = checksum(version)
-            buf = _uninitialized(st.st_size)
+            if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes):
+                return self._validated_read(identifier, version, hashing, checksum)
+            buf = uninitialized(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          identifier=identifier, verify=hashing)
             now = time.time_ns()
@@ -213,6 +220,33 @@ class DiskStore(Store):
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
+
+    def _validated_read(self, identifier: str, version, hashing: bool, checksum):
+        """:meth:`read_verified` through :meth:`read_entry` (mapped, or a kept buffer),
+        then a validation pass (asked again if the file was replaced meanwhile)."""
+        got = self._open_entry(identifier, mapped=self.mapped_loads)
+        if got is None:
+            return None
+        buf, found = got
+        if found != version:
+            hashing = checksum(found)
+        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
+        return buf, found, meta, offset, hashing
+
+    def unchanged(self, entries) -> list[bool]:
+        """One ``stat`` per entry: its file version is the one held (``version``, as
+        :meth:`read_entry` returned it); a header read where none was recorded."""
+        out = []
+        for identifier, version, meta in entries:
+            if version is None:
+                out.extend(Store.unchanged(self, [(identifier, version, meta)]))
+                continue
+            path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
+            try:
+                out.append(file_version(os.stat(path)) == tuple(version))
+            except (FileNotFoundError, NotADirectoryError):
+                out.append(False)
+        return out
 
     def _open_entry(self, identifier: str, mapped: bool):
         path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"  # names never hold "/"
@@ -244,7 +278,7 @@ class DiskStore(Store):
                 if mapped and size >= self.map_min_bytes:
                     buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
                 else:
-                    buf = _uninitialized(size)
+                    buf = uninitialized(size)
                     view, got = memoryview(buf), 0
                     while got < size:
                         n = os.readv(fd, [view[got:]])
@@ -300,7 +334,7 @@ class DiskStore(Store):
                     self._used -= total
             raise
         if self.fsync:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         self._bump_generation()
         if written is not None:
             self._note_encoded(identifier, ServedVersion.of(written))
@@ -642,7 +676,7 @@ class DiskStore(Store):
     def live_counters(self):
         """This process's in-place counter file (:mod:`encache.connectors.counters`):
         counts written there survive SIGKILL. Folds dead processes' files first."""
-        from .. import counters
+        from . import counters
 
         with self._counters_locked():
             counters.compact(self._meta(""), atomic_write_json)
@@ -653,7 +687,7 @@ class DiskStore(Store):
         if not deltas:
             return
         with self._counters_locked():
-            from ..counters import read_json
+            from .counters import read_json
 
             counters = read_json(self._meta("counters.json"))
             for k, v in deltas.items():
@@ -665,7 +699,7 @@ class DiskStore(Store):
         """Folded totals + every running process's counter file. Folds the files of
         processes that are gone (when the store is writable), so the directory does not
         grow; a read-only store is read as it is."""
-        from .. import counters
+        from . import counters
 
         meta = self._meta("")
         try:
@@ -676,7 +710,7 @@ class DiskStore(Store):
             return counters.read_totals(meta)
 
     def reset_counters(self) -> None:
-        from .. import counters
+        from . import counters
 
         with self._counters_locked():
             counters.reset(self._meta(""), atomic_write_json)
@@ -714,76 +748,3 @@ class DiskStore(Store):
             yield
         finally:
             os.close(fd)  # closing releases the flock (also on crash)
-
-
-def _uninitialized(n: int):
-    """A writable buffer of ``n`` bytes that is not zero-filled first (``bytearray(n)``
-    memsets, which halves load throughput on large entries)."""
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy ships with every supported install
-        return bytearray(n)
-    return numpy.empty(n, numpy.uint8)
-
-
-def prefault(buf) -> None:
-    """Start reading a mapped entry's pages from disk now (``MADV_WILLNEED``: kernel
-    readahead, returns at once; ~0.1 ms for 10 MB already cached), so a cold entry's I/O
-    overlaps the scheduler's work instead of stalling the model step that first touches
-    it. No-op for buffers that are not mappings."""
-    if isinstance(buf, mmap.mmap):
-        with contextlib.suppress(OSError, ValueError):
-            buf.madvise(mmap.MADV_WILLNEED)
-
-
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+
-
-
-def populate(buf) -> None:
-    """Map every page of a mapped entry now (``MADV_POPULATE_READ``: the page-table work
-    the engine's first copy would otherwise do, page fault by page fault). For background
-    passes that skip the checksum (a version verified earlier this boot), whose hash would
-    have touched every page; on the request path it saves nothing. No-op for buffers
-    that are not mappings, or where the kernel lacks it."""
-    if isinstance(buf, mmap.mmap):
-        with contextlib.suppress(OSError, ValueError):
-            buf.madvise(MADV_POPULATE_READ)
-
-
-def filesystem_type(path) -> str | None:
-    """The type of the filesystem holding ``path`` (``ext4``, ``nfs4``…) from
-    /proc/self/mountinfo (longest mount point that contains it); None if unknown."""
-    try:
-        real = os.path.realpath(path)
-        best, best_type = "", None
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields = left.split()
-                if len(fields) < 5 or not right:
-                    continue
-                mount = fields[4].replace("\\040", " ")
-                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-                    best, best_type = mount, right.split()[0]
-        return best_type
-    except OSError:
-        return None
-
-
-def open_untracked(path) -> int:
-    """Open for reading without touching the access time (O_NOATIME where permitted:
-    the file's owner or root), so scans, verify and warm never count as a use."""
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
-    try:
-        return os.open(path, flags)
-    except PermissionError:
-        return os.open(path, os.O_RDONLY)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -15,7 +15,7 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
     checksum        ``xxh3_128:<hex>`` of the tensor bytes (``blake3:`` also verified)
     encoder_config  digest of the producer's non-default encoder settings
                     (:mod:`encache.connectors.encoder_config`); absent for the default
-    lora_digest     digest of the LoRA adapter's files (:mod:`encache.connectors.lora_stamp`);
+    lora_digest     digest of the LoRA adapter's files (:mod:`encache.connectors.store.lora_stamp`);
                     absent without a LoRA or for an adapter that is not a local directory
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
@@ -167,6 +167,15 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # safetensors aligns the data on 8 bytes
     return _LEN.pack(len(raw)) + raw, view
+
+
+def same_version(a: EntryMeta, b: EntryMeta) -> bool:
+    """Whether two headers describe the same stored version of an entry: the same bytes
+    (checksum, dtype, shape), written at the same time with the same stamps. Every
+    producer write makes a new ``created``; a copy (``warm``, ``promote``) keeps it."""
+    return (a.checksum == b.checksum and a.created == b.created and a.dtype == b.dtype
+            and a.shape == b.shape and a.encoder_config == b.encoder_config
+            and a.lora_digest == b.lora_digest and a.identifier == b.identifier)
 
 
 def encode(identifier: str, data, dtype: str, shape, **meta) -> bytes:

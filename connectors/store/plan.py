@@ -119,7 +119,7 @@ def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
     """Entries of ``flt.lora`` stamped with another adapter digest than ``current`` (by
     default: the digest of the LoRA's most recently written entries), i.e. made with an
     adapter since retrained under the same name. Unstamped entries are never selected."""
-    from ..lora_stamp import is_stale, newest_digests
+    from .lora_stamp import is_stale, newest_digests
 
     entries = list(scan(store, flt, progress))
     digests = {flt.lora: current} if current else newest_digests(entries)

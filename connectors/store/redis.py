@@ -428,6 +428,32 @@ class RedisStore(Store):
         return self._r.get(self._gen_key) or b"0"
 
     @_wrapped
+    def unchanged(self, entries) -> list[bool]:
+        """One ``HMGET`` of the entries' meta rows per side-key group (one round trip on
+        a single server): each row's header is compared with the held one. An entry
+        without a meta row is checked with :meth:`stat`."""
+        from .entry import parse_header, same_version
+        idents = [_enc(i) for i, _, _ in entries]
+        out: list[bool] = [False] * len(entries)
+        pipe = self._r.pipeline(transaction=False)
+        groups = list(self._grouped(idents).items())
+        for (meta_key, _), positions in groups:
+            pipe.hmget(meta_key, [idents[n] for n in positions])
+        for ((_, _), positions), rows in zip(groups, pipe.execute()):
+            for n, row in zip(positions, rows):
+                identifier, _, meta = entries[n]
+                if row is None:
+                    out[n] = Store.unchanged(self, [entries[n]])[0]
+                    continue
+                try:
+                    size, _ = _META.unpack_from(row)
+                    held, _ = parse_header(row[_META.size:], total_size=size)
+                except (CorruptEntry, struct.error):
+                    continue
+                out[n] = same_version(held, meta)
+        return out
+
+    @_wrapped
     def contains(self, identifier: str) -> bool:
         return bool(self._r.exists(self.key(identifier)))  # EXISTS does not touch the LRU
 

@@ -175,7 +175,7 @@ class Summary:
     def stale_lora(self) -> dict[str, Group]:
         """LoRA name -> entries stamped with an adapter digest other than the newest one
         written under that name (a retrained adapter's predecessors)."""
-        from ..lora_stamp import newest_of
+        from .lora_stamp import newest_of
 
         out: dict[str, Group] = {}
         current = newest_of(self.lora_digests)
@@ -226,37 +226,6 @@ class Summary:
             d[1] += size
             d[2] = max(d[2], newest)
         return self
-
-
-class ScanThrottle:
-    """When a full walk of a store may run again: once at least ``1 / share`` times its
-    last duration has passed since it ended (so walking takes at most ``share`` of the
-    time), and no sooner than ``min_interval`` seconds. The walks it paces (a consumer's
-    index listing, the store's usage for metrics, ``--over-capacity skip`` and the disk
-    store's capacity total) cost a ``stat`` per entry: milliseconds on a small store,
-    which is then walked every time it is asked, seconds on a million entries."""
-
-    def __init__(self, share: float = 0.05, min_interval: float = 0.0):
-        self.share = share
-        self.min_interval = min_interval
-        self.ended = 0.0  # when the last walk ended (monotonic)
-        self.cost = 0.0  # how long it took
-        #: how many walks ran (tests, benchmarks)
-        self.walks = 0
-
-    def due(self) -> bool:
-        """No walk yet, or enough time has passed since the last one."""
-        return not self.walks or (time.monotonic() - self.ended
-                                  >= max(self.min_interval, self.cost / self.share))
-
-    def run(self, walk: Callable[[], object]):
-        """``walk()``, timed; returns what it returns."""
-        t0 = time.monotonic()
-        result = walk()
-        self.ended = time.monotonic()
-        self.cost = self.ended - t0
-        self.walks += 1
-        return result
 
 
 def batched(items: Iterable, size: int) -> Iterator[list]:
@@ -324,7 +293,7 @@ PARALLEL_MIN_ENTRIES = 20_000
 
 def _summarize_shard(args) -> Summary:
     url, options, identifiers, flt = args
-    from .url import open_store
+    from . import open_store  # the package face (a worker process opens its own)
 
     s = Summary()
     with open_store(url, create=False, **options) as store:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .base import Store, StoreError
-from .disk import open_untracked
+from .files import open_untracked
 from .entry import CorruptEntry, decode, parse_header
 from .keys import split_lora
 

@@ -1,13 +1,12 @@
-"""Open a store from a URL: ``PATH`` / ``file://PATH`` (disk), ``redis://``,
-``rediss://`` (TLS) or ``unix://`` (Redis), ``redis+cluster://host:port[,host:port…]`` or
-``rediss+cluster://`` (Redis Cluster). Also redacts passwords for display."""
+"""Store URLs: which backend a URL names (``PATH`` / ``file://PATH``: disk; ``redis://``,
+``rediss://`` (TLS), ``unix://``: Redis; ``redis+cluster://host:port[,host:port…]``,
+``rediss+cluster://``: Redis Cluster), and passwords redacted for display. A leaf: the
+backends import it; :func:`encache.connectors.store.open_store` opens a URL."""
 
 from __future__ import annotations
 
 import re
 from urllib.parse import urlsplit
-
-from .base import Store, StoreError
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 REDIS_SCHEMES = ("redis", "rediss", "unix") + CLUSTER_SCHEMES
@@ -30,28 +29,3 @@ def redact(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         url = prefix + f"{user}:***@{hostpart}" + url[len(prefix) + len(parts.netloc):]
     return re.sub(r"(password=)[^&#]*", r"\1***", url)
-
-
-def open_store(url: str, *, create: bool = True, **options) -> Store:
-    """Open the store a URL names. ``options`` go to the backend (``max_bytes``, ``prefix``…)."""
-    if not url:
-        raise StoreError("no store given (use --store PATH or redis://host:port/db)")
-    scheme = urlsplit(url).scheme
-    if scheme in REDIS_SCHEMES:
-        try:
-            if scheme in CLUSTER_SCHEMES:
-                from .redis_cluster import RedisClusterStore as cls
-            else:
-                from .redis import RedisStore as cls
-        except ImportError as e:  # pragma: no cover - redis is a dependency
-            raise StoreError(f"Redis support unavailable: {e}") from None
-        return cls(url, **{k: v for k, v in options.items() if k in cls.OPTIONS})
-    if scheme == "file":
-        url = urlsplit(url).path
-    elif scheme and len(scheme) > 1:
-        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://, "
-                         "redis+cluster://, rediss+cluster://)")
-    from .disk import DiskStore
-
-    disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction", "load_mode")}
-    return DiskStore(url, create=create, **disk_opts)

@@ -154,7 +154,7 @@ def read_untracked_with_stat(store: Store, identifier: str):
     or the store has no entry files."""
     if not store.supports_entry_path:
         return store.get(identifier), None
-    from .disk import open_untracked
+    from .files import open_untracked
 
     try:
         fd = open_untracked(store.entry_path(identifier))

@@ -10,7 +10,7 @@ Use it with vLLM's pluggable manager hook::
 ``manager_config`` keys: ``policy`` (``dlfu`` -- the default --, ``lru``, ``s3fifo``,
 ``wtinylfu``, ``fifo``; the offline ``static``/``belady`` need the future and are refused)
 and ``policy_params`` (constructor arguments of that policy, e.g.
-``{"halflife": 32}``; see ``encache.policy.policies``).
+``{"halflife": 32}``; see ``encache.policy.registry``).
 
 What it changes, and what it keeps.  The class subclasses vLLM's
 ``EncoderCacheManager`` and keeps its whole contract and state: the ``cached`` reference
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.logger import init_logger
 from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
 
-from encache.policy.policies import POLICIES, make_policy
+from encache.policy.registry import POLICIES, make_policy
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

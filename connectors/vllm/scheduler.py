@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..diagnosis import MissDiagnosis
 from ..encoder_config import holds
 from ..lookup import EntryLookup, State
-from ..lora_stamp import adapter_digest
+from ..store.lora_stamp import adapter_digest
 from ..ratelimit import RateLimitedLog
 from ..store.keys import split_lora
 from .config import ConnectorConfig
@@ -311,7 +311,7 @@ class EncacheSchedulerConnector:
         mode = self.config.worker_loads
         if mode == "bytes" or self.lookup is None:
             return False
-        if getattr(self.store, "backend", None) != "disk" or not self.store.local:
+        if not (self.store.supports_entry_path and self.store.local):
             return False
         pc = vllm_config.parallel_config
         if mode == "auto" and (pc.distributed_executor_backend != "mp"

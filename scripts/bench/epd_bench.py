@@ -2,10 +2,13 @@
 
 For each entry size an encoder instance (``ec_producer``, encode-only) and a prefill/decode
 instance (``ec_consumer``) run as real ``python -m vllm.entrypoints.openai.api_server``
-processes for each connector, all four at once, each pair sharing a disk store (encache)
-or a ``shared_storage_path`` (ECExample). A client does what vLLM's EPD proxy does: the
-request's images to the encoder, wait for its 200, then the original request to PD at
-once. Both connectors get the same images in the same interleaved order.
+processes, one pair per variant, each pair alone on the machine in turn (four servers at
+once on 2 cores measured mostly their contention): encache with its defaults, encache
+with ``fsync: false``, and ECExampleConnector, each pair sharing a disk store (encache)
+or a ``shared_storage_path`` (ECExample) that starts as the same precomputed copy. A
+client does what vLLM's EPD proxy does: the request's images to the encoder, wait for its
+200, then the original request to PD at once. Every variant gets the same images in the
+same order, after one untimed warm-up request.
 
 Sizes are set by the tiny LLaVA's language-model width (``build_tiny_model.py
 --text-hidden``): 16 tokens x 64 fp32 (4 KB), 256 x 2688 fp32 (2.75 MB, Gemma 3 27B's
@@ -37,7 +40,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (ROOT, code_state, finish_run, loadavg, machine,  # noqa: E402
+from serving_common import (ROOT, code_state, finish_run, machine,  # noqa: E402
                             set_engine_env, summary, table)
 
 SIZES = {  # name: (label, build args, image tokens, max_model_len)
@@ -79,10 +82,15 @@ def bodies(model: str, path: str) -> tuple[dict, dict]:
             "messages": [{"role": "user", "content": [image]}]}, full
 
 
+VARIANTS = ("encache", "encache-nofsync", "ecexample")
+
+
 def configs(kind: str, store: str) -> dict:
     from engine_support import consumer_config
-    if kind == "encache":
-        return {role: consumer_config(store, role=role) for role in ("ec_producer", "ec_consumer")}
+    if kind.startswith("encache"):
+        extra = {"fsync": False} if kind == "encache-nofsync" else {}
+        return {role: consumer_config(store, role=role, **extra)
+                for role in ("ec_producer", "ec_consumer")}
     return {role: {"ec_connector": "ECExampleConnector", "ec_role": role,
                    "ec_connector_extra_config": {"shared_storage_path": store}}
             for role in ("ec_producer", "ec_consumer")}
@@ -119,15 +127,15 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
 
 
 def run_size(name: str, n: int, root: Path) -> dict:
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from engine_support import PRECOMPUTE_KW
     from served_support import draw_images, start_server
 
     label, _, tokens, max_len = SIZES[name]
     model = model_for(name)
     work = root / name
-    imgs = draw_images(work / "img", {f"i{k}": (160 + 4 * k, 128 + 2 * k) for k in range(2 * n)},
-                       seed=31)
+    sizes = {f"i{k}": (160 + 4 * k, 128 + 2 * k) for k in range(2 * n)}
+    imgs = draw_images(work / "img", {**sizes, "warm": (150, 150)}, seed=31)
     online = [imgs[f"i{k}"] for k in range(n)]
     mixed = [imgs[f"i{k}"] for k in range(n, 2 * n)]
     pre_dir = work / "pre"
@@ -140,40 +148,44 @@ def run_size(name: str, n: int, root: Path) -> dict:
                engine_args={**PRECOMPUTE_KW["engine_args"], "max_num_batched_tokens": max_len})
     s = run_precompute(str(pre_dir), model, stores["encache"], **pre)
     assert s.encoded == len(precomputed), s
-    shutil.copytree(stores["encache"], stores["ecexample"],
-                    ignore=shutil.ignore_patterns(".encache"))
-    servers = {}
-    for kind, store in stores.items():
+    fresh = work / "precomputed"  # each variant starts from the same precomputed store
+    shutil.copytree(stores["encache"], fresh)
+    out = {"online": {}, "mixed": {}}
+    for kind in VARIANTS:
+        store = str(work / f"store-{kind}")
+        shutil.copytree(fresh, store, ignore=None if kind != "ecexample"
+                        else shutil.ignore_patterns(".encache"))
         cfg = configs(kind, store)
-        for role, short in (("ec_producer", "e"), ("ec_consumer", "pd")):
-            servers[(kind, short)] = start_server(model, cfg[role], work, max_model_len=max_len,
-                                                  probe=f"{kind}-{short}")
-    try:
-        for srv in servers.values():
-            srv.wait_ready()
-        out = {}
-        for phase, paths in (("online", online), ("mixed", mixed)):
-            res = {k: {"encoder_s": [], "pd_s": [], "pd_tower_idle": 0} for k in stores}
-            for path in paths:
-                for kind in stores:  # interleaved: both see the same machine state
-                    e, pd = servers[(kind, "e")], servers[(kind, "pd")]
+        # one pair at a time: the other variants' servers do not compete for the CPU
+        e = start_server(model, cfg["ec_producer"], work, max_model_len=max_len,
+                         probe=f"{kind}-e")
+        pd = start_server(model, cfg["ec_consumer"], work, max_model_len=max_len,
+                          probe=f"{kind}-pd")
+        try:
+            e.wait_ready()
+            pd.wait_ready()
+            warm_body = bodies(model, imgs["warm"])  # first requests pay one-time costs
+            post(e.base, warm_body[0])
+            post(pd.base, warm_body[1])
+            runs0 = e.encoder_log.count()
+            for phase, paths in (("online", online), ("mixed", mixed)):
+                res = {"encoder_s": [], "pd_s": [], "pd_tower_idle": 0}
+                for path in paths:
                     enc_body, full = bodies(model, path)
                     before = pd.encoder_log.count()
-                    res[kind]["encoder_s"].append(post(e.base, enc_body))
-                    res[kind]["pd_s"].append(post(pd.base, full))
-                    res[kind]["pd_tower_idle"] += pd.encoder_log.count() == before
-            out[phase] = {k: {"requests": len(paths),
-                              "pd_hit_ratio": v["pd_tower_idle"] / len(paths),
-                              "encoder_ms": summary(v["encoder_s"], 1e3),
-                              "pd_ttft_ms": summary(v["pd_s"], 1e3),
-                              "encoder_tower_runs": servers[(k, "e")].encoder_log.count()}
-                          for k, v in res.items()}
-            # encoder runs are cumulative: the mixed phase's own are the difference
-        for k in stores:
-            out["mixed"][k]["encoder_tower_runs"] -= out["online"][k]["encoder_tower_runs"]
-    finally:
-        for srv in servers.values():
-            srv.stop()
+                    res["encoder_s"].append(post(e.base, enc_body))  # the proxy waits...
+                    res["pd_s"].append(post(pd.base, full))  # ...then forwards at once
+                    res["pd_tower_idle"] += pd.encoder_log.count() == before
+                runs = e.encoder_log.count()
+                out[phase][kind] = {"requests": len(paths),
+                                    "pd_hit_ratio": res["pd_tower_idle"] / len(paths),
+                                    "encoder_ms": summary(res["encoder_s"], 1e3),
+                                    "pd_ttft_ms": summary(res["pd_s"], 1e3),
+                                    "encoder_tower_runs": runs - runs0}
+                runs0 = runs
+        finally:
+            e.stop()
+            pd.stop()
     return {"size": label, "tokens": tokens, "width": 64 if name == "small" else 2688,
             "entry_bytes": tokens * (64 if name == "small" else 2688) * 4,
             "precomputed_in_mixed": len(precomputed), **out,
@@ -185,7 +197,7 @@ def report(results: dict) -> str:
     rows = []
     for r in results["sizes"]:
         for phase in ("online", "mixed"):
-            for k in ("encache", "ecexample"):
+            for k in VARIANTS:
                 v = r[phase][k]
                 rows.append([r["size"], phase, k, f"{v['pd_hit_ratio']:.2f}",
                              f"{v['encoder_ms']['p50']:.1f} / {v['encoder_ms']['p99']:.1f}",
@@ -201,7 +213,7 @@ def report(results: dict) -> str:
         rows, ["size", "step", "ms p50", "ms p99"])
 
 
-def plot(results: dict, name: str) -> None:
+def plot(results: dict, filename: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -211,21 +223,21 @@ def plot(results: dict, name: str) -> None:
     for ax, (key, title) in zip(axes, (("pd_hit_ratio", "PD hit ratio (online)"),
                                        ("encoder_ms", "encoder latency p50, ms (online)"),
                                        ("pd_ttft_ms", "PD time to first token p50, ms"))):
-        for off, k in ((-0.2, "encache"), (0.2, "ecexample")):
+        for off, k in ((-0.27, "encache"), (0.0, "encache-nofsync"), (0.27, "ecexample")):
             vals = [r["online"][k][key] if key == "pd_hit_ratio" else r["online"][k][key]["p50"]
                     for r in results["sizes"]]
-            ax.bar([i + off for i in range(len(sizes))], vals, width=0.4, label=k)
+            ax.bar([i + off for i in range(len(sizes))], vals, width=0.27, label=k)
         ax.set_xticks(range(len(sizes)), sizes)
         ax.set_title(title)
         ax.legend()
     fig.suptitle("EPD on one CPU host: encoder -> store -> PD (scripts/bench/epd_bench.py)")
     fig.tight_layout()
-    fig.savefig(ROOT / "benchmarks" / f"{name}.png", dpi=110)
+    fig.savefig(ROOT / "benchmarks" / filename, dpi=110)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=24, help="images per workload and size")
+    p.add_argument("--requests", type=int, default=12, help="images per workload and size")
     p.add_argument("--sizes", default="small,gemma,crops")
     p.add_argument("--out", default="epd")
     a = p.parse_args(argv)
@@ -233,7 +245,11 @@ def main(argv=None) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # servers as users run them
     code0 = code_state()
     root = Path(tempfile.mkdtemp(prefix="epd-bench-", dir=ROOT / ".venv"))
-    results = {"machine": machine(), "loadavg_start": loadavg(), "requests": a.requests,
+    results = {"benchmark": "epd", "machine": machine(),
+               "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
+                          "servers": "python -m vllm.entrypoints.openai.api_server, worker "
+                                     "processes, --enforce-eager, fp32, one encoder + one PD "
+                                     "per variant, one pair on the machine at a time"},
                "sizes": []}
     try:
         for name in a.sizes.split(","):
@@ -241,7 +257,6 @@ def main(argv=None) -> int:
             print(f"[epd] {name} done", file=sys.stderr)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["loadavg_end"] = loadavg()
     finish_run(results, a.out, code0, plot)
     print(report(results))
     return 0

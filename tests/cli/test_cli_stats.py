@@ -31,7 +31,7 @@ def test_json_contents_and_breakdowns(store):
     assert loras == {None: 6, "ad1": 3}
     assert d["oldest_created"] < d["newest_created"]
     # how a consumer will load from here (tests run on a local filesystem)
-    from encache.connectors.store.disk import filesystem_type
+    from encache.connectors.store.files import filesystem_type
     assert d["backend_info"]["filesystem"] == filesystem_type(store.root)
     assert d["backend_info"]["serving_loads"].startswith("mmap")
 

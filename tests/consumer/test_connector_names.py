@@ -35,3 +35,31 @@ def test_connector_config_and_plugin_use_it(tmp_path):
     cfg = json.loads(invoke("connector-config", "-s", tmp_path).stdout)
     assert cfg["ec_connector_module_path"] == CONNECTOR_MODULE
     assert plugin.MODULE == CONNECTOR_MODULE and cfg["ec_connector"] in plugin.CONNECTOR_NAMES
+
+
+def test_every_setting_is_documented_with_its_default():
+    """docs/connector.md's settings table names every ConnectorConfig field, and each
+    default as the dataclass declares it (the one place defaults are declared)."""
+    import re
+    from dataclasses import MISSING, fields
+    from pathlib import Path
+
+    from encache.connectors.vllm.config import ConnectorConfig
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "connector.md").read_text()
+    section = text.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, flags=re.M))
+    names = {f.name for f in fields(ConnectorConfig)}
+    assert set(rows) == names, (sorted(names - set(rows)), sorted(set(rows) - names))
+    for f in fields(ConnectorConfig):
+        doc = rows[f.name].strip()
+        if f.default is MISSING:
+            assert "required" in doc, f.name
+        elif f.default is None:
+            assert doc == "none", (f.name, doc)
+        elif isinstance(f.default, bool):
+            assert doc == f"`{str(f.default).lower()}`", (f.name, doc)
+        elif isinstance(f.default, str):
+            assert doc == (f"`{f.default}`" if f.default else '`""`'), (f.name, doc)
+        else:
+            assert doc.split()[0] == repr(f.default), (f.name, doc)

@@ -36,7 +36,8 @@ def put(store, ident: str, rows: int = 4096, seed: int = 0) -> bytes:
 @pytest.fixture
 def counted(monkeypatch):
     """Count full validations (header parse + checksum) done by the lookup: of a buffer
-    (``validate_blob``) or while reading a first load (``read_verified``)."""
+    (``validate_blob``, the lookup's or the disk store's first-load check) or while
+    reading a first load (``read_verified``)."""
     import encache.connectors.store.disk as disk_mod
 
     calls = []
@@ -50,6 +51,7 @@ def counted(monkeypatch):
         calls.append(kw.get("verify"))
         return real_read(*args, **kw)
     monkeypatch.setattr(lookup_mod, "validate_blob", counting)
+    monkeypatch.setattr(disk_mod, "validate_blob", counting)
     monkeypatch.setattr(disk_mod, "read_verified", counting_read)
     return calls
 
@@ -69,9 +71,7 @@ def tensor_bytes(staged) -> bytes:
 
 def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
     """``load_mode: auto`` maps entries from MMAP_MIN_BYTES_KEPT (64 KiB) when the store
-    keeps served buffers (the default), from MMAP_MIN_BYTES (1 MiB) when it does not. A
-    first load of a version (nothing to reuse) is read into a buffer of its own and
-    checked in the same pass; the loads after it map the file."""
+    keeps served buffers (the default), from MMAP_MIN_BYTES (1 MiB) when it does not."""
     for store, limit in ((DiskStore(tmp_path), MMAP_MIN_BYTES_KEPT),
                          (DiskStore(tmp_path, reuse_buffers=False), MMAP_MIN_BYTES)):
         assert store.mapped_loads and store.map_min_bytes == limit  # a local filesystem
@@ -81,8 +81,6 @@ def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
         put(store, "under", rows=limit // 32 - 64)  # just under: read
         lk = make(store)
         try:
-            for name in ("big", "small", "under"):  # first loads: one pass, own buffer
-                assert not isinstance(lk.load_now(name).blob, mmap.mmap)
             assert isinstance(lk.load_now("big").blob, mmap.mmap)
             assert not isinstance(lk.load_now("small").blob, mmap.mmap)
             assert not isinstance(lk.load_now("under").blob, mmap.mmap)
@@ -93,7 +91,6 @@ def test_large_disk_entries_are_mapped_small_ones_read(tmp_path):
     assert not read_only.mapped_loads
     lk = make(read_only)
     try:
-        assert not isinstance(lk.load_now("big").blob, mmap.mmap)
         assert not isinstance(lk.load_now("big").blob, mmap.mmap)
     finally:
         lk.close()
@@ -313,7 +310,7 @@ def _resident_fraction(m: mmap.mmap) -> float:
 def test_prefault_starts_reading_a_cold_mapped_entry(tmp_path):
     """A verified version is mapped without reading it; prefault must start the disk
     reads at once so the model step does not page-fault them in."""
-    from encache.connectors.store.disk import prefault
+    from encache.connectors.store.files import prefault
     store = DiskStore(tmp_path)  # fsync'ed writes: clean pages the kernel may drop
     put(store, "cold", rows=32768)  # 1 MiB
     path = store.entry_path("cold")
@@ -710,8 +707,7 @@ def test_the_index_thread_drops_buffers_of_entries_removed_elsewhere(tmp_path):
     put(store, "big", rows=MMAP_MIN_BYTES // 16)
     lk = make(store, index_refresh_s=0.05, verify_ahead_start_bytes=0)
     try:
-        assert lk.load_now("big") is not None  # a first load: its own buffer
-        assert lk.load_now("big") is not None and len(store._recent) == 1  # then mapped
+        assert lk.load_now("big") is not None and len(store._recent) == 1
         DiskStore(tmp_path).delete("big")  # another process's purge
         deadline = time.time() + 10
         while time.time() < deadline and len(store._recent):

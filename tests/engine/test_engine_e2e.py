@@ -43,7 +43,7 @@ def reference(tiny_model, corpus):
 
 @pytest.fixture(scope="module")
 def precomputed(tiny_model, corpus, tmp_path_factory, reference):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     store = str(tmp_path_factory.mktemp("store"))
     summary = run_precompute(str(corpus["root"]), tiny_model, store, batch=4, **PRECOMPUTE_KW)
     return store, summary
@@ -82,7 +82,7 @@ def test_precompute_writes_entries_with_metadata(precomputed, corpus, tiny_model
 
 
 def test_rerun_skips_present_entries_without_engine(precomputed, corpus, tiny_model):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     store, _ = precomputed
     again = run_precompute(str(corpus["root"]), tiny_model, store)
     assert again.engine_started is False and again.encoded == 0
@@ -163,7 +163,7 @@ def test_bad_entry_is_a_miss_and_engine_keeps_serving(consumer, corpus, referenc
 
 def test_precompute_respects_disk_capacity(tiny_model, corpus, tmp_path, consumer):
     """A producer writing past max_bytes evicts least-recently-used entries (real engine)."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     llm, _, _ = consumer
     shutdown(llm)  # one engine at a time: the module's consumer is done by now
     store_path = str(tmp_path / "small")

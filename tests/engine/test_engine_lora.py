@@ -39,7 +39,7 @@ def setup(tiny_lora_model, tmp_path_factory):
 
 
 def test_precompute_with_lora_then_consume(setup):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from encache.connectors.vllm.hashing import identify_file
     model, adapter, root, paths, lora, reference = setup
     assert reference["lora"] != reference["base"], "the adapter must change the outputs"

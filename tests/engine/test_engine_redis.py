@@ -67,7 +67,7 @@ def drop_all(url: str) -> None:
 @pytest.fixture(scope="module")
 def redis_a(redis_server, corpus, tiny_model, engines):  # noqa: F811
     """The corpus precomputed straight into Redis (a producer engine, then closed)."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     url = prefixed(redis_server, "a")
     engines.release()
     summary = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
@@ -117,7 +117,7 @@ def warm_cli(*args) -> dict:
 # -- (a) precompute into Redis, serve from Redis ---------------------------------------
 
 def test_precompute_into_redis_writes_every_page(redis_a, corpus, idents, tiny_model):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     url, s = redis_a
     assert (s.files, s.encoded, s.failed, s.present) == (PAGES, PAGES, 0, 0), s.failures
     assert s.engine_started and "t-eng-a-" in s.store
@@ -150,7 +150,7 @@ def test_consumer_on_redis_never_encodes_and_matches_reference(engines, redis_a,
 
 def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, idents,  # noqa: F811
                                               tiny_model):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     engines.release()
     url = prefixed(redis_server, "shard")
     root = corpus["root"]
@@ -293,7 +293,7 @@ def test_consumer_with_wrong_password_re_encodes(auth_redis, engines, corpus, re
 
 
 def test_precompute_into_password_redis(auth_redis, engines, corpus, tiny_model, idents):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     engines.release()
     url = f"{auth_redis.url_for(password=PASSWORD)}?prefix=t-eng-pw:"
     try:

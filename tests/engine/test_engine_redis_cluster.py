@@ -87,7 +87,7 @@ def cluster_url(cluster: LocalCluster) -> str:
 
 
 def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engines):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     engines.release()
     url = cluster_url(cluster)
 
@@ -243,7 +243,7 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
     replication is asynchronous: a write acknowledged just before the kill can be lost,
     and precompute's read-back then reports it), and a second run writes exactly what is
     missing — every page stored whole."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     engines.release()
     for node in cluster.nodes:  # the previous test's dead primary rejoins as a replica
         if not node.alive:

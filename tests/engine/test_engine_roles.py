@@ -114,7 +114,7 @@ def test_entries_of_another_encoder_config_are_misses_then_replaced(tiny_model, 
 def test_precompute_with_a_tag_replaces_other_config_entries(tiny_model, pages, tmp_path):
     """`precompute --tag` computes the digest the producer connector stamps: entries of
     another config are re-encoded and replaced, and the next run finds them present."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from encache.connectors.vllm.hashing import identify_file
     corpus = str(tmp_path / "c")
     os.makedirs(corpus)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from encache.cli.app import app
-from encache.connectors.lora_stamp import adapter_digest
+from encache.connectors.store.lora_stamp import adapter_digest
 from encache.connectors.store import open_store
 from engine_support import PRECOMPUTE_KW, EncoderCounter, consumer_config, make_llm, shutdown
 from test_engine_lora import LORA_KW, texts
@@ -38,7 +38,7 @@ def two_adapters(tiny_lora_model, tmp_path_factory):
 def test_retrained_adapter_under_the_old_name(two_adapters):
     from vllm.lora.request import LoRARequest
 
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
     model, adapter_a, adapter_b, root = two_adapters
     da, db = adapter_digest(adapter_a), adapter_digest(adapter_b)

@@ -33,7 +33,7 @@ class Lines(logging.Handler):
 
 
 def test_relative_model_path_misses_are_diagnosed(tiny_model, tmp_path):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=31)

@@ -22,7 +22,7 @@ CAP = 50_000
 
 
 def test_corpus_larger_than_capacity(tiny_model, tmp_path):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
@@ -64,7 +64,7 @@ def test_corpus_larger_than_capacity(tiny_model, tmp_path):
 def test_skip_fills_free_room_and_evicts_nothing(tiny_model, tmp_path):
     """--over-capacity skip from an empty store: encodes batch by batch while there is
     room under the low watermark, then skips the rest; the store never evicts."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)

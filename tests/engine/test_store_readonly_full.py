@@ -38,7 +38,7 @@ def _umount(path) -> None:
 def readonly_store(request, tiny_model, tmp_path):
     """A precomputed store bind-mounted read-only: synced without its .encache/ (the case
     that used to kill the engine), and as it was written."""
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=21)

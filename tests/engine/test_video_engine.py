@@ -97,7 +97,7 @@ def test_precomputed_videos_hit_and_match_the_plain_engine(tiny_qwen, media, tmp
 
     from vllm import LLM
 
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from encache.connectors.store import decode, open_store
     from encache.connectors.vllm.hashing import identify_file
 

@@ -38,7 +38,7 @@ def bomb(tmp_path_factory):
 
 
 def test_precompute_hostile_corpus_through_the_engine(tiny_model, tmp_path, bomb):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from encache.connectors.store import open_store
     from encache.connectors.vllm.hashing import identify_file
 

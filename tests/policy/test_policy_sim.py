@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from encache.policy import policies as P
+from encache.policy import dlfu as _dlfu, registry as _registry
 from encache.policy.online_bound import online_bound
 from encache.policy.simulate import (L2Tier, PolicyCache, access_sequence, simulate,
                                      space_time_bound)
@@ -289,7 +289,7 @@ def test_dlfu_half_life_adapts_to_drift():
     for name, kw in (("stationary", {}),
                      ("drift", dict(drift_interval=100, drift_swaps=60, hot_ranks=200))):
         _, tr = unit_trace(alpha=0.8, docs=2000, queries=6000, k=4, seed=12, **kw)
-        pol = P.make_policy("dlfu", 200)
+        pol = _registry.make_policy("dlfu", 200)
         simulate(tr, 200, pol)
         levels[name] = pol.halflife
         assert pol.describe()["active_halflife"] == pol.halflife
@@ -297,7 +297,7 @@ def test_dlfu_half_life_adapts_to_drift():
 
 
 def test_dlfu_score_order_survives_rebase():
-    pol = P.DecayedLFU(10, halflife="auto", min_level=2, max_level=8)
+    pol = _dlfu.DecayedLFU(10, halflife="auto", min_level=2, max_level=8)
     core = PolicyCache(10, pol)
     h = core.begin(Request(0.0, "r", []))
     # enough traffic to force several rebases of the shortest level
@@ -314,14 +314,14 @@ def test_dlfu_score_order_survives_rebase():
 
 def test_make_policy_rejects_unknown_names():
     with pytest.raises(ValueError):
-        P.make_policy("nope", 10)
+        _registry.make_policy("nope", 10)
     with pytest.raises(ValueError):
-        P.make_policy("lru", 0)
+        _registry.make_policy("lru", 0)
 
 
 def test_import_does_not_pull_in_vllm():
     mods = sorted(p.stem for p in (ROOT / "policy").glob("*.py") if p.stem != "__init__")
-    assert {"policies", "registry", "dlfu", "simulate"} <= set(mods)
+    assert {"registry", "dlfu", "simulate"} <= set(mods)
     code = ("import sys, encache.policy, " + ", ".join(f"encache.policy.{m}" for m in mods)
             + f"; sys.path.insert(0, {str(BENCH)!r}); import policy_vllm, policy_bench; "
             "print('vllm' in sys.modules)")
@@ -374,8 +374,8 @@ def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
 
 
 def test_dlfu_max_count_caps_decayed_counts():
-    capped = P.DecayedLFU(100, halflife=1e9, max_count=3, max_count_below=math.inf)
-    free = P.DecayedLFU(100, halflife=1e9)   # the default cap is for half-lives <= 8
+    capped = _dlfu.DecayedLFU(100, halflife=1e9, max_count=3, max_count_below=math.inf)
+    free = _dlfu.DecayedLFU(100, halflife=1e9)   # the default cap is for half-lives <= 8
     for pol in (capped, free):
         pol.insert("hot", 1)
         for _ in range(20):
@@ -394,7 +394,7 @@ def test_dlfu_max_count_caps_decayed_counts():
 def test_dlfu_default_caps_only_the_short_levels():
     """Levels with a half-life <= 8 fills cap the decayed count at 4 (the drift
     levels); the long levels, which stationary traffic uses, count exactly."""
-    pol = P.DecayedLFU(10**6)          # huge capacity: the clock hardly moves, inc ~ 1
+    pol = _dlfu.DecayedLFU(10**6)          # huge capacity: the clock hardly moves, inc ~ 1
     assert pol.halflife == 512         # starts as plain LFU
     pol.insert("hot", 1)
     for _ in range(29):
@@ -407,12 +407,12 @@ def test_dlfu_default_caps_only_the_short_levels():
             assert s == pytest.approx(30.0, rel=1e-3)
     # a fixed half-life is capped exactly like the ladder level of that length
     for h, expect in ((4, 4.0), (16, 30.0)):
-        fixed = P.DecayedLFU(10**6, halflife=h)
+        fixed = _dlfu.DecayedLFU(10**6, halflife=h)
         fixed.insert("hot", 1)
         for _ in range(29):
             fixed.hit("hot")
         assert fixed._hist["hot"][0] == pytest.approx(expect, rel=1e-3)
-    uncapped = P.DecayedLFU(10**6, max_count=None)
+    uncapped = _dlfu.DecayedLFU(10**6, max_count=None)
     uncapped.insert("hot", 1)
     for _ in range(29):
         uncapped.hit("hot")
@@ -425,7 +425,7 @@ def test_dlfu_ladder_scores_are_exact_decayed_counts(factor):
     also on the sqrt(2) ladder, whose odd levels use a second squaring chain -- and the
     rebase keeps every level's ratios."""
     cap = 20
-    pol = P.DecayedLFU(cap, level_factor=factor, max_count=None, min_level=0.25,
+    pol = _dlfu.DecayedLFU(cap, level_factor=factor, max_count=None, min_level=0.25,
                        max_level=8)
     assert len(pol.levels) == (6 if factor == 2.0 else 11)
     assert pol.levels[1] == pytest.approx(8 / factor)
@@ -478,7 +478,7 @@ def test_dlfu_matches_perfect_history_lfu_at_flat_popularity():
     cap = 200
 
     def run(name, **kw):
-        return simulate(tr, cap, P.make_policy(name, cap, **kw))["hit_ratio"]
+        return simulate(tr, cap, _registry.make_policy(name, cap, **kw))["hit_ratio"]
 
     dlfu = run("dlfu")
     perfect = run("dlfu", halflife=1e9, ghost_factor=1e9)
@@ -543,7 +543,7 @@ def test_online_bound_caps_online_policies_but_not_the_oracles(scenario):
             got = simulate(tr, cap, name, **replay)["token_hit_ratio"]
             assert got <= ob + 0.004, (name, cap, got, ob)
         if scenario == "unit":
-            static = simulate(tr, cap, P.make_policy("static", cap, weights=w.popularity),
+            static = simulate(tr, cap, _registry.make_policy("static", cap, weights=w.popularity),
                               **replay)["token_hit_ratio"]
             assert static > ob
     # and dlfu is close to it (the bench reports the ratio per cell)
@@ -561,7 +561,7 @@ def test_dlfu_capped_short_levels_win_the_drift_cell_of_the_issue():
     cap = _capacity(0.10, w.catalog_tokens, trace_summary(tr))
 
     def run(name, **kw):
-        return simulate(tr, cap, P.make_policy(name, cap, **kw),
+        return simulate(tr, cap, _registry.make_policy(name, cap, **kw),
                         **spec["replay"])["token_hit_ratio"]
 
     s3 = run("s3fifo")

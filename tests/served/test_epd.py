@@ -70,7 +70,7 @@ def encoder_part(body: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def epd(tmp_path_factory, redis_cluster):
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
 
     model = wide_model()
     root = tmp_path_factory.mktemp("epd")

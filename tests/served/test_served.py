@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     root = tmp_path_factory.mktemp("served")
@@ -102,7 +102,7 @@ def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path)
     and a hash factor on the OpenAI path): precompute given the same setting via
     --engine-arg stores entries the server hits, for every format."""
     from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from encache.connectors.vllm.hashing import identify_file
     from make_demo_corpus import make_corpus
 

@@ -46,7 +46,7 @@ MULTI = {"m_wide": (1000, 450), "m_square": (500, 500), "m_tall": (350, 800),
 @pytest.fixture(scope="module")
 def gemma(tiny_gemma3, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
 
     root = tmp_path_factory.mktemp("gemma3")
     store = str(root / "store")

@@ -45,7 +45,7 @@ FRESH = {"fresh1": (720, 480), "fresh2": (333, 333)}
 @pytest.fixture(scope="module")
 def qwen(tiny_qwen2_5_vl, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
 
     model = tiny_qwen2_5_vl
     root = tmp_path_factory.mktemp("qwen")

@@ -81,7 +81,7 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     import shutil
 
     from encache.cli.connector_config import build_config
-    from encache.cli.precompute import run_precompute
+    from encache.jobs.precompute import run_precompute
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from encache.connectors import counters
+from encache.connectors.store import counters
 from encache.connectors.store.disk import DiskStore
 
 CHILD = r"""

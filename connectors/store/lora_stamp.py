@@ -85,7 +85,7 @@ def adapter_digest(path: str | os.PathLike | None) -> str:
 
 
 def lora_name_of(identifier: str) -> str | None:
-    from .store.keys import split_lora
+    from .keys import split_lora
     return split_lora(identifier)[0]
 
 

@@ -250,3 +250,16 @@ def reset(meta_dir: Path, write_json) -> None:
     else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(meta_dir / "counters.json")
+
+
+def open_live_counters(store, warn):
+    """The store's in-place per-process counters (this module), or None: the store
+    has none (Redis: batched flushes) or cannot be written (a read-only mount)."""
+    if not store.supports_live_counters or store.read_only:
+        return None
+    try:
+        return store.live_counters()
+    except OSError as e:
+        warn.warning("counters", "encache: cannot keep counters in %s (%s); they are only "
+                     "reported in the engine's metrics", store.url, e)
+        return None
