@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
         text = json_text(cfg, compact=True, ascii=True)
         emit(text)
-        if is_tty(sys.stderr):
+        if model or is_tty(sys.stderr):  # asked for with -m; else a hint on a terminal
             cmd = ["python", "-m", "vllm.entrypoints.openai.api_server",
                    "--model", model or "MODEL", "--ec-transfer-config", text]
             note("# serve with:\n" + shlex.join(cmd))

@@ -46,7 +46,7 @@ log = logging.getLogger("encache.lookup")
 class EntryLookup:
     def __init__(self, store: Store, *, load_threads: int = 4, staging_bytes: int = 512 << 20,
                  load_timeout_s: float = 5.0, index_refresh_s: float = 5.0,
-                 verify: bool | str = True, counters_flush_s: float = 5.0,
+                 verify: bool | str = True, counters_flush_s: float = 0.5,
                  store_stats_s: float = 30.0, encoder_config: str | None = None,
                  verify_ahead: bool = True,
                  verify_ahead_start_bytes: int = VERIFY_AHEAD_START_BYTES,

@@ -29,7 +29,7 @@ BYTES_SHARE = 0.05  # the largest share of time spent summing the store's bytes
 class LookupMetrics:
     STORE_COUNTERS = STORE_COUNTERS
 
-    def __init__(self, store: Store, warn: RateLimitedLog, counters_flush_s: float = 5.0):
+    def __init__(self, store: Store, warn: RateLimitedLog, counters_flush_s: float = 0.5):
         self.store, self.warn = store, warn
         self.counters_flush_s = counters_flush_s
         self._lock = threading.Lock()

@@ -232,3 +232,14 @@ def test_connector_config_json(tmp_path):
     assert ConnectorConfig.from_extra(extra).verify == "always"  # the connector accepts it
     bad = run("connector-config", "-s", "x", "--load-mode", "sometimes")
     assert bad.exit_code == 2 and "--load-mode must be one of" in bad.output
+
+
+def test_connector_config_prints_the_serve_command_when_asked_for(tmp_path):
+    """``-m MODEL`` asks for the command line: it goes to stderr on a pipe too (the JSON
+    alone stays on stdout, for ``$(…)``)."""
+    from cli_support import invoke
+
+    r = invoke("connector-config", "-s", str(tmp_path / "st"), "-m", "org/model")
+    assert json.loads(r.stdout)["ec_role"] == "ec_consumer"
+    assert "vllm.entrypoints.openai.api_server --model org/model --ec-transfer-config" in r.stderr
+    assert "serve with" not in invoke("connector-config", "-s", str(tmp_path / "st")).stderr

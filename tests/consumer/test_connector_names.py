@@ -63,3 +63,25 @@ def test_every_setting_is_documented_with_its_default():
             assert doc == (f"`{f.default}`" if f.default else '`""`'), (f.name, doc)
         else:
             assert doc.split()[0] == repr(f.default), (f.name, doc)
+
+
+def test_the_parts_default_to_the_connector_settings():
+    """The connector settings are declared once (ConnectorConfig): the lookup's and the
+    writer's own keyword defaults, for library users, are the same values (a test, since
+    the lookup cannot import the adapter's config)."""
+    import inspect
+    from dataclasses import fields
+
+    from encache.connectors.lookup import EntryLookup
+    from encache.connectors.lookup.metrics import LookupMetrics
+    from encache.connectors.vllm.config import ConnectorConfig
+    from encache.connectors.writer import EntryWriter
+
+    cfg = ConnectorConfig(store="x")
+    defaults = {f.name: getattr(cfg, f.name) for f in fields(ConnectorConfig)}
+    for cls, options in ((EntryLookup, cfg.lookup_options()), (EntryWriter, cfg.writer_options())):
+        params = inspect.signature(cls.__init__).parameters
+        for key, value in options.items():
+            assert params[key].default == value, (cls.__name__, key, params[key].default, value)
+    flush = inspect.signature(LookupMetrics.__init__).parameters["counters_flush_s"].default
+    assert flush == defaults["counters_flush_s"]
