@@ -185,8 +185,8 @@ class Loader:
 
     def _first_load(self, identifier: str, inline: bool):
         """A version of ``identifier`` never validated here (every load of an entry an
-        encoder instance just wrote, EPD): read it into a buffer of its own and check it
-        in the same pass (``Store.read_verified``), not map it and then hash the mapping.
+        encoder instance just wrote, EPD): read and checked by ``Store.read_verified``
+        (one pass where the entry is read; a mapped entry is hashed over its mapping).
         ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""
         def checksum(version) -> bool:
             hashing = needs_checksum(self.verified, identifier, version)

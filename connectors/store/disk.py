@@ -212,14 +212,20 @@ class DiskStore(Store):
             buf = uninitialized(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          identifier=identifier, verify=hashing)
-            now = time.time_ns()
-            if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
-                with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
-                    os.utime(fd, ns=(now, st.st_mtime_ns))
-                    version = ServedVersion.of(st, os.fstat(fd))  # (ctime moved: the log)
+            version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
+
+    def _touch(self, fd: int, st: os.stat_result, version, now: int):
+        """Refresh the entry's access time (the LRU clock) when it is older than
+        ``access_resolution_s``; the version as served (mtime_ns is kept exactly, so it
+        stays the same version; the moved ctime is recorded for the verified log)."""
+        if now - st.st_atime_ns > self.access_resolution_s * 1e9:
+            with contextlib.suppress(OSError):
+                os.utime(fd, ns=(now, st.st_mtime_ns))
+                version = ServedVersion.of(st, os.fstat(fd))
+        return version
 
     def _validated_read(self, identifier: str, version, hashing: bool, checksum):
         """:meth:`read_verified` through :meth:`read_entry` (mapped, or a kept buffer),
@@ -286,10 +292,7 @@ class DiskStore(Store):
                             return None
                         got += n
             now = time.time_ns()
-            if now - st.st_atime_ns > self.access_resolution_s * 1e9:  # the LRU clock
-                with contextlib.suppress(OSError):  # mtime_ns kept exactly: same version
-                    os.utime(fd, ns=(now, st.st_mtime_ns))
-                    version = ServedVersion.of(st, os.fstat(fd))  # (ctime moved: the log)
+            version = self._touch(fd, st, version, now)
             if recent is not None:
                 recent.put(path, version, buf, now)
             return buf, version
