@@ -15,7 +15,7 @@ import typer
 
 from .errors import EXIT_USAGE, EncacheError
 from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
-from .options import StoreOpt, TagOpt
+from .options import LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
 
@@ -46,9 +46,18 @@ def register(app: typer.Typer) -> None:
         verify: Annotated[str | None, typer.Option(help="Checksums: once (each stored version; default) | always | off.")] = None,
         model: Annotated[str | None, typer.Option("--model", "-m", help="Print a full vllm serve command for this model (stderr).")] = None,
         tag: TagOpt = None,
+        local_tier: LocalTierOpt = None,
+        local_tier_max_bytes: LocalTierMaxOpt = None,
     ) -> None:
         """Print the --ec-transfer-config JSON that points vLLM at this store."""
         extra = {}
+        if local_tier_max_bytes is not None and not local_tier:
+            raise EncacheError("--local-tier-max-bytes needs --local-tier DIR", EXIT_USAGE)
+        if local_tier:
+            import os
+            extra["local_tier"] = os.path.abspath(os.path.expanduser(local_tier))
+            if local_tier_max_bytes is not None:
+                extra["local_tier_max_bytes"] = local_tier_max_bytes
         if load_mode is not None:
             from ..connectors.store.disk import LOAD_MODES
             if load_mode not in LOAD_MODES:

@@ -28,6 +28,20 @@ def parse_age(value: str) -> float:
     return parse_age(value)  # ValueError -> Typer usage error (exit 2)
 
 
+def parse_size(value: str) -> int:
+    """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
+    from encache.connectors.store.scanning import parse_size
+
+    return parse_size(value)  # ValueError -> Typer usage error (exit 2)
+
+
+LocalTierOpt = Annotated[Optional[str], typer.Option(
+    "--local-tier", metavar="DIR",
+    help="A directory on this node's disk in front of the shared --store (docs/local-tier.md).")]
+LocalTierMaxOpt = Annotated[Optional[int], typer.Option(
+    "--local-tier-max-bytes", metavar="SIZE", parser=parse_size,
+    help="The local tier's capacity (500M, 50G…); least recently used copies go first.")]
+
 StoreOpt = Annotated[str, typer.Option(
     "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from encache.cli.options import JsonOpt, StoreOpt
+from encache.cli.options import JsonOpt, LocalTierOpt, StoreOpt
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -25,8 +25,31 @@ REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "co
                  "lora_stale": "LoRA stale", "corrupt": "corrupt"}
 
 
+def tier_stats(path: str, shared_url: str) -> dict:
+    """A node's local tier (``--local-tier DIR``): what it holds and when it last synced
+    with the shared store (its note; ``connectors/store/tiered.py``)."""
+    import json
+
+    from encache.connectors.store import open_store
+    from encache.connectors.store.tiered import STATE_NOTE
+
+    tier = open_store(path, create=False)
+    try:
+        try:
+            state = json.loads(tier.get_note(STATE_NOTE) or "null") or {}
+        except ValueError:
+            state = {}
+        remote = str(state.get("remote", "")).rsplit("#", 1)[0] or None
+        return {"path": str(tier.root), "entries": tier.count(), "bytes": tier.used_bytes(),
+                "max_bytes": tier.max_bytes, "last_sync": state.get("synced"),
+                "synced_with": remote,
+                "same_store": remote is None or remote == shared_url}
+    finally:
+        tier.close()
+
+
 def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = None,
-                progress=None) -> dict:
+                progress=None, local_tier: str | None = None) -> dict:
     """The ``stats`` data (JSON-ready: raw bytes, epoch seconds)."""
     from encache.connectors.store.scanning import summarize
 
@@ -68,6 +91,10 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "hits": hits,
         "misses": misses,
         "hit_ratio": _ratio(hits, lookups),
+        # hits of engines with a local tier, by the tier that served them
+        "hits_local": c("hits_local"),
+        "hits_remote": c("hits_remote"),
+        "local_tier": tier_stats(local_tier, store.url) if local_tier else None,
         "load_errors": c("load_errors"),
         "config_mismatches": c("config_mismatches"),
         "lora_stale": c("lora_stale"),
@@ -172,6 +199,10 @@ def render_table(s: dict) -> None:
         ("Hits", f"{s['hits']:,}"),
         ("Misses", f"{s['misses']:,}" + _reasons(s)),
         ("Hit ratio", human_pct(s["hit_ratio"]) + (f" of {lookups:,} lookups" if lookups else "")),
+        *([("Hits by tier", f"local {s['hits_local']:,} "
+                             f"({human_pct(s['hits_local'] / (s['hits_local'] + s['hits_remote']))})"
+                             f", remote {s['hits_remote']:,}")]
+          if s["hits_local"] or s["hits_remote"] else []),
         ("Mean load time", human_duration(s["mean_load_seconds"])),
         ("Loaded", human_bytes(s["bytes_loaded"])),
         ("Load errors", f"{s['load_errors']:,}"),
@@ -210,6 +241,17 @@ def render_table(s: dict) -> None:
             items.append(breakdown("Encoder config", "by_encoder_config", "(unreadable)",
                                    "(default)"))
     items.append(counters)
+    tier = s.get("local_tier")
+    if tier:
+        tused = human_bytes(tier["bytes"]) + (f" / {human_bytes(tier['max_bytes'])}"
+                                              if tier["max_bytes"] else " (no capacity set)")
+        trows = [("Path", tier["path"]), ("Entries", f"{tier['entries']:,}"), ("Used", tused),
+                 ("Last sync", human_ago(tier["last_sync"]) if tier["last_sync"] else "never")]
+        if not tier["same_store"]:
+            trows.append(("Synced with", f"{tier['synced_with']} (another store!)"))
+        ttable = table(["", ""], trows, title="Local tier (this node)")
+        ttable.show_header = False
+        items.append(ttable)
     print_renderables(*items)
 
 
@@ -226,6 +268,7 @@ def register(app: typer.Typer) -> None:
                  "are idle and the store is big).")] = None,
         quiet: Annotated[bool, typer.Option(
             "--quiet", "-q", help="No progress or notes on stderr.")] = False,
+        local_tier: LocalTierOpt = None,
     ) -> None:
         """Entry count, bytes (used / max), by model and LoRA, legacy entries, and the
         hits / misses / load times recorded by serving engines."""
@@ -237,7 +280,8 @@ def register(app: typer.Typer) -> None:
             url = display_url(store, st)
             n = default_workers() if workers is None else workers
             with progress("Scanning", quiet=quiet or json_) as tick:
-                data = build_stats(st, url, workers=n, open_url=store, progress=tick)
+                data = build_stats(st, url, workers=n, open_url=store, progress=tick,
+                                   local_tier=local_tier)
             if json_:
                 emit_json(data)
             else:

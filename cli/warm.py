@@ -12,6 +12,10 @@ Two jobs, one command:
   ``--compute-missing`` encodes the given images that neither store has with a real
   vLLM producer engine (``encache precompute`` for just those files) into the
   destination.
+* **Local tier** (``--store SHARED --local-tier DIR``): copy entries from the shared store
+  into this node's local tier (``docs/local-tier.md``), verified on the way, so a
+  consumer configured with the same ``local_tier`` serves them locally from its first
+  request (it checks them against the shared store at its first sync).
 * **Page cache** (``--store DISK`` without ``--from``): read the chosen entry files of a
   disk store once so they sit in the OS page cache — after a reboot or a fresh volume
   mount — without marking them as recently used.
@@ -37,7 +41,8 @@ import typer
 
 from encache.cli import errors
 from encache.cli.common import quiet_engine_start
-from encache.cli.options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
+from encache.cli.options import (JsonOpt, LocalTierMaxOpt, LocalTierOpt, LoraOpt, ModelOpt,
+                                QuietOpt, StoreOpt, TagOpt)
 
 if TYPE_CHECKING:
     from encache.connectors.warm import WarmSummary
@@ -155,11 +160,14 @@ def register(app: typer.Typer) -> None:
             help="With --compute-missing: extra vllm.LLM argument (JSON value); "
                  "repeatable.")] = None,
         tag: TagOpt = None,
+        local_tier: LocalTierOpt = None,
+        local_tier_max_bytes: LocalTierMaxOpt = None,
         quiet: QuietOpt = False,
         json_: JsonOpt = False,
     ) -> None:
-        """Promote entries from a disk store into Redis (--from), or read a disk store
-        into the OS page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
+        """Promote entries from a disk store into Redis (--from), fill this node's local
+        tier from the shared store (--local-tier DIR), or read a disk store into the OS
+        page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
         from encache.connectors.store.transfer import TransferAborted
         from encache.jobs.precompute import parse_engine_args
 
@@ -169,7 +177,8 @@ def register(app: typer.Typer) -> None:
                 store, source_url=source, images=[str(p) for p in images or []],
                 identifiers=identifier, lora=lora, model=model, compute=compute,
                 overwrite=overwrite, lora_path=lora_path, max_model_len=max_model_len,
-                dtype=dtype, engine_args=engine_args, tag=tag, quiet=quiet or json_)
+                dtype=dtype, engine_args=engine_args, tag=tag, local_tier=local_tier,
+                local_tier_max_bytes=local_tier_max_bytes, quiet=quiet or json_)
         except TransferAborted as e:
             partial = getattr(e, "summary", None)
             if partial is not None and (json_ or not quiet):

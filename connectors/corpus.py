@@ -26,10 +26,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .media import IMAGE_SUFFIXES, MEDIA_SUFFIXES, VIDEO_SUFFIXES, sniff, suffix_kind  # noqa: F401
+from .media import sniff, suffix_kind
 from .store.files import atomic_write_json
-# ``--shard i/N`` for precompute: one implementation, with the store's transfer helpers
-from .store.transfer import parse_shard, shard_of  # noqa: F401
 
 MANIFEST_VERSION = 1
 

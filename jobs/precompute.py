@@ -198,7 +198,8 @@ def precompute_corpus(corpus: str, options: PrecomputeOptions, *, shard: str | N
     given, and encode what the store lacks. The manifest (kept in the store) remembers each
     file's identifier so unchanged files are not read again; ``prune_missing`` deletes
     entries whose files left the corpus; ``dry_run`` identifies and counts only."""
-    from ..connectors.corpus import Manifest, shard_of, walk
+    from ..connectors.corpus import Manifest, walk
+    from ..connectors.store.transfer import shard_of
 
     shard_spec = validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
     options.check()

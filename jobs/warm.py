@@ -51,6 +51,10 @@ def _display_url(url: str, store=None) -> str:
     return redact(url)
 
 
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
 def _same_disk_store(a, b) -> bool:
     ra, rb = a.root, b.root
     if ra is None or rb is None:
@@ -113,6 +117,7 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
          model: str | None = None, compute: bool = False, overwrite: bool = False,
          lora_path: str | None = None, max_model_len: int | None = None,
          dtype: str | None = None, engine_args: dict | None = None, tag: str | None = None,
+         local_tier: str | None = None, local_tier_max_bytes: int | None = None,
          progress: Callable | None = None, phases=None,
          note: Callable[[str], None] | None = None) -> WarmSummary:
     """Promote entries ``source_url`` -> ``store_url`` (a disk store into, typically,
@@ -120,7 +125,9 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
     all entries, one ``lora``'s, those of ``images`` (hashed with ``model``; directories
     searched for media by content) or ``identifiers``. ``compute=True`` first encodes the
     images neither store holds (``lora_path``, ``max_model_len``, ``dtype``,
-    ``engine_args``, ``tag`` go to the producer engine)."""
+    ``engine_args``, ``tag`` go to the producer engine). ``local_tier``: copy from
+    ``store_url`` (any kind) into that directory, a node's local tier holding at most
+    ``local_tier_max_bytes``."""
     from ..connectors.store.keys import InvalidIdentifier, validate
     from ..connectors.store.url import is_redis_url
     from ..connectors.warm import expand_images
@@ -129,11 +136,23 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
     images = list(images or [])
     identifiers = list(identifiers or [])
     # usage first: nothing is opened, hashed or started for a bad command line
-    if source_url is not None and is_redis_url(source_url):
+    if local_tier_max_bytes is not None and not local_tier:
+        raise _usage("--local-tier-max-bytes needs --local-tier DIR")
+    if local_tier:
+        if source_url is not None:
+            raise _usage("--local-tier is filled from --store; drop --from")
+        if compute:
+            raise _usage("--compute-missing writes into the shared store: run it without "
+                         "--local-tier first")
+        if is_redis_url(local_tier) or "://" in local_tier:
+            raise _usage(f"--local-tier must be a directory on this node, not {local_tier}")
+        if _same_path(local_tier, store_url):
+            raise _usage(f"--local-tier is the shared store itself ({local_tier})")
+    elif source_url is not None and is_redis_url(source_url):
         raise _usage(f"--from must be a disk store (a directory or file://PATH), "
                      f"not {_display_url(source_url)}",
                      hint="warm promotes a disk store into --store")
-    if source_url is None and is_redis_url(store_url):
+    if source_url is None and not local_tier and is_redis_url(store_url):
         raise _usage(f"without --from, warm reads a disk store into the page cache; "
                      f"{_display_url(store_url)} is Redis",
                      hint="give --from DISK_STORE to promote entries into it")
@@ -160,8 +179,15 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
 
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        src = stack.enter_context(_opened(source_url)) if source_url is not None else None
-        dst = stack.enter_context(_opened(store_url))
+        if local_tier:  # the shared store into this node's tier (created if new)
+            from ..connectors.store import open_store
+            src = stack.enter_context(_opened(store_url))
+            dst = stack.enter_context(contextlib.closing(
+                open_store(local_tier, max_bytes=local_tier_max_bytes)))
+            source_url, store_url = store_url, local_tier
+        else:
+            src = stack.enter_context(_opened(source_url)) if source_url is not None else None
+            dst = stack.enter_context(_opened(store_url))
         if src is not None and _same_disk_store(src, dst):
             raise _usage(f"--from and --store are the same store ({src.url})")
         dst.ping()  # a dead or misconfigured Redis fails here, before any hashing

@@ -1,5 +1,7 @@
 """Shared helpers for the CLI tests: a populated real disk store and a CliRunner wrapper.
 
+(The ``store`` fixture, a :func:`populated` store, is in ``tests/cli/conftest.py``.)
+
 (A ``test_cli_*`` module so it sits with the CLI tests; it defines no tests itself.)
 """
 
@@ -11,12 +13,11 @@ import struct
 import time
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from encache.cli.app import app
-from encache.connectors.store import encode
 from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from entries import put_entry
 from store_contract import blob
 
 H = [f"{i:064x}" for i in range(1, 10)]  # plain identifiers (hex hashes)
@@ -28,13 +29,6 @@ def invoke(*args, env: dict | None = None, input: str | None = None):
     """Run ``encache ARGS`` in-process; stdout and stderr are captured separately."""
     env = {"ENCACHE_STORE": None, "ENCACHE_DEBUG": None, **(env or {})}
     return CliRunner().invoke(app, [str(a) for a in args], env=env, input=input)
-
-
-def put(store, ident: str, n: int = 64, seed: int = 0, model: str = "m", **meta) -> bytes:
-    arr = np.random.default_rng(seed).standard_normal((n, 8)).astype(np.float16)
-    b = encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model, **meta)
-    store.put(ident, b)
-    return b
 
 
 def put_legacy(root, ident: str) -> None:
@@ -64,14 +58,14 @@ def populated(root, *, legacy: bool = True) -> DiskStore:
     """
     s = DiskStore(root)
     now = time.time()
-    put(s, H[0], 64, 0)
-    put(s, H[1], 32, 1)
-    put(s, H[2], 16, 2)
-    put(s, "ad1:" + H[3], 64, 3)
-    put(s, "ad1:" + H[4], 64, 4)
-    put(s, H[5], 64, 5, model="other")
-    put(s, H[6], 64, 6, lora="ad1")
-    put(s, H[7], 64, 7, created=now - OLD)
+    put_entry(s, H[0], 64, 0)
+    put_entry(s, H[1], 32, 1)
+    put_entry(s, H[2], 16, 2)
+    put_entry(s, "ad1:" + H[3], 64, 3)
+    put_entry(s, "ad1:" + H[4], 64, 4)
+    put_entry(s, H[5], 64, 5, model="other")
+    put_entry(s, H[6], 64, 6, lora="ad1")
+    put_entry(s, H[7], 64, 7, created=now - OLD)
     make_old(s, H[7])
     if legacy:
         put_legacy(s.root, H[8])
@@ -104,10 +98,5 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def store(tmp_path):
-    return populated(tmp_path / "store")
-
-
 __all__ = ["ALL_IDS", "DAY", "H", "OLD", "blob", "file_sizes", "invoke", "make_old",
-           "one_line_error", "populated", "put", "put_legacy", "rewrite_header", "store"]
+           "one_line_error", "populated", "put_legacy", "rewrite_header"]

@@ -1,11 +1,9 @@
 """Real ``redis-server`` processes for tests (never a mock).
 
 Each server listens on a free loopback port (and a unix socket) with its own temp dir and
-no persistence, and is stopped by PID. Use it from a test module with::
-
-    from redis_fixture import redis_server, redis_factory  # noqa: F401  (pytest fixtures)
-
-or for a whole suite (in a conftest): ``pytest_plugins = ["redis_fixture"]``.
+no persistence, and is stopped by PID. ``tests/conftest.py`` registers this module (and
+``redis_cluster_fixture``) as a plugin, so every test can take these fixtures by name;
+import only the helpers (``RedisServer``, ``free_port``) from here.
 
 Fixtures
 --------

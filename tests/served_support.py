@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import data_url
+from engine_support import ROOT, data_url
 
 PROBE_DIR = Path(__file__).resolve().parent / "encoder_probe"
 START_TIMEOUT = 300  # the machine is shared: a server may take minutes to come up
@@ -309,3 +309,14 @@ def served_request(server: Server, store: str, paths, **kw) -> tuple[dict, dict,
     reply = server.chat(paths, max_tokens=1, top_logprobs=5, **kw)
     deltas = counter_deltas(store, before_counters)
     return first_token_logprobs(reply), deltas, server.encoder_log.count() - before_items
+
+
+def wide_model() -> str:
+    """The tiny LLaVA with Gemma-3-sized entries: 256 image tokens x 2688 fp32 = 2.75 MB
+    (built by scripts/setup; built here if missing)."""
+    path = ROOT / ".models" / "tiny-llava-2688"
+    if not (path / "encache_tiny_model.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
+                        "--image-size", "128", "--patch", "8", "--text-hidden", "2688"],
+                       check=True, capture_output=True)
+    return str(path)

@@ -173,7 +173,7 @@ class StoreContract:
         for flag in ("supports_entry_path", "supports_used_bytes", "supports_batch",
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
                      "supports_live_counters", "supports_verified_log", "supports_verified_reads",
-                     "local", "read_only"):
+                     "supports_change_journal", "journal_complete", "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
         assert store.max_bytes is None or store.max_bytes > 0
@@ -246,6 +246,26 @@ class StoreContract:
         other.put("u2", blob("u2", seed=2))  # rewritten
         assert store.unchanged(held) == [False, False, True]
         assert store.unchanged([]) == []
+
+    def test_change_journal_names_what_changed(self, store):
+        """``changes_since``: a reader's cursor, then the identifiers another handle put
+        or deleted since (O(changes)); nothing since: an empty set. Without a journal:
+        "cannot tell" (None), and the reader re-checks what it holds."""
+        cursor, changed = store.changes_since(None)
+        assert changed is None
+        other = self.make_store(store)
+        other.put("j1", blob("j1"))
+        other.put("j2", blob("j2"))
+        other.delete("j1")
+        other.delete_many(["j2", "j3"])
+        cursor2, changed = store.changes_since(cursor)
+        if not store.supports_change_journal:
+            assert changed is None
+            return
+        assert {"j1", "j2", "j3"} <= changed
+        assert store.changes_since(cursor2) == (cursor2, set())
+        other.put("j4", blob("j4"))
+        assert store.changes_since(cursor2)[1] == {"j4"}
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

@@ -81,6 +81,7 @@ class EntryLookup:
                              index=self.index, verified=self.verified, staging=self.staging,
                              checks=self.checks, misses=self.misses, metrics=self.metrics,
                              breaker=self.breaker, warn=self.warn)
+        self._journal_cursor = None  # the store's change journal, read up to here
         self._closed = threading.Event()
         self._background = threading.Thread(target=self._background_loop, name="encache-index",
                                              daemon=True)
@@ -145,9 +146,16 @@ class EntryLookup:
 
     def _revalidate_staged(self) -> None:
         """What a purge, a quarantine or a rewrite elsewhere changed is no longer served
-        from memory: staged entries are checked against the store whenever it changed
-        (and those staged since the last check, every refresh)."""
-        dropped = self.staging.revalidate(self.store.unchanged, everything=self.index.changed)
+        from memory: staged entries the store's journal names as changed are checked
+        against it (without a journal: all of them, whenever the store changed), and
+        those staged since the last check, every refresh."""
+        if self.store.supports_change_journal:  # O(changes): what the journal names
+            self._journal_cursor, changed = self.store.changes_since(self._journal_cursor)
+            dropped = self.staging.revalidate(self.store.unchanged, everything=changed is None,
+                                              also=changed)
+        else:
+            dropped = self.staging.revalidate(self.store.unchanged,
+                                              everything=self.index.changed)
         if dropped:
             for identifier in dropped:
                 self.index.forget(identifier)
@@ -182,11 +190,14 @@ class EntryLookup:
 
     # -- the scheduler's questions -------------------------------------------------
     def probably_stored(self, identifier: str, now: float | None = None) -> bool:
-        """Is ``identifier`` worth a read? False while the breaker is open or the entry
-        was rejected lately; else what the index says (memory speed, may be stale)."""
+        """Is ``identifier`` worth a read? False when the entry was rejected lately, or
+        while the breaker is open (unless a local tier holds a current copy: a stat);
+        else what the index says (memory speed, may be stale)."""
         now = time.monotonic() if now is None else now
-        if self.breaker.is_open(now) or self.misses.is_rejected(identifier, now):
+        if self.misses.is_rejected(identifier, now):
             return False
+        if self.breaker.is_open(now):  # store down: what this node holds is still served
+            return self.store.holds_locally(identifier)
         try:
             return self.index.holds(identifier, now)
         except Exception as e:
@@ -197,8 +208,8 @@ class EntryLookup:
     def request(self, identifier: str, inline: bool = False) -> State:
         """Where an item stands; starts a background read for a stored, unstaged item.
 
-        ``inline`` (a disk store on a local filesystem): load it here and now when that
-        is cheap — mapping a file, or reading one under ``map_min_bytes``, takes tens of
+        ``inline`` (a disk store on a local filesystem, or a local tier's copy): load it
+        here and now when that is cheap — mapping a file, or reading one under ``map_min_bytes``, takes tens of
         microseconds, less than handing it to a thread and waiting for the answer. A large
         entry whose stored version is not verified yet (a checksum pass over every page,
         possibly from a cold disk) still goes to the background threads. The caller bounds
@@ -211,7 +222,8 @@ class EntryLookup:
             return state
         if not self.probably_stored(identifier, now):
             return State.MISS
-        if inline and self.store.mapped_loads:
+        if inline and self.store.mapped_loads and (self.store.local
+                                                   or self.store.holds_locally(identifier)):
             staged = self.loader.load(identifier, inline=True)
             if staged is not DEFER:
                 return State.READY if staged is not None else State.MISS

@@ -165,7 +165,7 @@ class Loader:
             elif self.checks.usable(identifier, got[1]):
                 blob, meta, offset, version = got
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
-                                version)
+                                version, self.store.served_from(version))
         except CorruptEntry as e:
             self.misses.reject(identifier, "corrupt")
             self.metrics.count("load_errors")

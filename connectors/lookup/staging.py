@@ -27,6 +27,8 @@ class Staged:
     load_seconds: float
     #: the stored version these bytes were verified as (a disk file's identity), or None
     version: object = None
+    #: which tier served them (``"local"`` / ``"remote"``; None: a store without tiers)
+    tier: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -41,17 +43,21 @@ class StagingArea:
         self._bytes = 0
         self._unchecked: set[str] = set()  # staged since the last revalidate()
 
-    def revalidate(self, unchanged, everything: bool) -> list[str]:
+    def revalidate(self, unchanged, everything: bool, also=None) -> list[str]:
         """Drop staged entries that are no longer the stored version (purged,
         quarantined, evicted, rewritten): ``unchanged`` is the store's
         :meth:`~encache.connectors.store.base.Store.unchanged`. Checks every staged entry
         (``everything``: the store changed) or those staged since the last call (a load
-        may have read a version just before it was purged). Returns the dropped ones.
+        may have read a version just before it was purged), plus those of ``also`` (the
+        identifiers the store's journal says changed). Returns the dropped ones.
         Raises what the store raises (the entries stay: an outage serves what was
         current at the last successful check)."""
         with self._lock:
-            ids = list(self._entries) if everything else \
-                [i for i in self._unchecked if i in self._entries]
+            if everything:
+                ids = list(self._entries)
+            else:
+                wanted = self._unchecked | set(also or ()) if also else self._unchecked
+                ids = [i for i in wanted if i in self._entries]
             self._unchecked.clear()
             held = [self._entries[i] for i in ids]
         if not held:

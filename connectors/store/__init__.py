@@ -10,8 +10,32 @@ from .entry import CorruptEntry, EntryMeta, decode, encode, encode_parts
 from .url import CLUSTER_SCHEMES, REDIS_SCHEMES, redact
 
 
-def open_store(url: str, *, create: bool = True, **options) -> Store:
-    """Open the store a URL names. ``options`` go to the backend (``max_bytes``, ``prefix``…)."""
+def open_store(url: str, *, create: bool = True, local_tier: str | None = None,
+               local_tier_max_bytes: int | None = None, local_tier_fsync: bool = False,
+               **options) -> Store:
+    """Open the store a URL names. ``options`` go to the backend (``max_bytes``, ``prefix``…).
+    ``local_tier``: a directory on this node's disk in front of it (:mod:`.tiered`), holding
+    at most ``local_tier_max_bytes``; its copies are not fsynced (``local_tier_fsync``):
+    after a power loss a torn copy fails its checksum at its first load of the new boot,
+    and the shared store serves it again."""
+    if local_tier and urlsplit(str(local_tier)).scheme not in ("", "file"):
+        raise StoreError(f"a local tier is a directory on this node, not {redact(str(local_tier))}")
+    store = _open_backend(url, create=create, **options)
+    if not local_tier:
+        return store
+    from .disk import DiskStore
+    from .tiered import TieredStore
+
+    try:
+        tier = DiskStore(urlsplit(str(local_tier)).path or local_tier, max_bytes=local_tier_max_bytes,
+                         fsync=local_tier_fsync)
+        return TieredStore(store, tier)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _open_backend(url: str, *, create: bool = True, **options) -> Store:
     if not url:
         raise StoreError("no store given (use --store PATH or redis://host:port/db)")
     scheme = urlsplit(url).scheme

@@ -32,6 +32,10 @@ backend:
 ``supports_verified_reads`` ``read_verified()`` reads an entry into a private buffer and checks
                             it in the same pass (one pass over the bytes); default:
                             ``read_entry`` then a validation pass
+``supports_change_journal`` ``changes_since(cursor)`` names the identifiers put or deleted
+                            since a cursor, in O(changes) (``journal_complete``: every write
+                            is journaled atomically with it); default: "cannot tell" (the
+                            caller re-checks what it holds with ``unchanged``)
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
@@ -130,6 +134,10 @@ class Store(ABC):
     supports_live_counters: bool = False
     supports_verified_log: bool = False
     supports_verified_reads: bool = False
+    supports_change_journal: bool = False
+    #: every change is in the journal the moment it is visible (False: a write's journal
+    #: record is a separate step that can be lost; readers also re-check periodically)
+    journal_complete: bool = True
 
     @property
     @abstractmethod
@@ -188,6 +196,23 @@ class Store(ABC):
             out.append(info is not None and info.meta is not None
                        and same_version(info.meta, meta))
         return out
+
+    def changes_since(self, cursor) -> tuple[object, set[str] | None]:
+        """``(new cursor, identifiers put or deleted since cursor)``. The set is None when
+        the store cannot tell (no journal, a ``None`` cursor, the journal trimmed past the
+        cursor, the store lost its data): the caller then re-checks every copy it holds
+        (:meth:`unchanged`). Pass the returned cursor next time. Default: cannot tell."""
+        return None, None
+
+    def served_from(self, version) -> str | None:
+        """Which tier a version returned by a read came from (``"local"``, ``"remote"``),
+        or None for a store without tiers (:mod:`.tiered`)."""
+        return None
+
+    def holds_locally(self, identifier: str) -> bool:
+        """A copy of ``identifier`` this node may serve without reaching the store (a
+        local tier's current copy): through an outage, such items are still loaded."""
+        return False
 
     @abstractmethod
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:

@@ -17,6 +17,9 @@ Redis by using different prefixes — no prefix may be a prefix of another's ``e
     P meta             HASH    identifier -> <u64 size><f64 put time> + the entry's header
     P atime            ZSET    identifier -> last load (epoch s; put time until first load)
     P counters         HASH    consumer counters (HINCRBYFLOAT) + "updated"
+    P gen              STRING  a counter bumped by every put/delete (``index_version``)
+    P journal          STREAM  the change journal: one record per put/delete, its ID the
+                               ``gen`` value it set, field ``i`` = the identifiers (NUL-joined)
     P lock:{name}      STRING  "{token} pid N on HOST" with a PX expiry, renewed while held
     P note:{name}      STRING  a note (``put_note``, e.g. a Ray job's marker), with an expiry
 
@@ -32,6 +35,14 @@ in one ``MULTI``. The side structures can only drift when Redis itself drops a k
 (eviction, TTL) or if the ``meta`` hash is evicted: a missing header is re-read from the
 blob (``GETRANGE``) and written back, and fields whose entry is gone are pruned after a
 full scan (``prune()``: an atomic Lua check-and-delete per batch).
+
+The change journal (``changes_since``) lets a reader that holds copies of entries (a
+node's local tier, a consumer's staging) learn which identifiers changed since it last
+looked in O(changes): one ``GET gen`` and an ``XRANGE`` from its cursor, never a rescan.
+Each write's ``gen`` bump and its journal record are one Lua call inside the write's
+``MULTI`` (on one server the three are atomic). The stream is capped at ``JOURNAL_MAX``
+records (``MAXLEN ~``); a reader that fell further behind, or a ``gen`` that went back (the
+server lost its data), gets "cannot tell" and re-checks what it holds.
 
 Failures: every Redis error becomes a :class:`.base.StoreError` with a one-line message
 (connection refused, authentication failed, timed out, out of memory) naming the URL with
@@ -78,6 +89,25 @@ _HEAD_READ = 4096
 _META = struct.Struct("<Qd")  # size, put time
 _JOIN_LIMIT = 1 << 20  # parts smaller than this are joined; larger go as SET + APPEND
 _BATCH = 500
+JOURNAL_MAX = 50_000  # journal records kept (each names the identifiers of one write)
+_JOURNAL_SEP = "\x00"  # identifiers never hold a NUL (keys.validate)
+
+# bump gen and journal the write under that number: KEYS = gen, journal; ARGV = maxlen, ids.
+# A gen below the journal's last record (gen evicted or reset) continues after it, so
+# record IDs only grow; a reader sees the jump as a gap and re-checks everything.
+_JOURNAL_LUA = """
+local g = redis.call('INCR', KEYS[1])
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local lg = tonumber(string.match(last[1][1], '^(%d+)'))
+  if g <= lg then
+    g = lg + 1
+    redis.call('SET', KEYS[1], g)
+  end
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], g .. '-0', 'i', ARGV[2])
+return g
+"""
 
 # atomic "remove side records whose entry is gone": KEYS = meta, atime, e:id1..; ARGV = ids
 _PRUNE_LUA = """
@@ -129,6 +159,7 @@ class RedisStore(Store):
     supports_batch = True
     supports_index_version = True
     supports_capacity_warnings = True
+    supports_change_journal = True
     #: keyword options :func:`.url.open_store` passes through
     OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
                "ttl", "lock_ttl", "access_resolution")
@@ -170,7 +201,7 @@ class RedisStore(Store):
         self._meta_key = p + b"meta"
         self._atime_key = p + b"atime"
         self._counters_key = p + b"counters"
-        self._gen_key = p + b"gen"  # bumped by every put/delete: lets readers skip rescans
+        self._gen_key, self._journal_key = self._journal_keys(p)
         self._lock_prefix = p + b"lock:"
         self._note_prefix = p + b"note:"
         retry = ConnectionRetry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
@@ -183,6 +214,7 @@ class RedisStore(Store):
         except (ValueError, TypeError, RedisClusterException) as e:
             raise StoreError(f"bad Redis URL {self._redacted}: {self._scrub(str(e))}") from None
         self._prune_script = self._r.register_script(_PRUNE_LUA)
+        self._journal_script = self._r.register_script(_JOURNAL_LUA)
         self._locks = RedisLock(self._r, describe_error=self._store_error, url=self.url,
                                 prefix=prefix)
         self._touched: dict[str, float] = {}
@@ -190,8 +222,6 @@ class RedisStore(Store):
     SCHEMES = ("redis", "rediss", "unix")
     #: query parameters encache reads itself (the others go to redis-py)
     URL_OPTIONS = ("prefix", "ttl")
-    #: one MULTI can hold the ``gen`` bump (single node); a cluster bumps it after the MULTI
-    _GEN_IN_TX = True
 
     def _check_prefix(self, prefix: str) -> None:
         return None
@@ -242,16 +272,24 @@ class RedisStore(Store):
             groups.setdefault(self._side(ident), []).append(n)
         return groups
 
-    def _transact(self, build) -> list:
-        """Run ``build(pipe)`` in one MULTI (plus the ``gen`` bump); its replies."""
+    def _journal_keys(self, p: bytes) -> tuple[bytes, bytes]:
+        """``(gen, journal)``: one slot (a cluster tags them)."""
+        return p + b"gen", p + b"journal"
+
+    def _journal(self, client, changed: list[bytes]):
+        """Bump ``gen`` and journal ``changed`` (identifiers) under it, on ``client`` (a
+        MULTI pipeline: queued there)."""
+        return self._journal_script(keys=[self._gen_key, self._journal_key],
+                                    args=[JOURNAL_MAX, _JOURNAL_SEP.encode().join(changed)],
+                                    client=client)
+
+    def _transact(self, build, changed: list[bytes]) -> list:
+        """Run ``build(pipe)`` in one MULTI with the ``gen`` bump and the journal record
+        of ``changed``; the replies of ``build``'s commands."""
         pipe = self._r.pipeline(transaction=True)
         build(pipe)
-        if self._GEN_IN_TX:
-            pipe.incr(self._gen_key)
-        res = pipe.execute()
-        if not self._GEN_IN_TX:
-            self._r.incr(self._gen_key)
-        return res
+        self._journal(pipe, changed)
+        return pipe.execute()[:-1]
 
     # -- errors ----------------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
@@ -357,7 +395,7 @@ class RedisStore(Store):
             pipe.hset(meta_key, ident, _META.pack(total, now) + head)
             pipe.zadd(atime_key, {ident: now})
 
-        self._transact(build)
+        self._transact(build, [ident])
         self._touched[identifier] = now
         return total
 
@@ -371,7 +409,7 @@ class RedisStore(Store):
             pipe.hdel(meta_key, ident)
             pipe.zrem(atime_key, ident)
 
-        existed = self._transact(build)[0]
+        existed = self._transact(build, [ident])[0]
         self._touched.pop(identifier, None)
         return bool(existed)
 
@@ -399,7 +437,7 @@ class RedisStore(Store):
                         pipe.unlink(*[keys[n] for n in pos])
                     pipe.hdel(meta_key, *[idents[n] for n in pos])
                     pipe.zrem(atime_key, *[idents[n] for n in pos])
-                res = self._transact(build)
+                res = self._transact(build, [idents[n] for n in pos])
                 if per_item:
                     for n, x in zip(pos, res):
                         flags[n] = bool(x)
@@ -426,6 +464,34 @@ class RedisStore(Store):
         Entries Redis itself evicts or expires do not change it: an index built from it may
         then hold a few stale identifiers, which cost one failed read each (a miss)."""
         return self._r.get(self._gen_key) or b"0"
+
+    @_wrapped
+    def changes_since(self, cursor):
+        """``(cursor, identifiers put or deleted after cursor)``; the set is None when the
+        journal cannot tell (no cursor yet, records trimmed past it, ``gen`` went back):
+        the caller re-checks what it holds. One ``GET`` when nothing changed, else one
+        ``XRANGE`` per 1000 records."""
+        gen = int(self._r.get(self._gen_key) or 0)
+        if cursor is None or gen < cursor:
+            return gen, None
+        if gen == cursor:
+            return cursor, set()
+        changed: set[str] = set()
+        expect = cursor + 1
+        while True:
+            rows = self._r.xrange(self._journal_key, min=f"{expect}-0", count=1000)
+            for record_id, fields in rows:
+                if int(record_id.split(b"-", 1)[0]) != expect:
+                    return gen, None  # a gap: records trimmed, or gen jumped
+                raw = fields.get(b"i", b"")
+                if raw:
+                    changed.update(_dec(x) for x in raw.split(_JOURNAL_SEP.encode()))
+                expect += 1
+            if len(rows) < 1000:
+                break
+        if expect <= gen:
+            return gen, None  # gen moved without records (written before the journal)
+        return expect - 1, changed
 
     @_wrapped
     def unchanged(self, entries) -> list[bool]:

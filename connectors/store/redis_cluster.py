@@ -102,7 +102,8 @@ class RedisClusterStore(RedisStore):
     SCHEMES = CLUSTER_SCHEMES
     OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
-    _GEN_IN_TX = False  # gen is its own slot: bumped right after each entry's MULTI
+    #: the journal record is written after the entry's MULTI (another slot), not with it
+    journal_complete = False
 
     def __init__(self, url: str, *, redirect_wait: float | None = None, **options):
         if redirect_wait is None:
@@ -247,10 +248,15 @@ class RedisClusterStore(RedisStore):
         return self._load(lambda: RedisStore.index_version.__wrapped__(self),
                           (key_slot(self._gen_key),))  # (no hash tag: prefixes have no braces)
 
-    def _transact(self, build) -> list:
+    def _journal_keys(self, p: bytes) -> tuple[bytes, bytes]:
+        # one hash tag (the prefix: it has no braces) puts both on one slot for the script
+        return b"{" + p + b"}gen", b"{" + p + b"}journal"
+
+    def _transact(self, build, changed: list[bytes]) -> list:
         """One MULTI on the bucket's node (waiting out a reshard or failover), then the
-        ``gen`` bump — best effort: the entry is stored, a lost bump only delays consumers'
-        index refreshes until the next write."""
+        ``gen`` bump and journal record on theirs. Not atomic with the entry: a write
+        whose journal call fails (logged) is not seen by journal readers until their
+        periodic full check (``journal_complete`` is False)."""
         def multi():
             pipe = self._r.pipeline(transaction=True)
             build(pipe)
@@ -258,11 +264,16 @@ class RedisClusterStore(RedisStore):
 
         res = self._waiting(multi)
         try:
-            self._waiting(lambda: self._r.incr(self._gen_key))
+            self._waiting(lambda: self._journal(None, changed))
         except _RETRY_WRITES as e:
-            log.warning("encache: entry stored, but could not bump %s on %s: %s",
-                        self._gen_key, self.url, self._store_error(e))
+            log.warning("encache: entry stored, but could not journal it in %s on %s: %s",
+                        self._journal_key, self.url, self._store_error(e))
         return res
+
+    @_wrapped
+    def changes_since(self, cursor):
+        return self._load(lambda: RedisStore.changes_since.__wrapped__(self, cursor),
+                          (key_slot(self._gen_key),))
 
     @_wrapped
     def stat(self, identifier: str):

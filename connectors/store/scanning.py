@@ -30,6 +30,19 @@ AGE_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 60480
 TICK_EVERY = 256
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"50G"`` -> 53687091200. Units K, M, G, T (powers of 1024; ``KiB``, ``GB``
+    spelled out too); a bare number is bytes. Raises ValueError fit for a usage error."""
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text or "", re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"invalid size {text!r} (use e.g. 500M, 50G, 2T)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
 def parse_age(text: str) -> float:
     """``"7d"`` -> 604800.0. Units: s, m, h, d, w (a bare number is seconds).
 

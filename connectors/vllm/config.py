@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..lookup.verified import parse_verify
+
 
 @dataclass(frozen=True)
 class ConnectorConfig:
@@ -19,6 +21,10 @@ class ConnectorConfig:
     fsync: bool = True
     prefix: str | None = None  # Redis key namespace
     load_mode: str = "auto"  # disk: mmap entry files on local filesystems, else read
+    # a directory on this node's disk in front of a shared store (Redis, Cluster, NFS):
+    # loads look there first, remote hits are written behind into it (docs/local-tier.md)
+    local_tier: str | None = None
+    local_tier_max_bytes: int | None = None  # the tier's capacity; evicts LRU past it
     # consumer (scheduler side)
     load_threads: int = 4
     staging_bytes: int = 512 << 20
@@ -75,11 +81,18 @@ class ConnectorConfig:
         unknown = sorted(set(extra) - names - set(cls.ALIASES))
         if unknown:
             raise ValueError(f"encache connector: unknown ec_connector_extra_config keys {unknown}")
+        for key in ("max_bytes", "local_tier_max_bytes"):  # "50G" as well as a number
+            if isinstance(extra.get(key), str):
+                from ..store.scanning import parse_size
+                extra[key] = parse_size(extra[key])
         return cls(store=store, **{k: v for k, v in extra.items() if k in names})
 
     def store_options(self) -> dict:
         opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync,
-                "load_mode": self.load_mode}
+                "load_mode": self.load_mode, "local_tier": self.local_tier,
+                "local_tier_max_bytes": self.local_tier_max_bytes,
+                # without checksums a torn copy would be served: then the tier fsyncs
+                "local_tier_fsync": not parse_verify(self.verify)[0]}
         if self.prefix is not None:
             opts["prefix"] = self.prefix
         return {k: v for k, v in opts.items() if v is not None}

@@ -17,6 +17,9 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
                                               the served name (re-encoded; see lora_stamp)
     vllm:embedding_cache_model_mismatch_misses_total  misses while the store holds entries
                                               only for other --model strings (see diagnosis)
+    vllm:embedding_cache_local_tier_hits_total   hits served from the node's local tier
+    vllm:embedding_cache_remote_hits_total    hits read from the shared store behind a local
+                                              tier (both 0 without a tier)
     vllm:embedding_cache_loaded_bytes_total   tensor bytes handed to the engine
     vllm:embedding_cache_load_latency_seconds read + verify time per loaded entry (histogram)
     vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
@@ -41,7 +44,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 )
 
 COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
-            "misses_model", "bytes_loaded", "store_evictions", "store_bytes_saved")
+            "misses_model", "hits_local", "hits_remote", "bytes_loaded", "store_evictions",
+            "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -78,7 +82,7 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
-        for key in ("lora_stale", "misses_model"):  # likewise (docs/operations.md)
+        for key in ("lora_stale", "misses_model", "hits_local", "hits_remote"):  # likewise
             if d.get(key):
                 out[key] = int(d[key])
         return out
@@ -118,6 +122,10 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "misses_model": counter(
                 p + "model_mismatch_misses",
                 "Misses while the store holds entries only for other model id strings."),
+            "hits_local": counter(p + "local_tier_hits",
+                                  "Hits served from this node's local tier."),
+            "hits_remote": counter(p + "remote_hits",
+                                   "Hits read from the shared store behind a local tier."),
             "bytes_loaded": counter(p + "loaded_bytes", "Tensor bytes loaded from the encache store."),
             "store_evictions": counter(p + "evictions",
                                        "Store-wide capacity evictions (any writer on the store)."),

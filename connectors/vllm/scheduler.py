@@ -259,6 +259,8 @@ class EncacheSchedulerConnector:
             return
         self._need_loads[identifier] = staged
         self.lookup.count("hits")
+        if staged.tier is not None:  # a local tier: which one served it
+            self.lookup.count("hits_" + staged.tier)
         self.lookup.count("bytes_loaded", staged.meta.data_bytes)
         self.lookup.count("load_seconds", staged.load_seconds)
         self.lookup.observe_load(staged.load_seconds)

@@ -11,7 +11,8 @@ import pytest
 
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
-from cli_support import invoke, put
+from cli_support import invoke
+from entries import put_entry
 
 pytestmark = pytest.mark.slow
 MODEL = "org/some-vlm"
@@ -65,8 +66,8 @@ def test_presence_in_store(images, tmp_path):
     _, d = hashes(images / "red.png", images / "blue.png", "-m", MODEL, "-s", s.root)
     red, blue = d["files"]
     assert red["in_store"] is False and blue["in_store"] is False
-    put(s, red["identifier"], model=MODEL)
-    put(s, blue["identifier"], model="another/model")
+    put_entry(s, red["identifier"], model=MODEL)
+    put_entry(s, blue["identifier"], model="another/model")
     _, d = hashes(images / "red.png", images / "blue.png", "-m", MODEL, "-s", s.root)
     red, blue = d["files"]
     assert red["in_store"] is True and red["stored"]["model"] == MODEL

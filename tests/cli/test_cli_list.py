@@ -6,7 +6,7 @@ import json
 import time
 
 from encache.cli import errors
-from cli_support import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error, store  # noqa: F401
+from cli_support import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error
 
 ENTRY_KEYS = {"identifier", "lora", "model", "shape", "dtype", "size", "created", "accessed",
               "legacy", "vllm_version", "hash_algo", "error"}
@@ -127,11 +127,11 @@ def test_missing_store(tmp_path):
 def test_huge_listing_is_plain_aligned_text(tmp_path):
     from encache.cli.render import RICH_MAX_ROWS
     from encache.connectors.store.disk import DiskStore
-    from cli_support import put
+    from entries import put_entry
     s = DiskStore(tmp_path / "big", fsync=False)
     n = RICH_MAX_ROWS + 50
     for i in range(n):
-        put(s, f"{i:064x}", 1, i)
+        put_entry(s, f"{i:064x}", 1, i)
     r = invoke("list", "-s", s.root)
     assert r.exit_code == 0
     lines = r.stdout.splitlines()

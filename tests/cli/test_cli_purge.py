@@ -13,8 +13,8 @@ import time
 import pytest
 
 from encache.cli import errors
-from cli_support import (ALL_IDS, H, file_sizes, invoke, one_line_error, populated,  # noqa: F401
-                              put, store)
+from cli_support import ALL_IDS, H, file_sizes, invoke, one_line_error
+from entries import put_entry
 
 
 def remaining(store) -> set[str]:
@@ -102,7 +102,7 @@ def test_long_plan_is_abbreviated_for_people(tmp_path):
     from encache.connectors.store.disk import DiskStore
     s = DiskStore(tmp_path / "big")
     for i in range(40):
-        put(s, f"{i:064x}", 4, i)
+        put_entry(s, f"{i:064x}", 4, i)
     r = invoke("purge", "-s", s.root, "--all", "--dry-run")
     assert "and 15 more" in r.stdout and "Would delete 40 entries" in r.stdout
     r = invoke("purge", "-s", s.root, "--all", "--dry-run", "-v")
@@ -202,7 +202,7 @@ def test_purge_is_safe_against_a_concurrent_reader(tmp_path):
     s = DiskStore(tmp_path / "busy", fsync=False)
     ids = [f"{i:064x}" for i in range(150)]
     for i, ident in enumerate(ids):
-        put(s, ident, 2048, i)  # 32 KiB tensors: reads take long enough to overlap deletes
+        put_entry(s, ident, 2048, i)  # 32 KiB tensors: reads take long enough to overlap deletes
     reader = subprocess.Popen([sys.executable, "-c", READER, str(s.root), ",".join(ids)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -9,20 +9,20 @@ import pytest
 
 from encache.cli import errors
 from encache.connectors.store import open_store
-from redis_fixture import redis_factory, redis_server  # noqa: F401 (fixtures)
-from cli_support import H, invoke, one_line_error, put
+from cli_support import H, invoke, one_line_error
+from entries import put_entry
 
 pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def rstore(redis_server):  # noqa: F811
+def rstore(redis_server):
     url = f"{redis_server.url}?prefix=t-cli-{uuid.uuid4().hex}:"
     s = open_store(url)
-    put(s, H[0], 64, 0)
-    put(s, H[1], 32, 1)
-    put(s, "ad1:" + H[2], 64, 2)
-    put(s, H[3], 64, 3, model="other")
+    put_entry(s, H[0], 64, 0)
+    put_entry(s, H[1], 32, 1)
+    put_entry(s, "ad1:" + H[2], 64, 2)
+    put_entry(s, H[3], 64, 3, model="other")
     yield url, s
     for i in list(s.identifiers()):
         s.delete(i)
@@ -71,7 +71,7 @@ def test_verify_and_repair_delete(rstore):
     assert invoke("verify", "-s", url).exit_code == 0
 
 
-def test_password_is_redacted_and_bad_password_is_store_error(redis_factory):  # noqa: F811
+def test_password_is_redacted_and_bad_password_is_store_error(redis_factory):
     server = redis_factory(password="s3cret-pw")
     url = server.url_for(password="s3cret-pw")
     r = invoke("stats", "-s", url, "--json")

@@ -12,9 +12,9 @@ import pytest
 from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
-from redis_cluster_fixture import redis_cluster, redis_cluster_factory  # noqa: F401 (fixtures)
 from redis_fixture import free_port
-from cli_support import H, invoke, one_line_error, put
+from cli_support import H, invoke, one_line_error
+from entries import put_entry
 
 pytestmark = pytest.mark.redis
 
@@ -22,25 +22,25 @@ IDS = [f"{i:064x}" for i in range(100, 130)]  # enough to land on every primary
 
 
 @pytest.fixture
-def cstore(redis_cluster):  # noqa: F811
+def cstore(redis_cluster):
     url = f"{redis_cluster.url}?prefix=t-ccli-{uuid.uuid4().hex[:10]}:"
     s = open_store(url)
     for n, i in enumerate(IDS):
-        put(s, i, 32, n, model="m" if n % 3 else "other")
-    put(s, "ad1:" + H[2], 64, 2)
+        put_entry(s, i, 32, n, model="m" if n % 3 else "other")
+    put_entry(s, "ad1:" + H[2], 64, 2)
     yield url, s
     s.delete_many(list(s.identifiers()))
     s.reset_counters()
     s.close()
 
 
-def on_every_primary(redis_cluster, s, idents) -> bool:  # noqa: F811
+def on_every_primary(redis_cluster, s, idents) -> bool:
     r = redis_cluster.client()
     return {r.get_node_from_key(s.key(i)).name for i in idents} == \
         {n.name for n in r.get_primaries()}
 
 
-def test_list_stats_size_walk_every_primary(cstore, redis_cluster):  # noqa: F811
+def test_list_stats_size_walk_every_primary(cstore, redis_cluster):
     url, s = cstore
     assert on_every_primary(redis_cluster, s, IDS)
     r = invoke("list", "-s", url, "--json")
@@ -89,10 +89,10 @@ def test_verify_and_repair(cstore):
     assert invoke("verify", "-s", url).exit_code == 0
 
 
-def test_warm_promotes_a_disk_store_into_the_cluster(tmp_path, redis_cluster):  # noqa: F811
+def test_warm_promotes_a_disk_store_into_the_cluster(tmp_path, redis_cluster):
     src = DiskStore(tmp_path / "disk", fsync=False)
     for n, i in enumerate(IDS):
-        put(src, i, 16 + n, seed=n)
+        put_entry(src, i, 16 + n, seed=n)
     url = f"{redis_cluster.url}?prefix=t-cwarm-{uuid.uuid4().hex[:10]}:"
     r = invoke("warm", "--from", src.root, "--store", url, "--json")
     assert r.exit_code == 0, r.output
@@ -111,7 +111,7 @@ def test_warm_promotes_a_disk_store_into_the_cluster(tmp_path, redis_cluster):  
     dst.delete_many(IDS)
 
 
-def test_cluster_errors_are_one_line_store_errors(redis_cluster_factory):  # noqa: F811
+def test_cluster_errors_are_one_line_store_errors(redis_cluster_factory):
     r = invoke("stats", "-s", f"redis+cluster://127.0.0.1:{free_port()},127.0.0.1:{free_port()}")
     assert r.exit_code == errors.EXIT_STORE
     assert "connection refused" in one_line_error(r)
@@ -125,7 +125,7 @@ def test_cluster_errors_are_one_line_store_errors(redis_cluster_factory):  # noq
     assert r.exit_code == 0 and "Cli-pw-1" not in r.stdout
 
 
-def test_connector_config_keeps_the_cluster_url(redis_cluster):  # noqa: F811
+def test_connector_config_keeps_the_cluster_url(redis_cluster):
     url = redis_cluster.url_for(nodes=3) + "?prefix=llava:"
     for role in ("ec_consumer", "ec_producer", "ec_both"):
         r = invoke("connector-config", "--store", url, "--role", role)

@@ -7,7 +7,8 @@ import json
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.scanning import EntryFilter, summarize
-from cli_support import H, file_sizes, invoke, one_line_error, populated, put, store  # noqa: F401
+from cli_support import H, file_sizes, invoke, one_line_error
+from entries import put_entry
 
 
 def stats_json(root, *extra):
@@ -61,7 +62,7 @@ def test_no_counters_yet(store):
 
 def test_capacity_percentage(tmp_path):
     s = DiskStore(tmp_path / "cap", max_bytes=100_000)
-    put(s, H[0])
+    put_entry(s, H[0])
     d = stats_json(s.root)
     assert d["max_bytes"] == 100_000
     assert abs(d["used_ratio"] - d["bytes"] / 100_000) < 1e-12
@@ -104,7 +105,7 @@ def test_missing_store(tmp_path):
 
 def test_parallel_summary_equals_sequential(store):
     for i in range(40):
-        put(store, f"{i:060x}abcd", 8, i, model=f"m{i % 3}")
+        put_entry(store, f"{i:060x}abcd", 8, i, model=f"m{i % 3}")
     seq = summarize(store)
     par = summarize(store, url=str(store.root), workers=2, min_parallel=0)
     assert par.entries == seq.entries == 49 and par.bytes == seq.bytes
@@ -158,7 +159,7 @@ def test_size_json_and_errors(store, tmp_path):
 def test_encoder_config_breakdown_and_mismatch_counter(tmp_path):
     s = DiskStore(tmp_path / "cfg")
     for n, cfg in enumerate(("", "", "00aa11bb22cc33dd")):
-        put(s, H[n], encoder_config=cfg)
+        put_entry(s, H[n], encoder_config=cfg)
     s.add_counters({"config_mismatches": 2})
     d = stats_json(s.root)
     groups = {g["name"]: g["entries"] for g in d["by_encoder_config"]}

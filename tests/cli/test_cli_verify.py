@@ -10,8 +10,8 @@ import pytest
 
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
-from cli_support import (H, file_sizes, invoke, one_line_error, populated, put,  # noqa: F401
-                              rewrite_header, store)
+from cli_support import H, file_sizes, invoke, one_line_error, populated, rewrite_header
+from entries import put_entry
 
 
 def verify(root, *extra):
@@ -106,7 +106,7 @@ def test_model_consistency(clean):
 
 
 def test_lora_mismatch(clean):
-    put(clean, "ad2:" + H[0], lora="ad3")
+    put_entry(clean, "ad2:" + H[0], lora="ad3")
     r, d = verify(clean.root)
     assert reasons(d) == {"ad2:" + H[0]: "wrong-lora"}
 
@@ -182,7 +182,7 @@ def test_repair_leaves_an_entry_rewritten_since_the_check(clean):
     _damage(clean)
     check = still_bad(clean, None)
     assert check(H[0]) is True
-    put(clean, H[0])  # a producer rewrote it in the meantime
+    put_entry(clean, H[0])  # a producer rewrote it in the meantime
     assert check(H[0]) is False
 
 

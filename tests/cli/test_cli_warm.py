@@ -14,8 +14,8 @@ import engine_support  # noqa: F401  (puts scripts/ on sys.path for make_demo_co
 from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
-from redis_fixture import redis_factory, redis_server  # noqa: F401 (fixtures)
-from cli_support import invoke, one_line_error, put
+from cli_support import invoke, one_line_error
+from entries import put_entry
 
 BASE = [f"{i:064x}" for i in range(1, 5)]
 LORA = [f"adA:{i:064x}" for i in range(20, 23)]
@@ -28,12 +28,12 @@ PASSWORD = "pw-Secret-4711"
 def src(tmp_path) -> DiskStore:
     s = DiskStore(tmp_path / "disk", fsync=False)
     for n, ident in enumerate(ALL):
-        put(s, ident, 16 + 8 * n, seed=n)
+        put_entry(s, ident, 16 + 8 * n, seed=n)
     return s
 
 
 @pytest.fixture
-def rurl(redis_server):  # noqa: F811
+def rurl(redis_server):
     url = f"{redis_server.url}?prefix=t-warm-{uuid.uuid4().hex[:12]}:"
     yield url
     s = open_store(url)
@@ -154,7 +154,7 @@ def test_images_hashed_with_model(src, rurl, tmp_path):
     lora_ident = identify_file(pages[0], model, lora="adA").identifier
     assert lora_ident == "adA:" + idents[0]
     for n, ident in enumerate(idents[:2] + [lora_ident]):
-        put(src, ident, 16, seed=100 + n, model=model)
+        put_entry(src, ident, 16, seed=100 + n, model=model)
     bad = tmp_path / "imgs" / "broken.png"
     bad.write_bytes(b"this is not an image")
 
@@ -195,7 +195,7 @@ def test_images_hashed_with_the_servers_media_io_kwargs(src, rurl, tmp_path):
     idents = [identify_file(p, model, media_io_kwargs=media).identifier for p in pages]
     assert not set(idents) & {identify_file(p, model).identifier for p in pages}
     for n, ident in enumerate(idents):
-        put(src, ident, 16, seed=200 + n, model=model)
+        put_entry(src, ident, 16, seed=200 + n, model=model)
     d = warm_json("--from", src.root, "-s", rurl, "-m", model, "--compute-missing",
                   "--engine-arg", "media_io_kwargs=" + json.dumps(media), *pages)
     assert (d["copied"], d["failed"], d["computed"]) == (2, 0, 0)
@@ -213,8 +213,9 @@ def test_compute_missing_counts_other_configs_entries_as_missing(src, rurl, tmp_
     model = "org/some-model"
     pages = make_corpus(str(tmp_path / "imgs"), pages=2, seed=6)
     idents = [identify_file(p, model).identifier for p in pages]
-    put(src, idents[0], 16, seed=1, model=model, encoder_config=encoder_config_digest(tag="v2"))
-    put(src, idents[1], 16, seed=2, model=model)  # default config
+    put_entry(src, idents[0], 16, seed=1, model=model,
+              encoder_config=encoder_config_digest(tag="v2"))
+    put_entry(src, idents[1], 16, seed=2, model=model)  # default config
     base = ("--from", src.root, "-s", rurl, "-m", model, "--compute-missing")
     d = warm_json(*base, "--tag", "v2", pages[0])
     assert (d["copied"], d["computed"], d["failed"]) == (1, 0, 0)
@@ -291,7 +292,7 @@ def test_missing_stores_exit_7(src, rurl, tmp_path):
     assert not (tmp_path / "nope2").exists()  # never created by accident
 
 
-def test_dead_redis_exit_7_one_line_no_password(src, redis_factory):  # noqa: F811
+def test_dead_redis_exit_7_one_line_no_password(src, redis_factory):
     server = redis_factory(password=PASSWORD)
     url = server.url_for(password=PASSWORD)
     assert warm_json("--from", src.root, "-s", url, "-i", BASE[0])["copied"] == 1  # alive: fine
@@ -305,7 +306,7 @@ def test_dead_redis_exit_7_one_line_no_password(src, redis_factory):  # noqa: F8
         assert r.stdout == ""  # failed before doing anything
 
 
-def test_wrong_password_exit_7(src, redis_factory):  # noqa: F811
+def test_wrong_password_exit_7(src, redis_factory):
     server = redis_factory(password=PASSWORD)
     r = invoke("warm", "--from", src.root, "-s", server.url_for(password="not-it"))
     assert r.exit_code == errors.EXIT_STORE
@@ -314,7 +315,7 @@ def test_wrong_password_exit_7(src, redis_factory):  # noqa: F811
     assert server.client().dbsize() == 0
 
 
-def test_redis_full_mid_copy_exit_7_with_partial_summary(src, redis_factory):  # noqa: F811
+def test_redis_full_mid_copy_exit_7_with_partial_summary(src, redis_factory):
     # maxmemory below what Redis already uses + noeviction: every write is refused (OOM)
     server = redis_factory(config={"maxmemory": "1", "maxmemory-policy": "noeviction"})
     r = invoke("warm", "--from", src.root, "-s", server.url, "--json")

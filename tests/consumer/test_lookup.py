@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -24,13 +25,10 @@ from encache.connectors.store import encode, open_store
 from encache.connectors.store.disk import (ENTRY_FILE, MMAP_MIN_BYTES, MMAP_MIN_BYTES_KEPT,
                                            DiskStore)
 from encache.connectors.vllm.config import ConnectorConfig
+from entries import put_entry
 
 
-def put(store, ident: str, rows: int = 4096, seed: int = 0) -> bytes:
-    arr = np.random.default_rng(seed).standard_normal((rows, 16)).astype(np.float16)
-    b = encode(ident, arr.view(np.uint8), "F16", arr.shape, model="m")
-    store.put(ident, b)
-    return b
+put = partial(put_entry, rows=4096, width=16)  # 32 bytes a row: 128 KiB by default
 
 
 @pytest.fixture

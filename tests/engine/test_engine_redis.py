@@ -28,7 +28,7 @@ from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.transfer import copy_entries, shard_of
 from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, wait_consumer_sees,
                             engine_module_fixtures)
-from redis_fixture import RedisServer, redis_factory, redis_server  # noqa: F401 (fixtures)
+from redis_fixture import RedisServer
 from cli_support import invoke
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -65,7 +65,7 @@ def drop_all(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def redis_a(redis_server, corpus, tiny_model, engines):  # noqa: F811
+def redis_a(redis_server, corpus, tiny_model, engines):
     """The corpus precomputed straight into Redis (a producer engine, then closed)."""
     from encache.jobs.precompute import run_precompute
     url = prefixed(redis_server, "a")
@@ -148,7 +148,7 @@ def test_consumer_on_redis_never_encodes_and_matches_reference(engines, redis_a,
 
 # -- (d) shards --------------------------------------------------------------------------
 
-def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, idents,  # noqa: F811
+def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, idents,
                                               tiny_model):
     from encache.jobs.precompute import run_precompute
     engines.release()

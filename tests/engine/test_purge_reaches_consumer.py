@@ -5,8 +5,8 @@ A consumer keeps verified entries in memory (its staging, 512 MiB by default) an
 precomputed images (hits, then hits from memory); then another process purges one with
 ``encache purge`` and rewrites the other under another encoder config. Within a few
 index-refresh periods neither is served from memory any more: the purged image is
-encoded again (a miss), the rewritten one is a config mismatch; on a disk store and on a
-real redis-server.
+encoded again (a miss), the rewritten one is a config mismatch; on a disk store, on a
+real redis-server, and on Redis behind a node-local tier (whose copies go too).
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ def flush_engine_cache(llm, folder) -> None:
 
 
 def store_url(backend: str, tmp_path, redis_server) -> str:
+    """A disk store, or a fresh prefix on Redis (``redis-tier``: with a local tier)."""
     if backend == "disk":
         return str(tmp_path / "store")
     return f"{redis_server.url}?prefix=t-purge-{uuid.uuid4().hex[:8]}:"
 
 
-@pytest.mark.parametrize("backend", ["disk", "redis"])
+@pytest.mark.parametrize("backend", ["disk", "redis", "redis-tier"])
 def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_model, redis_server):
     from encache.jobs.precompute import run_precompute
 
@@ -54,7 +55,8 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
     summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
     assert summary.encoded == 2
     counter = EncoderCounter()
-    llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=REFRESH_S))
+    tier = {"local_tier": str(tmp_path / "tier")} if backend == "redis-tier" else {}
+    llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=REFRESH_S, **tier))
     try:
         for _ in range(2):  # a hit from the store, then from memory
             counter.reset()
@@ -77,6 +79,8 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
                 break
             time.sleep(0.2)
         assert c.get("staged_invalidated", 0) >= 2, c
+        if tier:  # the tier's copies went too (its next sync, through the journal)
+            assert not list((tmp_path / "tier").glob("*/encoder_cache.safetensors"))
     finally:
         shutdown(llm)
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from redis_fixture import redis_factory  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "api.md"
@@ -29,7 +28,7 @@ def test_every_entry_point_has_an_example():
         assert name in text, name
 
 
-def test_examples_run(tmp_path, tiny_model, redis_factory):  # noqa: F811
+def test_examples_run(tmp_path, tiny_model, redis_factory):
     redis_server = redis_factory()  # private: the example writes un-namespaced keys
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_demo_corpus import make_corpus

@@ -11,7 +11,8 @@ import pytest
 from encache.cli import errors
 from encache.connectors.store.disk import DiskStore
 from media_files import BAD, NON_MEDIA, hostile_corpus, make_bomb, make_video
-from cli_support import invoke, put
+from cli_support import invoke
+from entries import put_entry
 
 pytestmark = pytest.mark.slow
 MODEL = "org/some-vlm"
@@ -83,7 +84,7 @@ def test_hash_video_presence_in_store(tmp_path):
     s = DiskStore(tmp_path / "s")
     _, d = hashes(clip, "-m", MODEL, "-s", s.root)
     assert d["files"][0]["in_store"] is False
-    put(s, d["files"][0]["identifier"], model=MODEL)
+    put_entry(s, d["files"][0]["identifier"], model=MODEL)
     _, d = hashes(clip, "-m", MODEL, "-s", s.root)
     assert d["files"][0]["in_store"] is True
 
@@ -97,7 +98,7 @@ def test_warm_directory_with_hostile_files(hostile, tmp_path):
     DiskStore(tmp_path / "dst")
     good = {identify_file(root / g, MODEL).identifier for g in info["good"]}
     for ident in good:
-        put(src, ident, model=MODEL)
+        put_entry(src, ident, model=MODEL)
     r = invoke("warm", root, "--from", src.root, "-s", tmp_path / "dst", "-m", MODEL, "--json")
     assert r.exit_code == errors.EXIT_PARTIAL, r.output
     d = json.loads(r.stdout)

@@ -16,34 +16,22 @@ does not run its tower either, and PD still loads them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import PRECOMPUTE_KW, ROOT, consumer_config, data_url
+from engine_support import PRECOMPUTE_KW, consumer_config, data_url
 from redis_fixture import RedisServer
 from served_support import (assert_logprobs_close, counter_deltas, draw_images,
-                            first_token_logprobs, start_server)
+                            first_token_logprobs, start_server, wide_model)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 
 MAX_LEN = 512
 NEW = 12  # images only the encoder sees first
 PRE = 4  # images precomputed before the servers start
-
-
-def wide_model() -> str:
-    """The tiny LLaVA with Gemma-3-sized entries (built by scripts/setup)."""
-    path = ROOT / ".models" / "tiny-llava-2688"
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        "--image-size", "128", "--patch", "8", "--text-hidden", "2688"],
-                       check=True, capture_output=True)
-    return str(path)
 
 
 def post(base: str, body: dict) -> dict:

@@ -19,14 +19,9 @@ from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import decode, encode, open_store
 from encache.connectors.vllm.config import ConnectorConfig
 from encache.connectors.writer import EntryWriter
+from entries import put_entry
 
 ARR = np.arange(256, dtype=np.float16).reshape(16, 16)
-
-
-def put(store, ident, encoder_config=None, value=0.0):
-    arr = ARR + np.float16(value)
-    store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model="m",
-                            encoder_config=encoder_config))
 
 
 def lookup(store, **kw) -> EntryLookup:
@@ -72,8 +67,8 @@ def store(request, tmp_path):
 
 
 def test_lookup_serves_only_its_own_config(store):
-    put(store, "plain")
-    put(store, "kw", encoder_config="1111222233334444")
+    put_entry(store, "plain", array=ARR)
+    put_entry(store, "kw", array=ARR, encoder_config="1111222233334444")
     default = lookup(store, encoder_config="")
     try:
         assert default.load_now("plain") is not None  # unstamped = default config
@@ -96,7 +91,7 @@ def test_lookup_serves_only_its_own_config(store):
 
 
 def test_mismatched_entry_is_not_staged_by_background_requests(store):
-    put(store, "kw", encoder_config="1111222233334444")
+    put_entry(store, "kw", array=ARR, encoder_config="1111222233334444")
     lk = lookup(store, encoder_config="")
     try:
         assert lk.wait_index(10)  # a remote store is known through its index
@@ -112,8 +107,8 @@ def test_mismatched_entry_is_not_staged_by_background_requests(store):
 
 
 def test_writer_replaces_other_configs_entries_and_skips_its_own(store):
-    put(store, "a", encoder_config="", value=1.0)
-    put(store, "b", encoder_config="1111222233334444", value=1.0)
+    put_entry(store, "a", array=ARR + np.float16(1.0), encoder_config="")
+    put_entry(store, "b", array=ARR + np.float16(1.0), encoder_config="1111222233334444")
     writer = EntryWriter(store, threads=1, encoder_config="1111222233334444")
 
     def data():

@@ -9,19 +9,18 @@ import os
 import pickle
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pytest
 
-from encache.connectors.store import encode
 from encache.connectors.store import header_index
 from encache.connectors.store.disk import ENTRY_FILE, META_DIR, DiskStore
 from encache.connectors.store.scanning import summarize, summarize_entries
+from entries import put_entry
 
 
-def put(store, ident, seed=0, rows=8, model="m"):
-    arr = np.random.default_rng(seed).standard_normal((rows, 4)).astype(np.float16)
-    store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=model))
+put = partial(put_entry, rows=8, width=4)  # small random entries (seed=...)
 
 
 def ident(i, lora=None):

@@ -6,17 +6,14 @@ it still stops at the watermark and never makes the store evict."""
 from __future__ import annotations
 
 import time
-
-import numpy as np
+from functools import partial
 
 from encache.connectors.capacity import RoomBudget
-from encache.connectors.store import encode
 from encache.connectors.store.disk import DiskStore
+from entries import put_entry
 
 
-def put(store, ident, rows=64):
-    arr = np.zeros((rows, 16), dtype=np.float16)
-    store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model="m"))
+put = partial(put_entry, width=16, fill=0.0)  # 64 x 16 zeros: all entries the same size
 
 
 def ident(i):

@@ -13,7 +13,7 @@ import pytest
 from encache.connectors.store import LockBusy, StoreError, decode, encode_parts, open_store
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.redis import RedisStore
-from redis_fixture import free_port, redis_factory, redis_server  # noqa: F401 (fixtures)
+from redis_fixture import free_port
 from store_contract import StoreContract, blob
 
 pytestmark = pytest.mark.redis
@@ -72,7 +72,8 @@ def test_key_layout_and_same_bytes_as_disk(store, redis_server, tmp_path):
     assert r.type(p + b"meta") == b"hash" and r.hexists(p + b"meta", ident)
     assert r.zscore(p + b"atime", ident) is not None
     assert sorted(r.scan_iter(match=p + b"*")) == sorted(
-        [p + b"e:" + ident.encode(), p + b"gen", p + b"meta", p + b"atime"])
+        [p + b"e:" + ident.encode(), p + b"gen", p + b"journal", p + b"meta", p + b"atime"])
+    assert r.type(p + b"journal") == b"stream"
 
 
 def test_prefixes_isolate_tenants(redis_server):

@@ -14,7 +14,6 @@ import pytest
 from encache.connectors.store import StoreError, decode, open_store
 from encache.connectors.store.redis_cluster import RedisClusterStore
 from encache.connectors.store.redis_cluster_routing import key_slot, parse_cluster_url, slot_tags
-from redis_cluster_fixture import redis_cluster, redis_cluster_factory  # noqa: F401 (fixtures)
 from store_contract import StoreContract, blob
 from test_store_redis import big_blob
 
@@ -27,21 +26,21 @@ def fresh_prefix() -> str:
 
 class TestRedisClusterStore(StoreContract):
     @pytest.fixture
-    def store(self, redis_cluster):  # noqa: F811
+    def store(self, redis_cluster):
         s = RedisClusterStore(redis_cluster.url, prefix=fresh_prefix())
         yield s
         s.close()
 
 
 @pytest.fixture
-def store(redis_cluster):  # noqa: F811
+def store(redis_cluster):
     s = RedisClusterStore(redis_cluster.url, prefix=fresh_prefix())
     yield s
     s.close()
 
 
 # -- URLs ---------------------------------------------------------------------------------------
-def test_open_store_picks_the_cluster_store(redis_cluster):  # noqa: F811
+def test_open_store_picks_the_cluster_store(redis_cluster):
     prefix = fresh_prefix()
     s = open_store(f"{redis_cluster.url}?prefix={prefix}&ttl=60", socket_timeout=1.5,
                    max_bytes=10, fsync=False)
@@ -68,7 +67,7 @@ def test_url_parsing_and_errors():
         open_store("redis+cluster://127.0.0.1:1?prefix=a{b}:")
 
 
-def test_password_is_redacted_and_required(redis_cluster_factory):  # noqa: F811
+def test_password_is_redacted_and_required(redis_cluster_factory):
     c = redis_cluster_factory(3, 0, password="cl-Secret-77")
     good = open_store(c.url)
     b = blob("a")
@@ -82,7 +81,7 @@ def test_password_is_redacted_and_required(redis_cluster_factory):  # noqa: F811
         assert "\n" not in str(e.value)
 
 
-def test_tls_cluster(redis_cluster_factory):  # noqa: F811
+def test_tls_cluster(redis_cluster_factory):
     c = redis_cluster_factory(3, 0, tls=True, password="tls-cl-pw")
     url = c.url_for(nodes=3)
     assert url.startswith("rediss+cluster://")
@@ -107,7 +106,7 @@ def test_slot_tags_are_slot_aligned():
     assert all(redis_key_slot(b"x{%s}:e:y" % t) == s for s, t in list(enumerate(tags))[::97])
 
 
-def test_entry_and_side_records_share_a_slot_and_spread_over_all_primaries(store, redis_cluster):  # noqa: F811
+def test_entry_and_side_records_share_a_slot_and_spread_over_all_primaries(store, redis_cluster):
     r = redis_cluster.client()
     ids = [f"{i:064x}" for i in range(60)]
     for i in ids:
@@ -127,7 +126,7 @@ def test_entry_and_side_records_share_a_slot_and_spread_over_all_primaries(store
     assert store.count() == 60 and store.info().extra["entries"] == 60
 
 
-def test_scan_rebuilds_missing_headers_and_prunes(store, redis_cluster):  # noqa: F811
+def test_scan_rebuilds_missing_headers_and_prunes(store, redis_cluster):
     r = redis_cluster.client()
     for i in ("keep", "h1", "gone"):
         store.put(i, blob(i))
@@ -151,7 +150,7 @@ def test_many_keys_scan_and_delete_many(store):
 
 
 # -- capacity per primary -------------------------------------------------------------------------------
-def test_stats_info_and_warnings_per_primary(redis_cluster_factory):  # noqa: F811
+def test_stats_info_and_warnings_per_primary(redis_cluster_factory):
     c = redis_cluster_factory(3, 1)
     s = open_store(c.url)
     s.put("a", blob("a"))
@@ -177,7 +176,7 @@ def test_stats_info_and_warnings_per_primary(redis_cluster_factory):  # noqa: F8
 
 
 # -- resharding -----------------------------------------------------------------------------------------
-def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factory):  # noqa: F811
+def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factory):
     c = redis_cluster_factory(3, 0)
     s = open_store(c.url + "?prefix=rs:")
     blobs = {f"pre{i:04d}": big_blob(f"pre{i:04d}", 48 << 10, seed=i) for i in range(240)}
@@ -265,7 +264,7 @@ def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factor
         assert r.hexists(meta, ident)
 
 
-def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):  # noqa: F811
+def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):
     """Each state a reshard passes a slot through, held by hand (no timing): an entry still
     on the old owner is read there; once its keys moved but the slot has not, it is read
     through ASK (whole, header and all); a write to the open slot waits until the move
@@ -315,7 +314,7 @@ def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):  # noqa: F8
 # -- failover ---------------------------------------------------------------------------------------------
 
 
-def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory):  # noqa: F811
+def test_primary_killed_fails_fast_then_its_replica_serves(redis_cluster_factory):
     c = redis_cluster_factory(3, 1)
     s = open_store(c.url_for(nodes=6), socket_timeout=1.0)
     blobs = {f"f{i:03d}": blob(f"f{i:03d}", seed=i) for i in range(60)}

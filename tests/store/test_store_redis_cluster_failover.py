@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from encache.connectors.store import StoreError, open_store
-from redis_cluster_fixture import redis_cluster_factory  # noqa: F401 (fixture)
 from store_contract import blob
 
 pytestmark = pytest.mark.redis
@@ -67,7 +66,7 @@ def _stored_on_a_victim(c, tag: str, n: int):
     return url, writer, blobs, victim, on_victim
 
 
-def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F811
+def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):
     c = redis_cluster_factory(3, 1)
     url, writer, blobs, victim, on_victim = _stored_on_a_victim(c, "f", 60)
     assert len(on_victim) >= 7
@@ -120,7 +119,7 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):  # noqa: F8
     writer.close()
 
 
-def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cluster_factory):  # noqa: F811
+def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cluster_factory):
     # the replica never takes over (cluster-replica-no-failover) and the other slots stay
     # served (no full coverage required): a primary that is dead and not promoted, for as
     # long as the test likes

@@ -13,7 +13,6 @@ from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.redis import RedisStore
 from encache.connectors.store.transfer import (TransferAborted, copy_entries, parse_shard,
                                                shard_of, warm_page_cache)
-from redis_fixture import redis_factory, redis_server  # noqa: F401 (fixtures)
 from store_contract import blob
 
 BASE = [f"{i:064x}" for i in range(4)]

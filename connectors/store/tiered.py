@@ -1,0 +1,506 @@
+"""TieredStore: a node-local disk tier in front of a shared store.
+
+A fleet shares entries through Redis, Redis Cluster or a network filesystem, and every
+load of a shared entry crosses the network again, although a serving node mostly reloads
+what it loaded before (RAG pages all day). The tier keeps those copies on the node's own
+disk (a :class:`~.disk.DiskStore` directory with its own capacity, evicted by use):
+
+* **reads** look locally first; a remote hit is served and written behind into the tier
+  (one background thread, at most ``WRITE_BEHIND_BYTES`` queued; a full local disk turns
+  the write-behind off for ``WRITE_BEHIND_RETRY_S`` with one warning: remote-only);
+* **writes** (producers) go to the shared store; the node's own copy is dropped;
+* **everything else** (listing, stats, counters, locks, notes) is the shared store's: it is
+  the truth, the tier only holds copies.
+
+Never stale: a local copy is served only while it is the shared store's current version.
+:meth:`sync` (run by the consumer's index refresh, every ``index_refresh_s``) asks the
+shared store's change journal what was put or deleted since its cursor
+(:meth:`~.base.Store.changes_since`: O(changes)) and drops those local copies; when the
+journal cannot tell (first start, the journal trimmed past the cursor, the store lost its
+data, a store without a journal such as a network filesystem) it checks every local copy
+with :meth:`~.base.Store.unchanged` (one round trip per batch). A store whose journal
+record is not atomic with the write (Redis Cluster) also gets that full check every
+``FULL_CHECK_S``. A write-behind racing a change is discarded: the read's sync epoch is
+compared with the epoch that dropped the identifier, before and after the write.
+
+Through an outage: copies current at the last successful sync keep being served (the
+consumer's circuit breaker only misses what is not local, :meth:`holds_locally`); when
+the store is back, the next sync applies what changed meanwhile. The cursor and the time
+of the last sync are kept in the tier (a note), so a restarted consumer resumes from its
+cursor; copies written after that sync (a crash between a write-behind and its check) are
+not served until checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator
+
+from .base import EntryInfo, Store, StoreError, StoreInfo
+from .disk import DiskStore
+from .entry import CorruptEntry
+from .files import ServedVersion
+
+log = logging.getLogger(__name__)
+
+WRITE_BEHIND_BYTES = 256 << 20  # bytes of remote reads queued for the local tier, at most
+WRITE_BEHIND_RETRY_S = 300.0  # a full local disk: remote-only for this long, then retry
+FULL_CHECK_S = 300.0  # journals that can miss a write (Redis Cluster): full check this often
+CHECK_BATCH = 500  # local copies per ``unchanged`` call of a full check
+STATE_NOTE = "tier-sync"  # the tier's note: remote URL, journal cursor, last sync time
+SUSPECT_MARGIN_S = 0.05  # file times vs the clock: copies this close are checked at start
+_FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+class LocalVersion(ServedVersion):
+    """The version of a copy read from the local tier (the tier file's version)."""
+
+    @classmethod
+    def of_version(cls, version: ServedVersion) -> LocalVersion:
+        v = cls(version)
+        v.ctime_ns = getattr(version, "ctime_ns", 0)
+        v.touched_ctime_ns = getattr(version, "touched_ctime_ns", v.ctime_ns)
+        return v
+
+
+class TieredStore(Store):
+    """``remote`` (the shared store) with ``local`` (this node's disk tier) in front."""
+
+    local = False  # membership questions go to the shared store
+
+    def __init__(self, remote: Store, local: DiskStore, *,
+                 write_behind_bytes: int = WRITE_BEHIND_BYTES, full_check_s: float = FULL_CHECK_S):
+        if isinstance(remote, TieredStore):
+            raise StoreError("a local tier cannot front another tiered store")
+        if remote.root is not None and os.path.realpath(remote.root) == os.path.realpath(local.root):
+            raise StoreError(f"the local tier {local.root} is the shared store itself")
+        if local.read_only:
+            raise StoreError(f"the local tier {local.root} is not writable")
+        self.remote, self.tier = remote, local
+        self.backend = remote.backend
+        for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
+                     "supports_capacity_warnings", "supports_live_counters",
+                     "supports_change_journal", "journal_complete", "max_bytes",
+                     "low_watermark", "read_only"):
+            setattr(self, flag, getattr(remote, flag))
+        self.supports_verified_reads = True
+        self.supports_verified_log = local.supports_verified_log
+        self.mapped_loads = local.mapped_loads  # local copies may be mappings
+        self.write_behind_bytes = int(write_behind_bytes)
+        self.full_check_s = float(full_check_s)
+        #: tier events: copies served, remote reads, written behind, dropped (queue full,
+        #: disk full, raced a change), invalidated by a sync, full checks, syncs failed
+        self.stats = dict.fromkeys(("local_reads", "remote_reads", "written_behind",
+                                    "write_behind_dropped", "invalidated", "full_checks",
+                                    "sync_failures"), 0)
+        self._cursor = None
+        self._trusted = False  # local copies may be served (a sync succeeded, or at start)
+        self._suspect: set[str] = set()  # local copies not served until a sync checks them
+        self._outage = False
+        self._next_full = 0.0
+        self._epoch = 0  # twice the syncs done (+1 while one runs): write-behind race marks
+        self._dropped_at: dict[str, int] = {}  # identifier -> epoch of the sync that dropped it
+        self._checked_all_at = -1  # epoch of the last full check (changes unknown: all raced)
+        self._saved = (None, 0.0)  # (cursor, monotonic time) of the last saved state
+        self._sync_lock = threading.Lock()
+        self._wb_lock = threading.Lock()
+        self._wb_pending = 0
+        self._wb_off_until = 0.0
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_behind_loop,
+                                        name="encache-tier-write", daemon=True)
+        self._writer.start()
+        self._resume()
+
+    # -- identity ------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.remote.url
+
+    @property
+    def tier_path(self):
+        return self.tier.root
+
+    def __repr__(self) -> str:
+        return f"TieredStore({self.remote!r}, local={str(self.tier.root)!r})"
+
+    def reopen(self) -> TieredStore:
+        return TieredStore(self.remote.reopen(), self.tier.reopen(),
+                           write_behind_bytes=self.write_behind_bytes,
+                           full_check_s=self.full_check_s)
+
+    # -- which copy to serve -----------------------------------------------------------
+    def _serves_local(self, identifier: str) -> bool:
+        return self._trusted and identifier not in self._suspect
+
+    def holds_locally(self, identifier: str) -> bool:
+        return self._serves_local(identifier) and self.tier.contains(identifier)
+
+    def served_from(self, version) -> str | None:
+        return "local" if isinstance(version, LocalVersion) else "remote"
+
+    def _local(self, read, identifier: str):
+        """A local read, or None (absent, or the tier's disk failing: the remote serves)."""
+        if not self._serves_local(identifier):
+            return None
+        try:
+            got = read()
+        except (OSError, StoreError, CorruptEntry) as e:  # a bad tier copy is a tier miss
+            log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root,
+                        identifier, e)
+            with contextlib.suppress(OSError, StoreError):
+                self.tier.delete(identifier)
+            return None
+        if got is not None:
+            self.stats["local_reads"] += 1
+        return got
+
+    def read_entry(self, identifier: str):
+        got = self._local(lambda: self.tier.read_entry(identifier), identifier)
+        if got is not None:
+            return got[0], LocalVersion.of_version(got[1])
+        epoch = self._epoch
+        got = self.remote.read_entry(identifier)
+        if got is not None:
+            self.stats["remote_reads"] += 1
+            self._write_behind(identifier, got[0], epoch)
+        return got
+
+    def read_verified(self, identifier: str, checksum=lambda version: True):
+        got = self._local(lambda: self.tier.read_verified(identifier, checksum), identifier)
+        if got is not None:
+            blob, version, meta, offset, hashed = got
+            return blob, LocalVersion.of_version(version), meta, offset, hashed
+        epoch = self._epoch
+        got = self.remote.read_verified(identifier, checksum)
+        if got is not None:
+            self.stats["remote_reads"] += 1
+            self._write_behind(identifier, got[0], epoch)
+        return got
+
+    def get(self, identifier: str):
+        return self.remote.get(identifier)
+
+    def get_many(self, identifiers: list[str]):
+        return self.remote.get_many(identifiers)
+
+    # -- write-behind ----------------------------------------------------------------
+    def _write_behind(self, identifier: str, blob, epoch: int) -> None:
+        n = memoryview(blob).nbytes
+        with self._wb_lock:
+            if (self._closed or time.monotonic() < self._wb_off_until
+                    or self._wb_pending + n > self.write_behind_bytes):
+                self.stats["write_behind_dropped"] += 1
+                return
+            self._wb_pending += n
+        self._queue.put((identifier, blob, epoch, n))
+
+    def _raced(self, identifier: str, epoch: int) -> bool:
+        """A sync that started at or after the read dropped this identifier: the bytes
+        read may predate the change."""
+        return max(self._dropped_at.get(identifier, -1), self._checked_all_at) >= epoch
+
+    def _write_behind_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            identifier, blob, epoch, n = item
+            try:
+                self._write_local(identifier, blob, epoch)
+            finally:
+                del blob
+                with self._wb_lock:
+                    self._wb_pending -= n
+                self._queue.task_done()
+
+    def _write_local(self, identifier: str, blob, epoch: int) -> None:
+        if self._raced(identifier, epoch) or time.monotonic() < self._wb_off_until:
+            self.stats["write_behind_dropped"] += 1
+            return
+        try:
+            self.tier.put(identifier, blob)
+        except OSError as e:
+            self.stats["write_behind_dropped"] += 1
+            if e.errno in _FULL_DISK:
+                self._wb_off_until = time.monotonic() + WRITE_BEHIND_RETRY_S
+                log.warning("encache: local tier %s is full or unwritable (%s): serving "
+                            "remote-only, retrying in %.0f s", self.tier.root,
+                            e.strerror or e, WRITE_BEHIND_RETRY_S)
+            else:
+                log.warning("encache: local tier %s: cannot write %s: %s", self.tier.root,
+                            identifier, e)
+            return
+        except Exception as e:  # noqa: BLE001 - the tier is an optimisation
+            self.stats["write_behind_dropped"] += 1
+            log.warning("encache: local tier %s: cannot write %s: %s", self.tier.root,
+                        identifier, e)
+            return
+        if self._raced(identifier, epoch):  # a sync dropped it while we wrote
+            with contextlib.suppress(OSError, StoreError):
+                self.tier.delete(identifier)
+            self.stats["write_behind_dropped"] += 1
+            return
+        self.stats["written_behind"] += 1
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Block until queued write-behinds are on the tier (tests, ``warm``, close)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    # -- keeping copies current ------------------------------------------------------
+    def _resume(self) -> None:
+        """Pick up the state of an earlier process on this tier: its cursor, and which
+        copies were current at its last sync (served through an outage at start)."""
+        try:
+            state = json.loads(self.tier.get_note(STATE_NOTE) or "null")
+        except (ValueError, TypeError):
+            state = None
+        if isinstance(state, dict) and state.get("remote") == self._remote_key():
+            self._cursor = state.get("cursor")
+            synced = float(state.get("synced", 0))
+            self._suspect = {i for i, mtime in self._tier_files() if mtime >= synced - SUSPECT_MARGIN_S}
+            self._trusted = True
+        with contextlib.suppress(Exception):
+            self.sync()
+
+    def _remote_key(self) -> str:
+        return f"{self.remote.url}#{getattr(self.remote, 'prefix', '')}"
+
+    def _tier_files(self) -> Iterator[tuple[str, float]]:
+        for identifier in self.tier.identifiers():
+            with contextlib.suppress(OSError):
+                yield identifier, os.stat(self.tier.entry_path(identifier)).st_mtime
+
+    def sync(self) -> bool:
+        """Drop local copies the shared store changed since the last sync (O(changes)
+        through its journal; every copy checked when the journal cannot tell). True when
+        the store answered; False in an outage (copies current at the last successful
+        sync stay served)."""
+        with self._sync_lock:
+            self._epoch += 1  # odd while a sync runs: a read meanwhile counts as before it
+            epoch = self._epoch
+            try:
+                return self._sync(epoch)
+            finally:
+                self._epoch += 1
+
+    def _sync(self, epoch: int) -> bool:
+        started = time.time()  # copies written after this are not covered by this sync
+        try:
+            cursor, changed = self.remote.changes_since(self._cursor)
+            now = time.monotonic()
+            full = changed is None or (not self.remote.journal_complete
+                                       and now >= self._next_full)
+            if changed is not None:
+                self._check_changed(changed, epoch)
+            if full:
+                self._checked_all_at = epoch
+                self._full_check(epoch)
+                self._next_full = now + self.full_check_s
+            elif self._suspect:
+                self._check(sorted(self._suspect), epoch)
+            self._suspect.clear()
+            self._cursor = cursor
+        except Exception as e:  # noqa: BLE001 - the store is down: serve what is local
+            self.stats["sync_failures"] += 1
+            if not self._outage:
+                self._outage = True
+                log.warning("encache: cannot sync the local tier %s with %s (%s): "
+                            "serving %s local copies until it is back", self.tier.root,
+                            self.remote.url, e,
+                            "its" if self._trusted else "no (none checked yet)")
+            return False
+        if self._outage:
+            self._outage = False
+            log.warning("encache: %s is back; the local tier %s is in sync",
+                        self.remote.url, self.tier.root)
+        self._trusted = True
+        self._save_state(started)
+        self._prune_dropped()
+        return True
+
+    def _drop(self, identifiers: Iterable[str], epoch: int) -> None:
+        for identifier in identifiers:
+            self._dropped_at[identifier] = epoch
+            try:
+                if self.tier.delete(identifier):
+                    self.stats["invalidated"] += 1
+            except (OSError, StoreError) as e:
+                log.warning("encache: local tier %s: cannot drop %s: %s", self.tier.root,
+                            identifier, e)
+
+    def _check_changed(self, changed: set[str], epoch: int) -> None:
+        """The journal's changes: a local copy is kept if it is the version now stored
+        (a copy of an entry written just before it was read), else dropped; a
+        write-behind still queued for any of them is discarded (its read may predate
+        the change)."""
+        held = [i for i in changed if self.tier.contains(i)]
+        for identifier in changed:
+            self._dropped_at[identifier] = epoch
+        self._check(held, epoch)
+
+    def _check(self, identifiers: list[str], epoch: int) -> None:
+        """Drop those of ``identifiers`` whose local copy is not the remote's version."""
+        held = []
+        for identifier in identifiers:
+            info = self.tier.stat(identifier)
+            if info is None:
+                continue
+            if info.meta is None:
+                self._drop([identifier], epoch)
+                continue
+            held.append((identifier, None, info.meta))
+        for start in range(0, len(held), CHECK_BATCH):
+            batch = held[start:start + CHECK_BATCH]
+            current = self.remote.unchanged(batch)
+            self._drop([i for (i, _, _), ok in zip(batch, current) if not ok], epoch)
+
+    def _full_check(self, epoch: int) -> None:
+        self.stats["full_checks"] += 1
+        self._check(list(self.tier.identifiers()), epoch)
+
+    def _save_state(self, started: float) -> None:
+        """Keep the cursor for a restart: when it moved, else once a minute (copies
+        written since the saved time are checked at start, so a late save is safe)."""
+        now = time.monotonic()
+        if self._saved[0] == self._cursor and now - self._saved[1] < 60.0:
+            return
+        self._saved = (self._cursor, now)
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            self.tier.put_note(STATE_NOTE, json.dumps(
+                {"remote": self._remote_key(), "cursor": self._cursor, "synced": started}))
+
+    def _prune_dropped(self) -> None:
+        """Forget drop marks no queued write-behind can race any more."""
+        if len(self._dropped_at) > 10_000 and not self._queue.unfinished_tasks:
+            self._dropped_at.clear()
+
+    def tier_info(self) -> dict:
+        """The tier for ``stats``: where, entries, bytes, capacity, and its events."""
+        return {"path": str(self.tier.root), "entries": self.tier.count(),
+                "bytes": self.tier.used_bytes(), "max_bytes": self.tier.max_bytes,
+                "in_sync": self._trusted and not self._outage, **self.stats}
+
+    # -- writes go to the shared store ------------------------------------------------
+    def put(self, identifier: str, parts, *, encoded_here: bool = False) -> int:
+        n = self.remote.put(identifier, parts, encoded_here=encoded_here)
+        self._drop_own(identifier)
+        return n
+
+    def delete(self, identifier: str) -> bool:
+        existed = self.remote.delete(identifier)
+        self._drop_own(identifier)
+        return existed
+
+    def delete_many(self, identifiers: Iterable[str], *, per_item: bool = False):
+        identifiers = list(identifiers)
+        out = self.remote.delete_many(identifiers, per_item=per_item)
+        for identifier in identifiers:
+            self._drop_own(identifier)
+        return out
+
+    def _drop_own(self, identifier: str) -> None:
+        self._dropped_at[identifier] = self._epoch
+        with contextlib.suppress(OSError, StoreError):
+            self.tier.delete(identifier)
+
+    # -- the shared store answers the rest ---------------------------------------------
+    def contains(self, identifier: str) -> bool:
+        return self.remote.contains(identifier)
+
+    def identifiers(self) -> Iterator[str]:
+        return self.remote.identifiers()
+
+    def scan(self) -> Iterator[EntryInfo]:
+        return self.remote.scan()
+
+    def stat(self, identifier: str) -> EntryInfo | None:
+        return self.remote.stat(identifier)
+
+    def unchanged(self, entries) -> list[bool]:
+        # a local copy's file version means nothing to the remote: compare headers
+        return self.remote.unchanged([(i, None if isinstance(v, LocalVersion) else v, m)
+                                      for i, v, m in entries])
+
+    def changes_since(self, cursor):
+        return self.remote.changes_since(cursor)
+
+    def index_version(self):
+        return self.remote.index_version()
+
+    def used_bytes(self) -> int:
+        return self.remote.used_bytes()
+
+    def count(self) -> int:
+        return self.remote.count()
+
+    def ping(self) -> float:
+        return self.remote.ping()
+
+    def capacity_warnings(self) -> list[str]:
+        return self.remote.capacity_warnings()
+
+    def summary_if_unchanged(self):
+        return self.remote.summary_if_unchanged()
+
+    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
+        return self.remote.put_note(name, text, ttl)
+
+    def get_note(self, name: str) -> str | None:
+        return self.remote.get_note(name)
+
+    def delete_note(self, name: str) -> None:
+        self.remote.delete_note(name)
+
+    def stray_files(self, older_than: float = 0.0):
+        return self.remote.stray_files(older_than)
+
+    def prune(self) -> int:
+        return self.remote.prune()
+
+    def live_counters(self):
+        return self.remote.live_counters()
+
+    def verified_log(self):
+        return self.tier.verified_log()  # local copies' versions (remote reads have none)
+
+    def maintain(self) -> None:
+        self.tier.maintain()
+        self.remote.maintain()
+        self.sync()
+
+    def add_counters(self, deltas: dict[str, float]) -> None:
+        self.remote.add_counters(deltas)
+
+    def read_counters(self) -> dict[str, float]:
+        return self.remote.read_counters()
+
+    def reset_counters(self) -> None:
+        self.remote.reset_counters()
+
+    def info(self) -> StoreInfo:
+        info = self.remote.info()
+        return StoreInfo(info.url, info.backend, info.max_bytes,
+                         {**info.extra, "local_tier": self.tier_info()})
+
+    def lock(self, name: str, wait: float = 0.0):
+        return self.remote.lock(name, wait)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.flush(timeout=5.0)
+        self._queue.put(None)
+        self.remote.close()
+        self.tier.close()

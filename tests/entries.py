@@ -1,0 +1,35 @@
+"""The one helper tests use to write an encache entry into a store.
+
+``put_entry(store, ident)`` encodes a float16 tensor with encache's codec
+(:func:`encache.connectors.store.encode`), stores it under ``ident`` and returns the
+entry's bytes. A module whose entries have another shape binds its defaults once, e.g.
+``put = functools.partial(put_entry, rows=4, fill=0.0)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from encache.connectors.store import encode
+
+
+def put_entry(store, ident: str, rows: int = 64, seed: int = 0, *, width: int = 8,
+              model: str = "m", fill: float | None = None, array: np.ndarray | None = None,
+              **meta) -> bytes:
+    """Store an entry under ``ident``; return its bytes.
+
+    The tensor is ``array`` (float16) if given; else ``rows`` x ``width`` float16 values,
+    all ``fill`` if given, otherwise standard-normal ones drawn from ``seed`` (so equal
+    arguments give equal bytes, apart from the ``created`` time). ``model`` and ``meta``
+    (``lora``, ``created``, ``encoder_config``, ...) go into the entry's header.
+    """
+    if array is None:
+        if fill is not None:
+            array = np.full((rows, width), fill, dtype=np.float16)
+        else:
+            array = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float16)
+    if array.dtype != np.float16:
+        raise TypeError(f"put_entry writes float16 tensors, not {array.dtype}")
+    b = encode(ident, array.view(np.uint8), "F16", array.shape, model=model, **meta)
+    store.put(ident, b)
+    return b

@@ -1,0 +1,256 @@
+"""The node-local tier (``connectors/store/tiered.py``) in front of a real redis-server.
+
+The store contract on a tiered store (Redis and a disk directory standing in for a network
+filesystem behind a local tier), then what the tier adds: a remote hit is written behind
+and the next load is local; copies the shared store changes (a purge or rewrite from
+another handle, a purge while this node was down) are dropped at the next sync, in
+O(changes) through the journal; through a Redis SIGKILL the local copies are served and
+the rest fail fast; a Redis that comes back empty drops them; a full local disk turns the
+write-behind off with one warning; a write-behind racing a purge is discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from encache.connectors.store import StoreError, open_store
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.redis import RedisStore
+from encache.connectors.store.tiered import TieredStore
+from store_contract import StoreContract, blob
+
+pytestmark = pytest.mark.redis
+
+
+def fresh_prefix() -> str:
+    return f"t-tier-{uuid.uuid4().hex[:8]}:"
+
+
+class TestTieredOverRedis(StoreContract):
+    @pytest.fixture
+    def store(self, redis_server, tmp_path):
+        s = TieredStore(RedisStore(redis_server.url, prefix=fresh_prefix()),
+                        DiskStore(tmp_path / "tier"))
+        yield s
+        s.close()
+
+
+class TestTieredOverRedisCluster(StoreContract):
+    @pytest.fixture
+    def store(self, redis_cluster, tmp_path):
+        from encache.connectors.store.redis_cluster import RedisClusterStore
+        s = TieredStore(RedisClusterStore(redis_cluster.url, prefix=fresh_prefix()),
+                        DiskStore(tmp_path / "tier"))
+        yield s
+        s.close()
+
+
+def test_a_cluster_journal_drops_copies_and_is_backed_by_full_checks(redis_cluster, tmp_path):
+    """A cluster writes its journal record after the entry (another slot): copies are
+    dropped through the journal all the same, and a periodic full check catches a
+    record that was lost."""
+    from encache.connectors.store.redis_cluster import RedisClusterStore
+    prefix = fresh_prefix()
+    other = RedisClusterStore(redis_cluster.url, prefix=prefix)
+    tier = open_store(redis_cluster.url, prefix=prefix, local_tier=str(tmp_path / "tier"))
+    try:
+        for i in ("c1", "c2"):
+            other.put(i, blob(i))
+            load(tier, i)
+        assert tier.sync() and tier.tier.count() == 2
+        other.delete("c1")
+        assert tier.sync() and not tier.tier.contains("c1")
+        checks = tier.stats["full_checks"]
+        other._journal = lambda client, changed: None  # its journal call lost (a failover)
+        other.delete("c2")
+        tier._next_full = 0.0  # (FULL_CHECK_S elapsed)
+        assert tier.sync() and not tier.tier.contains("c2")
+        assert tier.stats["full_checks"] == checks + 1
+    finally:
+        tier.close()
+        other.close()
+
+
+class TestTieredOverDirectory(StoreContract):
+    """A shared directory (an NFS mount's stand-in): no journal, full checks."""
+
+    @pytest.fixture
+    def store(self, tmp_path):
+        s = TieredStore(DiskStore(tmp_path / "shared"), DiskStore(tmp_path / "tier"))
+        yield s
+        s.close()
+
+
+@pytest.fixture
+def pair(redis_server, tmp_path):
+    """(tiered store of this node, another handle on the shared Redis)."""
+    prefix = fresh_prefix()
+    tier = open_store(redis_server.url, prefix=prefix, local_tier=str(tmp_path / "tier"))
+    other = RedisStore(redis_server.url, prefix=prefix)
+    yield tier, other
+    tier.close()
+    other.close()
+
+
+def load(store, ident):
+    got = store.read_verified(ident)
+    if isinstance(store, TieredStore):
+        store.flush()
+    return None if got is None else (bytes(memoryview(got[0]).cast("B")), got[1])
+
+
+def test_remote_hit_is_written_behind_then_served_locally(pair):
+    tier, other = pair
+    b = blob("a", n=4096)
+    other.put("a", b)
+    data, version = load(tier, "a")
+    assert data == b and tier.served_from(version) == "remote"
+    assert tier.tier.contains("a") and tier.stats["written_behind"] == 1
+    data, version = load(tier, "a")
+    assert data == b and tier.served_from(version) == "local"
+    assert tier.stats["local_reads"] == 1 and tier.holds_locally("a")
+    assert tier.info().extra["local_tier"]["entries"] == 1
+
+
+def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkeypatch):
+    tier, other = pair
+    for i in range(50):
+        other.put(f"k{i}", blob(f"k{i}", seed=i))
+        load(tier, f"k{i}")
+    assert tier.tier.count() == 50
+    tier.sync()  # the 50 puts are in the journal: each copy is checked, and kept
+    assert tier.tier.count() == 50
+    checked = []
+    real = tier.remote.unchanged
+    monkeypatch.setattr(tier.remote, "unchanged", lambda e: checked.extend(e) or real(e))
+    other.delete("k1")  # a purge elsewhere
+    other.put("k2", blob("k2", seed=99, encoder_config="0123abcd0123abcd"))  # a rewrite
+    assert tier.sync()
+    assert not tier.tier.contains("k1") and not tier.tier.contains("k2")
+    assert tier.tier.count() == 48 and tier.stats["invalidated"] == 2
+    assert sorted(i for i, _, _ in checked) == ["k1", "k2"], "only what the journal named"
+    assert load(tier, "k1") is None
+    data, version = load(tier, "k2")
+    assert tier.served_from(version) == "remote" and data == bytes(other.get("k2"))
+
+
+def test_a_purge_from_another_process_while_this_node_was_down(pair, tmp_path, redis_server):
+    tier, other = pair
+    for i in ("p1", "p2"):
+        other.put(i, blob(i))
+        load(tier, i)
+    tier.sync()
+    tier.close()  # this node stops
+    out = subprocess.run([sys.executable, "-m", "encache.cli", "purge", "--store",
+                          f"{redis_server.url}?prefix={other.prefix}", "--all", "--yes",
+                          "--quiet"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    again = open_store(redis_server.url, prefix=other.prefix, local_tier=str(tmp_path / "tier"))
+    try:
+        # resumed from its cursor: the purge is in the journal, dropped at start
+        assert again.tier.count() == 0 and again.stats["invalidated"] == 2
+        assert again.stats["full_checks"] == 0
+        assert load(again, "p1") is None
+    finally:
+        again.close()
+
+
+def test_outage_serves_local_copies_and_a_store_back_empty_drops_them(redis_factory, tmp_path,
+                                                                      caplog):
+    server = redis_factory()
+    tier = open_store(server.url, local_tier=str(tmp_path / "tier"), socket_timeout=0.5,
+                      connect_timeout=0.5, retries=0)
+    other = RedisStore(server.url)
+    try:
+        near = blob("near", seed=1)
+        other.put("near", near)
+        other.put("far", blob("far", seed=2))
+        load(tier, "near")
+        time.sleep(0.1)  # (file times run on the kernel's coarse clock: copies written
+        assert tier.sync()  # within SUSPECT_MARGIN_S of a sync are re-checked at start)
+        server.kill()
+        with caplog.at_level(logging.WARNING):
+            assert tier.sync() is False
+            assert tier.sync() is False
+        assert sum("cannot sync the local tier" in r.message for r in caplog.records) == 1
+        data, version = load(tier, "near")
+        assert tier.served_from(version) == "local" and data == near
+        assert tier.holds_locally("near") and not tier.holds_locally("far")
+        with pytest.raises(StoreError):
+            tier.read_verified("far")
+        # a restarted consumer on the same tier, the store still down: serves what was
+        # current at the last sync
+        again = TieredStore(RedisStore(server.url, socket_timeout=0.5, connect_timeout=0.5,
+                                       retries=0), DiskStore(tmp_path / "tier"))
+        assert again.holds_locally("near")
+        again.close()
+        server.restart()  # back, empty (no persistence): everything changed
+        assert tier.sync()
+        assert not tier.tier.contains("near") and load(tier, "near") is None
+    finally:
+        tier.close()
+        other.close()
+
+
+def test_write_behind_racing_a_purge_is_discarded(pair):
+    tier, other = pair
+    other.put("r", blob("r"))
+    epoch = tier._epoch
+    got = tier.remote.read_entry("r")  # a read, its write-behind not yet done ...
+    other.delete("r")
+    tier.sync()  # ... when the sync drops "r"
+    tier._write_behind("r", got[0], epoch)
+    tier.flush()
+    assert not tier.tier.contains("r") and tier.stats["write_behind_dropped"] == 1
+
+
+def test_a_full_local_disk_degrades_to_remote_only_with_one_warning(redis_server, tmp_path,
+                                                                    caplog):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount not permitted here: {r.stderr.strip()}")
+    try:
+        prefix = fresh_prefix()
+        tier = open_store(redis_server.url, prefix=prefix, local_tier=str(mnt / "tier"))
+        other = RedisStore(redis_server.url, prefix=prefix)
+        ids = [f"f{i}" for i in range(8)]
+        with caplog.at_level(logging.WARNING):
+            for i in ids:
+                b = blob(i, n=8192, seed=3)  # 128 KiB each: the tmpfs holds ~3
+                other.put(i, b)
+                assert load(tier, i)[0] == b  # always served
+        assert sum("is full or unwritable" in r.message for r in caplog.records) == 1
+        assert 1 <= tier.tier.count() < len(ids)
+        assert tier.stats["write_behind_dropped"] >= 1
+        tier.close()
+        other.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_the_local_tier_capacity_evicts_by_use(pair, tmp_path, redis_server):
+    _, other = pair
+    tier = open_store(redis_server.url, prefix=other.prefix, local_tier=str(tmp_path / "cap"),
+                      local_tier_max_bytes=5 * 140_000)
+    try:
+        for i in range(10):
+            other.put(f"c{i}", blob(f"c{i}", n=8192, seed=i))
+            load(tier, f"c{i}")
+        assert tier.tier.used_bytes() <= 5 * 140_000
+        assert tier.tier.contains("c9")
+    finally:
+        tier.close()
+
+
+def test_a_tier_cannot_be_the_shared_directory(tmp_path):
+    with pytest.raises(StoreError, match="is the shared store itself"):
+        open_store(str(tmp_path / "s"), local_tier=str(tmp_path / "s"))
