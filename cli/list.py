@@ -158,8 +158,8 @@ def _records(entries):
 def render_table(url: str, entries: list, filtered: str) -> None:
     import time
 
-    from encache.cli.render import (human_ago, human_bytes, note, or_dash, print_table,
-                                    shape_str)
+    from encache.cli.render import human_ago, note, or_dash, print_table, shape_str
+    from encache.connectors.store.scanning import human_bytes
 
     if not entries:
         note(f"No entries ({filtered}) in {url}.")

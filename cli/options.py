@@ -42,6 +42,18 @@ LocalTierMaxOpt = Annotated[Optional[int], typer.Option(
     "--local-tier-max-bytes", metavar="SIZE", parser=parse_size,
     help="The local tier's capacity (500M, 50G…); least recently used copies go first.")]
 
+# -- the producer engine's options (precompute; warm --compute-missing) -------------------
+MaxModelLenOpt = Annotated[Optional[int], typer.Option(
+    "--max-model-len", metavar="N", help="Engine max_model_len.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="Engine dtype (auto, float16, bfloat16, float32).")]
+EngineArgOpt = Annotated[Optional[list[str]], typer.Option(
+    "--engine-arg", metavar="KEY=VALUE",
+    help="Extra vllm.LLM argument (JSON value); repeatable.")]
+LoraPathOpt = Annotated[Optional[str], typer.Option(
+    "--lora-path", metavar="PATH",
+    help="LoRA adapter to load in the producer (tower-connector LoRA).")]
+
 StoreOpt = Annotated[str, typer.Option(
     "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
 

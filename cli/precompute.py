@@ -23,7 +23,8 @@ from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
                                parse_engine_args, precompute_corpus, validate_args)
 from .common import quiet_engine_start
 from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
-from .options import JsonOpt, LoraOpt, ModelOpt, QuietOpt, StoreOpt, TagOpt
+from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
+                      ModelOpt, QuietOpt, StoreOpt, TagOpt)
 
 
 def _render(summary: Summary, as_json: bool) -> None:
@@ -81,16 +82,16 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt,
         store: StoreOpt,
         lora: LoraOpt = None,
-        lora_path: Annotated[str | None, typer.Option(help="LoRA adapter to load in the producer (tower-connector LoRA).")] = None,
+        lora_path: LoraPathOpt = None,
         batch: Annotated[int, typer.Option(help="Images per engine call.")] = 16,
         wait: Annotated[float, typer.Option(help="Seconds to wait for another run's lock before giving up.")] = 0.0,
         prune_missing: Annotated[bool, typer.Option("--prune-missing", help="Delete entries whose source images left the corpus.")] = False,
         shard: Annotated[str | None, typer.Option(help="Process only shard i of N (i/N), for multi-host runs.")] = None,
         no_manifest: Annotated[bool, typer.Option("--no-manifest", help="Re-read and re-hash every file.")] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Hash and count, but do not encode or prune.")] = False,
-        max_model_len: Annotated[int | None, typer.Option(help="Engine max_model_len.")] = None,
-        dtype: Annotated[str | None, typer.Option(help="Engine dtype (auto, float16, bfloat16, float32).")] = None,
-        engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="Extra vllm.LLM argument KEY=VALUE (JSON value); repeatable.")] = None,
+        max_model_len: MaxModelLenOpt = None,
+        dtype: DtypeOpt = None,
+        engine_arg: EngineArgOpt = None,
         max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
         tag: TagOpt = None,
         over_capacity: Annotated[str, typer.Option(

@@ -23,7 +23,8 @@ SHOW_ROWS = 25
 def render_plan(plan, rows: int = SHOW_ROWS) -> None:
     import time
 
-    from encache.cli.render import emit, human_ago, human_bytes, or_dash, print_table
+    from encache.cli.render import emit, human_ago, or_dash, print_table
+    from encache.connectors.store.scanning import human_bytes
 
     if not plan.items:
         return
@@ -38,7 +39,7 @@ def render_plan(plan, rows: int = SHOW_ROWS) -> None:
 
 
 def plan_line(plan, dry_run: bool) -> str:
-    from encache.cli.render import human_bytes
+    from encache.connectors.store.scanning import human_bytes
 
     verb = "Would delete" if dry_run else "Will delete"
     return (f"{verb} {plan.entries:,} entries ({plan.selection}) from {plan.store}, "
@@ -76,7 +77,8 @@ def register(app: typer.Typer) -> None:
         combine (AND)."""
         from encache.cli import errors
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
-        from encache.cli.render import confirm, emit, emit_json, human_bytes, note, progress
+        from encache.cli.render import confirm, emit, emit_json, note, progress
+        from encache.connectors.store.scanning import human_bytes
         from encache.connectors.store.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)

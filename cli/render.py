@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+
 
 #: width used for tables when stdout is not a terminal (pipes, files, cron mail):
 #: wide enough that identifiers are never cut
@@ -92,21 +92,7 @@ def confirm(question: str, *, refusal: str, declined: str, hint: str | None = No
         raise errors.EncacheError(declined, errors.EXIT_ABORTED)
 
 
-# -- human formats -------------------------------------------------------------------
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    if abs(n) < 1024:
-        return f"{int(n)} B"
-    exp = min(int(math.log(abs(n), 1024)), len(_UNITS) - 1)
-    value = n / 1024 ** exp
-    return f"{value:.1f} {_UNITS[exp]}" if value < 100 else f"{value:.0f} {_UNITS[exp]}"
-
+# -- human formats (bytes: encache.connectors.store.scanning.human_bytes) ----------------
 
 def human_ago(t: float | None, now: float | None = None) -> str:
     """``1.7e9`` -> ``"3d ago"`` (``"-"`` when unknown)."""

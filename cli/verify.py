@@ -36,7 +36,8 @@ def __getattr__(name: str):
 # -- rendering -----------------------------------------------------------------------
 
 def render_table(rep: VerifyReport, repair: dict | None) -> None:
-    from encache.cli.render import emit, human_bytes, print_renderables, table
+    from encache.cli.render import emit, print_renderables, table
+    from encache.connectors.store.scanning import human_bytes
 
     items = []
     if rep.problems:

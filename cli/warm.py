@@ -28,7 +28,7 @@ vLLM is imported only to hash IMAGE arguments or to compute missing entries.
 
 The job is library code: :func:`encache.jobs.warm.warm` (options checked, stores opened,
 ``--compute-missing`` through :func:`encache.jobs.precompute.precompute_files`) over the
-parts in :mod:`encache.connectors.warm`; this module parses options, draws progress and
+parts in the same module; this module parses options, draws progress and
 renders the :class:`WarmSummary`.
 """
 
@@ -41,11 +41,12 @@ import typer
 
 from encache.cli import errors
 from encache.cli.common import quiet_engine_start
-from encache.cli.options import (JsonOpt, LocalTierMaxOpt, LocalTierOpt, LoraOpt, ModelOpt,
+from encache.cli.options import (DtypeOpt, EngineArgOpt, JsonOpt, LocalTierMaxOpt,
+                                LocalTierOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt, ModelOpt,
                                 QuietOpt, StoreOpt, TagOpt)
 
 if TYPE_CHECKING:
-    from encache.connectors.warm import WarmSummary
+    from encache.jobs.warm import WarmSummary
 
 #: failures shown in the table (all of them are in --json)
 SHOW_FAILURES = 20
@@ -54,8 +55,8 @@ SHOW_FAILURES = 20
 # -- rendering -----------------------------------------------------------------------
 
 def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> None:
-    from encache.cli.render import (emit, emit_json, human_bytes, human_duration,
-                                    print_renderables, table)
+    from encache.cli.render import emit, emit_json, human_duration, print_renderables, table
+    from encache.connectors.store.scanning import human_bytes
 
     if as_json:
         emit_json(summary.to_dict())
@@ -147,18 +148,10 @@ def register(app: typer.Typer) -> None:
                  "--store (needs --model).")] = False,
         overwrite: Annotated[bool, typer.Option(
             "--overwrite", help="Rewrite entries --store already has.")] = False,
-        lora_path: Annotated[Optional[str], typer.Option(
-            "--lora-path", metavar="PATH",
-            help="With --compute-missing: LoRA adapter to load in the producer.")] = None,
-        max_model_len: Annotated[Optional[int], typer.Option(
-            "--max-model-len", metavar="N",
-            help="With --compute-missing: engine max_model_len.")] = None,
-        dtype: Annotated[Optional[str], typer.Option(
-            "--dtype", help="With --compute-missing: engine dtype.")] = None,
-        engine_arg: Annotated[Optional[list[str]], typer.Option(
-            "--engine-arg", metavar="KEY=VALUE",
-            help="With --compute-missing: extra vllm.LLM argument (JSON value); "
-                 "repeatable.")] = None,
+        lora_path: LoraPathOpt = None,
+        max_model_len: MaxModelLenOpt = None,
+        dtype: DtypeOpt = None,
+        engine_arg: EngineArgOpt = None,
         tag: TagOpt = None,
         local_tier: LocalTierOpt = None,
         local_tier_max_bytes: LocalTierMaxOpt = None,

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .store.scanning import human_bytes
 from .store.throttle import ScanThrottle
 
 __all__ = ["OVER_CAPACITY", "mean_entry_bytes", "capacity_note", "RoomBudget"]
@@ -45,14 +46,6 @@ def mean_entry_bytes(store, identifiers, sample: int = 32) -> float | None:
     return sum(sizes) / len(sizes) if sizes else None
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
 def capacity_note(entries: int, mean_bytes: float | None, max_bytes: int | None,
                   policy: str) -> dict | None:
     """``{"need_bytes", "max_bytes", "entries", "mean_entry_bytes", "message"}`` when
@@ -70,8 +63,8 @@ def capacity_note(entries: int, mean_bytes: float | None, max_bytes: int | None,
         advice = ("each refresh re-encodes what the last one evicted (the least recently "
                   "served go first); raise --max-bytes, or pass --over-capacity skip to "
                   "stop re-encoding what cannot be kept")
-    message = (f"the corpus needs ~{_human(need)} ({entries:,} entries x ~{_human(mean_bytes)}) "
-               f"but the store holds at most {_human(max_bytes)} (~{fit:,} entries): {advice}")
+    message = (f"the corpus needs ~{human_bytes(need)} ({entries:,} entries x ~{human_bytes(mean_bytes)}) "
+               f"but the store holds at most {human_bytes(max_bytes)} (~{fit:,} entries): {advice}")
     return {"need_bytes": need, "max_bytes": int(max_bytes), "entries": entries,
             "mean_entry_bytes": int(mean_bytes), "message": message}
 

@@ -30,10 +30,7 @@ LAYERS = {
 
 #: edges against the layers that are known and not yet moved (each a reason); a new one
 #: is a failure, and so is an entry here that no longer exists
-KNOWN = {
-    ("encache.connectors.warm", "encache.connectors.vllm.hashing"):
-        "the warm job's parts (documented API) hash files with vLLM's hasher",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def modules() -> dict[str, Path]:

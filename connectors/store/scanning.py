@@ -36,7 +36,6 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 def parse_size(text: str) -> int:
     """``"50G"`` -> 53687091200. Units K, M, G, T (powers of 1024; ``KiB``, ``GB``
     spelled out too); a bare number is bytes. Raises ValueError fit for a usage error."""
-    import re
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text or "", re.IGNORECASE)
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"invalid size {text!r} (use e.g. 500M, 50G, 2T)")
@@ -52,6 +51,23 @@ def parse_age(text: str) -> float:
     if not m:
         raise ValueError(f"invalid age {text!r} (use e.g. 90s, 30m, 12h, 7d, 2w)")
     return float(m.group(1)) * AGE_UNITS[m.group(2).lower()]
+
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: int | float | None) -> str:
+    """Bytes for people (``2883584`` -> ``"2.8 MiB"``); the one byte formatter of the
+    CLI's tables and of messages. None -> ``"-"``."""
+    if n is None:
+        return "-"
+    import math
+    n = float(n)
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    exp = min(int(math.log(abs(n), 1024)), len(_BYTE_UNITS) - 1)
+    value = n / 1024 ** exp
+    return f"{value:.1f} {_BYTE_UNITS[exp]}" if value < 100 else f"{value:.0f} {_BYTE_UNITS[exp]}"
 
 
 def format_age(seconds: float) -> str:

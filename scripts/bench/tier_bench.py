@@ -119,15 +119,18 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
                 assert warm_tier.holds_locally(i)
                 lk_disk.load_now(i)
                 lk_tier.load_now(i)
-            size = os.path.getsize(disk.entry_path(ids[0]))
-            pre = memoryview(bytearray(size))
+            # (entries differ by a byte or two: their headers hold the write time)
+            pre = memoryview(bytearray(max(os.path.getsize(disk.entry_path(i)) for i in ids)))
 
             def readinto(i):
                 fd = os.open(disk.entry_path(ids[i]), os.O_RDONLY)
                 try:
-                    got = 0
+                    size, got = os.fstat(fd).st_size, 0
                     while got < size:
-                        got += os.readv(fd, [pre[got:]])
+                        n = os.readv(fd, [pre[got:size]])
+                        if n <= 0:
+                            raise OSError(f"{ids[i]}: short read")
+                        got += n
                 finally:
                     os.close(fd)
                 return size

@@ -1,4 +1,4 @@
-"""The warm job's library parts (``encache.connectors.warm``) without the CLI: promote
+"""The warm job's library parts (``encache.jobs.warm``) without the CLI: promote
 between two real disk stores, the page-cache read, selection counts."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from encache.connectors.media import unreadable_reason
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.warm import (WarmSummary, count_selected, promote,
-                                     read_into_page_cache, unreadable_reason)
+from encache.jobs.warm import WarmSummary, count_selected, promote, read_into_page_cache
 from store_contract import blob
 
 BASE = [f"{i:064x}" for i in range(4)]

@@ -1,0 +1,41 @@
+"""Tests for :mod:`encache.connectors.lookup.metrics`: store-wide facts sampled by the lookup."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from encache.connectors.lookup import EntryLookup
+from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from lookup_support import put
+
+
+def test_store_wide_metrics_are_sampled(tmp_path):
+    """Entries, bytes and capacity as gauges; evictions/saves by any writer as deltas."""
+    for i in range(3):
+        put(DiskStore(tmp_path), f"e{i}", seed=i)
+    one = os.path.getsize(tmp_path / "e0" / ENTRY_FILE)
+    store = DiskStore(tmp_path, max_bytes=int(3.5 * one))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, store_stats_s=0.05)
+    try:
+        deadline = time.time() + 5
+        data = {}
+        while time.time() < deadline and "store_entries" not in data:
+            time.sleep(0.05)
+            data = lk.take_interval()
+        assert data["store_entries"] == 3 and data["store_capacity_bytes"] == int(3.5 * one)
+        assert data["store_bytes"] == 3 * one
+        assert "store_evictions" not in data  # the first sample is only the baseline
+        writer = DiskStore(tmp_path)  # another process's handle: it evicts to make room
+        for i in range(3, 5):
+            put(writer, f"e{i}", seed=i)
+        seen: dict = {}
+        deadline = time.time() + 5
+        while time.time() < deadline and not seen.get("store_evictions"):
+            time.sleep(0.05)
+            for k, v in lk.take_interval().items():
+                seen[k] = seen.get(k, 0) + v if k.startswith("store_e") or k.startswith("store_bytes_") else v
+        assert seen.get("store_evictions", 0) >= 1
+        assert seen.get("store_bytes_saved", 0) == 0  # DiskStore.put alone is not a producer save
+    finally:
+        lk.close()
