@@ -1,7 +1,6 @@
 """Jobs as library code: functions that run a whole encache job and return its summary.
 
-The CLI parses options and renders what these return. ``precompute`` (over a corpus or a
-list of files; ``precompute_options``/``precompute_identify``/``precompute_encode`` are
-its parts), ``warm`` (the whole warm job), ``ray_precompute`` (the precompute job's Ray
+The CLI parses options and renders what these return. ``precompute`` (a package: over a
+corpus or a list of files; its parts ``options``, ``identify``, ``encode``, ``job``), ``warm`` (the whole warm job), ``ray_precompute`` (the precompute job's Ray
 stage) and ``ray_cluster`` (connecting, the every-node check). See docs/api.md.
 """

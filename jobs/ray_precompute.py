@@ -53,8 +53,8 @@ from dataclasses import dataclass, field, replace
 
 from ..connectors.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
 from .precompute import (Encoded, PrecomputeOptions, Summary, classify, engine_store_url,
-                         media_item, precompute_corpus, validate_args)
-from .precompute_encode import nothing_fits, room_budget
+                         media_item, nothing_fits, precompute_corpus, room_budget,
+                         validate_args)
 from .ray_cluster import RayNotices, check_nodes, connect
 
 log = logging.getLogger("encache.ray")

@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import engine_support  # noqa: F401 (puts scripts/ on sys.path: make_demo_corpus)
-from encache.jobs.precompute_identify import _ordered
+from encache.jobs.precompute.identify import _ordered
 from media_files import hostile_corpus
 
 
@@ -73,7 +73,7 @@ def test_row_stream_hands_rows_over_in_order_and_reports_errors():
     progress object is advanced once per row -- with ``phase="hashing"`` when its
     ``advance`` takes a phase, without one when it does not (the older protocol) -- and
     an error of the row function is raised to the consumer, not lost in the thread."""
-    from encache.jobs.precompute_identify import RowStream
+    from encache.jobs.precompute.identify import RowStream
 
     class File:
         def __init__(self, i):

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..connectors.errors import EXIT_USAGE, EncacheError
+from ...connectors.errors import EXIT_USAGE, EncacheError
 
 
 @dataclass
@@ -82,7 +82,7 @@ class PrecomputeOptions:
 
     def check(self) -> None:
         """Usage checks (exit 2), before anything is opened or started."""
-        from ..connectors.capacity import OVER_CAPACITY
+        from ...connectors.capacity import OVER_CAPACITY
 
         check_common(self.batch, self.lora, self.lora_path)
         if self.over_capacity not in OVER_CAPACITY:
@@ -157,7 +157,7 @@ def hashing_settings(engine_args: Mapping | None, hash_algo: str = "blake3") -> 
 def engine_encoder_config(engine_args: Mapping | None, tag: str | None) -> str:
     """The encoder-config digest the producer connector will stamp, from the same engine
     arguments (``mm_processor_kwargs``, ``revision``) and ``--tag``."""
-    from ..connectors.encoder_config import encoder_config_digest
+    from ...connectors.encoder_config import encoder_config_digest
 
     engine_args = engine_args or {}
     return encoder_config_digest(engine_args.get("mm_processor_kwargs"),
@@ -205,7 +205,7 @@ def check_common(batch: int, lora: str | None, lora_path: str | None) -> None:
 def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
                   shard: str | None) -> tuple[int, int] | None:
     """Usage checks of a corpus run, before any work starts; returns the parsed shard."""
-    from ..connectors.store.transfer import parse_shard
+    from ...connectors.store.transfer import parse_shard
 
     if not os.path.exists(corpus):
         raise EncacheError(f"corpus not found: {corpus}", EXIT_USAGE)

@@ -19,10 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
-from ..connectors.store.scanning import batched
-from .precompute_identify import classify
-from .precompute_options import PrecomputeOptions, Summary
+from ...connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
+from ...connectors.store.scanning import batched
+from .identify import classify
+from .options import PrecomputeOptions, Summary
 
 
 @dataclass
@@ -57,8 +57,8 @@ def media_item(ident: str, f, decode=None) -> tuple[tuple | None, str | None]:
     ``decode`` (the engine's :attr:`~encache.connectors.vllm.producer.ProducerEngine.
     decode_image`) is given, the decoded image: the caller's thread does the decoding
     the engine would otherwise do in its own."""
-    from ..connectors.media import error_text, mime_type, sniff
-    from ..connectors.vllm.producer import data_url
+    from ...connectors.media import error_text, mime_type, sniff
+    from ...connectors.vllm.producer import data_url
 
     try:
         with open(f.path, "rb") as fh:
@@ -80,7 +80,7 @@ def media_item(ident: str, f, decode=None) -> tuple[tuple | None, str | None]:
 def engine_store_url(options: PrecomputeOptions, store) -> str:
     """The URL the engine's connector opens: the real one for Redis (``store.url`` is
     redacted for display and would fail AUTH), the absolute path for a disk store."""
-    from ..connectors.store.url import is_redis_url
+    from ...connectors.store.url import is_redis_url
 
     return options.store if is_redis_url(options.store) else str(store.url)
 
@@ -127,7 +127,7 @@ def room_budget(store, options: PrecomputeOptions):
     holds, None while it holds nothing); None for any other run."""
     if options.over_capacity != "skip" or not store.max_bytes:
         return None
-    from ..connectors.capacity import RoomBudget, mean_entry_bytes
+    from ...connectors.capacity import RoomBudget, mean_entry_bytes
 
     return RoomBudget(store, store.max_bytes, store.low_watermark,
                       mean_entry_bytes(store, store.identifiers()))
@@ -160,7 +160,7 @@ class LocalStage:
     the store's filesystem is full.
 
     Nothing waits for a whole phase. Files are identified on a background thread
-    (:class:`~.precompute_identify.RowStream`); the engine starts as soon as the first
+    (:class:`~.identify.RowStream`); the engine starts as soon as the first
     missing file is found and takes batches as they are identified, so hashing overlaps
     the engine's start-up and its encoding (before, a million-file corpus was hashed
     before the encoder started). A reader thread reads batch ``k+1``'s files -- and
@@ -208,7 +208,7 @@ class LocalStage:
         return None if chunk is None else (chunk, self._read(k, chunk, decode))
 
     def identify(self, files, records, store, options, summary, lora_digest, progress):
-        from .precompute_identify import RowStream
+        from .identify import RowStream
 
         present = set(store.identifiers())
         encoder_config = summary.encoder_config
@@ -287,8 +287,8 @@ class LocalStage:
 
     def _start(self, options, store, files: list, summary, progress):
         """A producer engine accepting the media kinds of ``files`` (a header read each)."""
-        from ..connectors.media import sniff
-        from ..connectors.vllm.producer import EngineOptions, ProducerEngine
+        from ...connectors.media import sniff
+        from ...connectors.vllm.producer import EngineOptions, ProducerEngine
 
         kinds = {sniff(f.path, name=f.rel).kind or "image" for f in files}
         opts = EngineOptions(**options.engine_options(engine_store_url(options, store), kinds))
@@ -310,7 +310,7 @@ class LocalStage:
         returns the items of a media kind the engine does not accept, untouched.
         ``on_error`` stops what feeds ``items`` when this fails (an engine error, Ctrl-C):
         the reader may be waiting for the next batch to be identified."""
-        from ..connectors.capacity import mean_entry_bytes
+        from ...connectors.capacity import mean_entry_bytes
 
         accepted = {"image", *engine.opts.modalities}
         later: list = []

@@ -31,10 +31,10 @@ options and calls this. Errors are :class:`~encache.connectors.errors.EncacheErr
 exit codes (usage 2, store 7, engine 8); no printing here: ``progress`` is an optional
 object with ``start(phase, total)`` / ``advance(n, failed=None)``.
 
-Modules: :mod:`.precompute_options` (``PrecomputeOptions``, ``Summary``, argument checks),
-:mod:`.precompute_identify` (``classify``, ``account``), :mod:`.precompute_encode`
-(``LocalStage``); this module the flow and the finish. Their public names are importable
-from here.
+The package's other modules: :mod:`.options` (``PrecomputeOptions``, ``Summary``,
+argument checks), :mod:`.identify` (``classify``, ``account``), :mod:`.encode`
+(``LocalStage``); this module is the flow and the finish. The package's face
+(``encache.jobs.precompute``) exports the public names of all four.
 """
 
 from __future__ import annotations
@@ -44,13 +44,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from .precompute_encode import (Encoded, LocalStage, engine_error, engine_store_url,  # noqa: F401
-                                media_item, store_full)
-from .precompute_identify import (NON_MEDIA, UNREADABLE, RowStream, Todo, account,  # noqa: F401
-                                  classify, identify_or_mark, stored_state)
-from .precompute_options import (PrecomputeOptions, Summary, check_request_kwargs,  # noqa: F401
-                                 engine_encoder_config, hashing_settings, manifest_key,
-                                 parse_engine_args, validate_args)
+from .encode import Encoded, LocalStage
+from .identify import Todo, account, classify, identify_or_mark, stored_state
+from .options import (PrecomputeOptions, Summary, engine_encoder_config, hashing_settings,
+                      manifest_key, parse_engine_args, validate_args)
 
 
 class Stage(Protocol):
@@ -63,7 +60,7 @@ class Stage(Protocol):
     def identify(self, files: list, records: dict, store, options: PrecomputeOptions,
                  summary: Summary, lora_digest: str, progress) -> Iterable[tuple]:
         """Rows ``(file, identifier or marker, hashed, state)`` in corpus order: a list,
-        or a :class:`RowStream` still being computed."""
+        or a :class:`~.identify.RowStream` still being computed."""
 
     def encode(self, todo: Todo, store, options: PrecomputeOptions, summary: Summary,
                progress) -> Encoded | None:
@@ -96,7 +93,7 @@ def record_encoded(store, todo: dict, result: Encoded, summary: Summary) -> None
 
 def check_capacity(store, summary: Summary, wanted: int) -> None:
     """Compare what the corpus needs with the store's capacity; note it once (numbers)."""
-    from ..connectors.capacity import capacity_note, mean_entry_bytes
+    from ...connectors.capacity import capacity_note, mean_entry_bytes
 
     cap = store.max_bytes
     if not cap or not wanted:
@@ -111,9 +108,9 @@ def check_capacity(store, summary: Summary, wanted: int) -> None:
 def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, summary: Summary,
                 stage: Stage, *, manifest, dry_run: bool, progress) -> None:
     """identify -> encode -> record, the part every entry point shares. The stage's rows
-    may still be coming (``LocalStage``: a :class:`RowStream`): the :class:`Todo` counts
+    may still be coming (``LocalStage``: a :class:`~.identify.RowStream`): the :class:`Todo` counts
     them as the encode stage takes them, and the rest once it is done."""
-    from ..connectors.store.lora_stamp import adapter_digest
+    from ...connectors.store.lora_stamp import adapter_digest
 
     lora_digest = adapter_digest(options.lora_path) if options.lora else ""
     rows = stage.identify(files, records, store, options, summary, lora_digest, progress)
@@ -136,7 +133,7 @@ def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, s
 
 
 def _open(options: PrecomputeOptions, stage: Stage):
-    from ..connectors.store import open_store
+    from ...connectors.store import open_store
 
     store = open_store(options.store, create=True,
                        **({"max_bytes": options.max_bytes} if options.max_bytes else {}))
@@ -147,7 +144,7 @@ def _open(options: PrecomputeOptions, stage: Stage):
 
 
 def _as_corpus_files(files) -> list:
-    from ..connectors.corpus import CorpusFile
+    from ...connectors.corpus import CorpusFile
 
     out = []
     for f in files:
@@ -198,8 +195,8 @@ def precompute_corpus(corpus: str, options: PrecomputeOptions, *, shard: str | N
     given, and encode what the store lacks. The manifest (kept in the store) remembers each
     file's identifier so unchanged files are not read again; ``prune_missing`` deletes
     entries whose files left the corpus; ``dry_run`` identifies and counts only."""
-    from ..connectors.corpus import Manifest, walk
-    from ..connectors.store.transfer import shard_of
+    from ...connectors.corpus import Manifest, walk
+    from ...connectors.store.transfer import shard_of
 
     shard_spec = validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
     options.check()

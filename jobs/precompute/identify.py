@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .precompute_options import PrecomputeOptions, Summary
+from .options import PrecomputeOptions, Summary
 
 # manifest markers, not identifiers (identifiers never contain "!"): an unchanged file
 # carrying one is reported again without being read again
@@ -31,13 +31,13 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
     error (a decompression bomb, truncated data, …): one file never stops a run. Common
     single-frame image formats are identified from their header (``header_only``): the
     engine decodes them anyway, and a file corrupt past its header fails there."""
-    from ..connectors.corpus import non_media_reason
-    from ..connectors.media import unreadable_reason
+    from ...connectors.corpus import non_media_reason
+    from ...connectors.media import unreadable_reason
 
     reason = non_media_reason(f)
     if reason is not None:
         return NON_MEDIA + reason
-    from ..connectors.vllm.hashing import identify_file
+    from ...connectors.vllm.hashing import identify_file
     try:
         return identify_file(f.path, model, lora=lora, hash_algo=hash_algo,
                              media_io_kwargs=media_io_kwargs,
