@@ -111,6 +111,8 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "save_errors": c("save_errors"),
         # encoders (EPD): writes not in the store when the request finished
         "save_timeouts": c("save_timeouts"),
+        # encoders (EPD): entries written again from vLLM's encoder cache (the store lost them)
+        "resaves": c("resaves"),
         # PD (EPD): requests failed because a metadata-only item's entry was not delivered
         "unavailable": c("unavailable"),
         "unavailable_by_reason": {r: c("unavailable_" + r)
@@ -215,6 +217,8 @@ def render_table(s: dict) -> None:
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),
         *([("Saves late (EPD)", f"{s['save_timeouts']:,}")] if s["save_timeouts"] else []),
+        *([("Saved again from the encoder cache (EPD)", f"{s['resaves']:,}")]
+          if s["resaves"] else []),
         *([("Requests failed, entry not delivered (EPD)", f"{s['unavailable']:,} ("
             + ", ".join(f"{r} {n:,}" for r, n in s["unavailable_by_reason"].items() if n) + ")")]
           if s["unavailable"] else []),

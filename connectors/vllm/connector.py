@@ -195,9 +195,10 @@ class EncacheConnector(ECConnectorBase):
         return EncachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ============================== worker side =================================
-    def start_save_caches(self, **kwargs) -> None:
+    def start_save_caches(self, encoder_cache: dict[str, torch.Tensor] | None = None,
+                          **kwargs) -> None:
         if self.worker is not None:
-            self.worker.start_save_caches(self._get_connector_metadata())
+            self.worker.start_save_caches(self._get_connector_metadata(), encoder_cache)
 
     def start_load_caches(self, encoder_cache: dict[str, torch.Tensor], **kwargs) -> None:
         if self.worker is not None:

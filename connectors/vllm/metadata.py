@@ -130,3 +130,6 @@ class EncacheConnectorMetadata(ECConnectorMetadata):
     loads: list[LoadItem] = field(default_factory=list)
     #: LoRA name -> adapter digest of the requests scheduled so far (producers stamp it)
     lora_digests: dict[str, str] = field(default_factory=dict)
+    #: producers: items this step neither encodes nor finds in the store -- vLLM's own
+    #: encoder cache answered them; the worker saves them from that cache
+    resave: list[str] = field(default_factory=list)

@@ -120,6 +120,27 @@ class EncacheSchedulerConnector:
         self._pinned[identifier] = staged  # survives staging eviction until this step ships
         return True
 
+    def _lost_from_store(self, scheduler_output: SchedulerOutput) -> list[str]:
+        """Producers: items of this step's new requests that run no tower and are not
+        loaded -- vLLM's own encoder cache answered them, so no ``save_caches`` comes --
+        and that the store does not hold (purged or evicted since they were encoded):
+        the worker saves them again from that cache (EPD: PD looks for them)."""
+        new = [(req, getattr(req, "mm_features", None) or ())
+               for req in scheduler_output.scheduled_new_reqs]
+        encoding = {features[i].identifier for req, features in new
+                    for i in scheduler_output.scheduled_encoder_inputs.get(req.req_id, ())
+                    if i < len(features)}  # (saved by save_caches once encoded)
+        out = []
+        for req, features in new:
+            for feature in features:
+                identifier = feature.identifier
+                if identifier in encoding or identifier in self._need_loads or identifier in out:
+                    continue
+                self._note_lora(req)
+                if not self._holds(identifier):
+                    out.append(identifier)
+        return out
+
     def _holds(self, identifier: str) -> bool:
         """Producers: does the store hold a usable entry for this engine (one header read,
         remembered for the step)? A store error is a no: the tower runs."""
@@ -268,6 +289,8 @@ class EncacheSchedulerConnector:
     # -- the step's metadata -------------------------------------------------------
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> EncacheConnectorMetadata:
         meta = EncacheConnectorMetadata()
+        if self.is_producer:
+            meta.resave = self._lost_from_store(scheduler_output)
         if self.is_producer and self._lora_digests:
             meta.lora_digests = dict(self._lora_digests)
         self._step += 1

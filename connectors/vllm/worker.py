@@ -113,10 +113,19 @@ class EncacheWorkerConnector:
         return self._device
 
     # -- producer: saves -----------------------------------------------------------
-    def start_save_caches(self, metadata) -> None:
-        """Producers: learn the adapter digests of this step's LoRA requests."""
-        if isinstance(metadata, EncacheConnectorMetadata) and metadata.lora_digests:
+    def start_save_caches(self, metadata, encoder_cache: dict | None = None) -> None:
+        """Producers: learn the adapter digests of this step's LoRA requests, and save the
+        items vLLM's encoder cache answered whose entries the store lost (``resave``:
+        vLLM passes the cache here for this)."""
+        if not isinstance(metadata, EncacheConnectorMetadata):
+            return
+        if metadata.lora_digests:
             self._lora_digests.update(metadata.lora_digests)
+        if metadata.resave and encoder_cache is not None and self.writer is not None:
+            for mm_hash in metadata.resave:
+                if mm_hash in encoder_cache:
+                    self.save_caches(encoder_cache, mm_hash)
+                    self.writer.count("resaves")
 
     def save_caches(self, encoder_cache: dict[str, torch.Tensor], mm_hash: str) -> None:
         if self.writer is None:
