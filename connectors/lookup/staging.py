@@ -56,7 +56,7 @@ class StagingArea:
             if everything:
                 ids = list(self._entries)
             else:
-                wanted = self._unchecked | set(also or ()) if also else self._unchecked
+                wanted = self._unchecked | set(also) if also else self._unchecked
                 ids = [i for i in wanted if i in self._entries]
             self._unchecked.clear()
             held = [self._entries[i] for i in ids]

@@ -125,10 +125,6 @@ class TieredStore(Store):
     def url(self) -> str:
         return self.remote.url
 
-    @property
-    def tier_path(self):
-        return self.tier.root
-
     def __repr__(self) -> str:
         return f"TieredStore({self.remote!r}, local={str(self.tier.root)!r})"
 
