@@ -402,22 +402,3 @@ def precompute_on_ray(corpus: str, options: PrecomputeOptions,
             if started:
                 ray.shutdown()
 
-
-def run_precompute_ray(corpus: str, model: str, store_url: str, *, address: str = "auto",
-                       engines: int = 1, gpus_per_engine: float = 0.0,
-                       cpus_per_engine: float | None = None, max_restarts: int = 3,
-                       resources_per_engine: dict | None = None, start_timeout: float = 900.0,
-                       shard: str | None = None, use_manifest: bool = True,
-                       prune_missing: bool = False, dry_run: bool = False, wait: float = 0.0,
-                       progress=None, engine_args: dict | None = None,
-                       **option_kwargs) -> RaySummary:
-    """:func:`precompute_on_ray` with keyword arguments (the older call form)."""
-    options = PrecomputeOptions(model=model, store=store_url,
-                                engine_args=dict(engine_args or {}), **option_kwargs)
-    ray_options = RayOptions(address=address, engines=engines, gpus_per_engine=gpus_per_engine,
-                             cpus_per_engine=cpus_per_engine, max_restarts=max_restarts,
-                             resources_per_engine=resources_per_engine,
-                             start_timeout=start_timeout)
-    return precompute_on_ray(corpus, options, ray_options, shard=shard,
-                             use_manifest=use_manifest, prune_missing=prune_missing,
-                             dry_run=dry_run, wait=wait, progress=progress)

@@ -85,6 +85,11 @@ class LookupMetrics:
                 gauges["store_capacity_bytes"] = max_bytes
             if self.store.supports_used_bytes:
                 gauges["store_bytes"] = self._store_bytes()
+            tier = self.store.local_tier_usage()
+            if tier is not None:
+                gauges["local_tier_bytes"] = tier[0]
+                if tier[1]:
+                    gauges["local_tier_capacity_bytes"] = tier[1]
             totals = self.store.read_counters()
         except Exception as e:
             self.warn.warning("store-stats", "encache: cannot read the state of %s: %s",

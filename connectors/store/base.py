@@ -209,6 +209,11 @@ class Store(ABC):
         or None for a store without tiers (:mod:`.tiered`)."""
         return None
 
+    def local_tier_usage(self) -> tuple[int, int | None] | None:
+        """``(bytes, capacity)`` of the node-local tier in front of this store, cheap
+        enough for every metrics sample; None for a store without one (:mod:`.tiered`)."""
+        return None
+
     def holds_locally(self, identifier: str) -> bool:
         """A copy of ``identifier`` this node may serve without reaching the store (a
         local tier's current copy): through an outage, such items are still loaded."""

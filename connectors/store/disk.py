@@ -195,8 +195,12 @@ class DiskStore(Store):
         the same pass (:func:`.entry.read_verified`: each chunk hashed while still in the
         CPU cache), where reading it and then hashing the buffer takes two passes. A
         mapped entry is mapped as :meth:`read_entry` does and hashed over the mapping,
-        which faults its pages in: one pass too, and the staged bytes stay the page cache
-        (no private copy in memory). ``checksum(version)`` is asked once the file is open;
+        which faults its pages in: one pass too, and the staged bytes stay the page cache.
+        Reading a mapped-size entry into a private buffer instead measured slower on this
+        machine: the engine keeps the tensor, so every load's buffer is fresh anonymous
+        memory, and its zero-fill page faults cost more than the hash saves (performance.md
+        section 1, rows ``readinto.fresh`` and ``onepass.fresh``). ``checksum(version)`` is
+        asked once the file is open;
         a version that needs no checksum gets header and size checks only."""
         path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
         try:

@@ -47,12 +47,15 @@ from .base import EntryInfo, Store, StoreError, StoreInfo
 from .disk import DiskStore
 from .entry import CorruptEntry
 from .files import ServedVersion
+from .throttle import ScanThrottle
 
 log = logging.getLogger(__name__)
 
 WRITE_BEHIND_BYTES = 256 << 20  # bytes of remote reads queued for the local tier, at most
 WRITE_BEHIND_RETRY_S = 300.0  # a full local disk: remote-only for this long, then retry
 FULL_CHECK_S = 300.0  # journals that can miss a write (Redis Cluster): full check this often
+TIER_USAGE_S = 5.0  # the tier's size for metrics: re-summed at most this often
+JOURNAL_MEMO_S = 1.0  # a journal answer read for the consumer is reused by the sync this long
 CHECK_BATCH = 500  # local copies per ``unchanged`` call of a full check
 STATE_NOTE = "tier-sync"  # the tier's note: remote URL, journal cursor, last sync time
 SUSPECT_MARGIN_S = 0.05  # file times vs the clock: copies this close are checked at start
@@ -101,6 +104,9 @@ class TieredStore(Store):
                                     "write_behind_dropped", "invalidated", "full_checks",
                                     "sync_failures"), 0)
         self._cursor = None
+        self._tier_bytes: int | None = None
+        self._tier_usage = ScanThrottle(0.05, min_interval=TIER_USAGE_S)
+        self._journal_memo = None  # (cursor asked, answered, changed, when): changes_since
         self._trusted = False  # local copies may be served (a sync succeeded, or at start)
         self._suspect: set[str] = set()  # local copies not served until a sync checks them
         self._outage = False
@@ -293,7 +299,7 @@ class TieredStore(Store):
     def _sync(self, epoch: int) -> bool:
         started = time.time()  # copies written after this are not covered by this sync
         try:
-            cursor, changed = self.remote.changes_since(self._cursor)
+            cursor, changed = self._journal_since(self._cursor)
             now = time.monotonic()
             full = changed is None or (not self.remote.journal_complete
                                        and now >= self._next_full)
@@ -381,6 +387,14 @@ class TieredStore(Store):
         if len(self._dropped_at) > 10_000 and not self._queue.unfinished_tasks:
             self._dropped_at.clear()
 
+    def local_tier_usage(self) -> tuple[int, int | None]:
+        """The tier's bytes (a ``stat`` per copy, re-summed at most every
+        ``TIER_USAGE_S`` and within 5 % of the time: other processes on the node write
+        into the same tier) and its capacity."""
+        if self._tier_bytes is None or self._tier_usage.due():
+            self._tier_bytes = self._tier_usage.run(self.tier.used_bytes)
+        return self._tier_bytes, self.tier.max_bytes
+
     def tier_info(self) -> dict:
         """The tier for ``stats``: where, entries, bytes, capacity, and its events."""
         return {"path": str(self.tier.root), "entries": self.tier.count(),
@@ -429,6 +443,22 @@ class TieredStore(Store):
                                       for i, v, m in entries])
 
     def changes_since(self, cursor):
+        """The shared store's journal since ``cursor`` (read each call). A consumer asks
+        at each index refresh, right before this tier's sync, from the same cursor once
+        both caught up: the sync takes that answer instead of reading the journal again
+        (:meth:`_journal_since`)."""
+        out, changed = self.remote.changes_since(cursor)
+        self._journal_memo = (cursor, out, changed, time.monotonic())
+        return out, changed
+
+    def _journal_since(self, cursor):
+        """For the sync: the answer a caller of :meth:`changes_since` just got from the
+        same cursor (at most ``JOURNAL_MEMO_S`` old; taken once), else a fresh read. An
+        older answer only means changes after its cursor come at the next sync."""
+        memo, self._journal_memo = self._journal_memo, None
+        if (memo is not None and cursor is not None and memo[0] == cursor
+                and time.monotonic() - memo[3] <= JOURNAL_MEMO_S):
+            return memo[1], memo[2]
         return self.remote.changes_since(cursor)
 
     def index_version(self):

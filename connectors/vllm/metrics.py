@@ -23,6 +23,8 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
     vllm:embedding_cache_loaded_bytes_total   tensor bytes handed to the engine
     vllm:embedding_cache_load_latency_seconds read + verify time per loaded entry (histogram)
     vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
+    vllm:embedding_cache_local_tier_bytes     bytes in this node's local tier (gauge)
+    vllm:embedding_cache_local_tier_capacity_bytes  its local_tier_max_bytes (gauge)
     store-wide, sampled every ``store_stats_s`` (every engine on a store reports the same
     figures: aggregate them with max(), not sum()):
     vllm:embedding_cache_entries              entries in the store (gauge)
@@ -46,7 +48,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
             "misses_model", "hits_local", "hits_remote", "bytes_loaded", "store_evictions",
             "store_bytes_saved")
-GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes")
+GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes",
+          "local_tier_bytes", "local_tier_capacity_bytes")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -88,7 +91,11 @@ class EncacheStats(ECConnectorStats):
         return out
 
     def is_empty(self) -> bool:
-        return not any(self.data.get(k) for k in COUNTERS + ("load_latencies",))
+        """Nothing to export: no counter moved, no latency, and no store sample (a sample
+        is exported even in an interval without loads, so the gauges stay current while
+        the engine serves requests the connector is not asked about)."""
+        return (not any(self.data.get(k) for k in COUNTERS + ("load_latencies",))
+                and not any(k in self.data for k in GAUGES if k != "staged_bytes"))
 
 
 class EncachePromMetrics(ECConnectorPromMetrics):
@@ -142,6 +149,10 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "store_entries": gauge(p + "entries", "Entries in the encache store."),
             "store_bytes": gauge(p + "current_bytes", "Bytes used by the encache store."),
             "store_capacity_bytes": gauge(p + "capacity_bytes", "Capacity (max_bytes) of the store."),
+            "local_tier_bytes": gauge(p + "local_tier_bytes",
+                                      "Bytes held by this node's local tier."),
+            "local_tier_capacity_bytes": gauge(p + "local_tier_capacity_bytes",
+                                               "Capacity (local_tier_max_bytes) of this node's tier."),
         }
         self.utilization = gauge(p + "utilization", "Store bytes used / capacity (0-1).")
 

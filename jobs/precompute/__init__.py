@@ -9,14 +9,14 @@ Its face is the public API (docs/api.md); the parts, one idea each:
 * :mod:`.encode` -- encode what is missing: ``LocalStage`` (an in-process producer
   engine, the room budget, the store-full stop);
 * :mod:`.job` -- the flow: :func:`precompute_corpus` / :func:`precompute_files`, the
-  finish (store checked, evictions, manifest), :func:`run_precompute`.
+  finish (store checked, evictions, manifest).
 
 The Ray stage is :mod:`encache.jobs.ray_precompute`.
 """
 
 from .encode import Encoded, LocalStage, engine_store_url, media_item, nothing_fits, room_budget
 from .identify import classify
-from .job import Stage, precompute_corpus, precompute_files, run_precompute
+from .job import Stage, precompute_corpus, precompute_files
 from .options import (PrecomputeOptions, Summary, check_request_kwargs, engine_encoder_config,
                       hashing_settings, parse_engine_args, validate_args)
 
@@ -24,5 +24,5 @@ __all__ = [
     "Encoded", "LocalStage", "PrecomputeOptions", "Stage", "Summary", "check_request_kwargs",
     "classify", "engine_encoder_config", "engine_store_url", "hashing_settings", "media_item",
     "nothing_fits", "parse_engine_args", "precompute_corpus", "precompute_files",
-    "room_budget", "run_precompute", "validate_args",
+    "room_budget", "validate_args",
 ]

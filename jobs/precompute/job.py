@@ -244,20 +244,7 @@ def prune(store, manifest, current: set) -> int:
     return pruned
 
 
-def run_precompute(corpus: str, model: str, store_url: str, *, shard: str | None = None,
-                   use_manifest: bool = True, prune_missing: bool = False,
-                   dry_run: bool = False, wait: float = 0.0, progress=None,
-                   engine_args: dict | None = None, **option_kwargs) -> Summary:
-    """:func:`precompute_corpus` with the options as keyword arguments (the older call
-    form, kept for scripts): ``run_precompute(corpus, model, store, batch=4, …)``."""
-    options = PrecomputeOptions(model=model, store=store_url,
-                                engine_args=dict(engine_args or {}), **option_kwargs)
-    return precompute_corpus(corpus, options, shard=shard, use_manifest=use_manifest,
-                             prune_missing=prune_missing, dry_run=dry_run, wait=wait,
-                             progress=progress)
-
-
 __all__ = ["PrecomputeOptions", "Summary", "Encoded", "LocalStage", "precompute_files",
-           "precompute_corpus", "run_precompute", "parse_engine_args", "hashing_settings",
-           "engine_encoder_config", "manifest_key", "validate_args", "identify_or_mark",
-           "stored_state", "classify", "account", "record_encoded"]
+           "precompute_corpus", "parse_engine_args", "hashing_settings", "engine_encoder_config",
+           "manifest_key", "validate_args", "identify_or_mark", "stored_state", "classify",
+           "account", "record_encoded"]

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,7 +126,7 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
 
 
 def run_size(name: str, n: int, root: Path) -> dict:
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from engine_support import PRECOMPUTE_KW
     from served_support import draw_images, start_server
 
@@ -146,7 +145,8 @@ def run_size(name: str, n: int, root: Path) -> dict:
     stores = {"encache": str(work / "encache"), "ecexample": str(work / "ecexample")}
     pre = dict(PRECOMPUTE_KW, max_model_len=max_len,
                engine_args={**PRECOMPUTE_KW["engine_args"], "max_num_batched_tokens": max_len})
-    s = run_precompute(str(pre_dir), model, stores["encache"], **pre)
+    s = precompute_corpus(str(pre_dir),
+                          PrecomputeOptions(model=model, store=stores["encache"], **pre))
     assert s.encoded == len(precomputed), s
     fresh = work / "precomputed"  # each variant starts from the same precomputed store
     shutil.copytree(stores["encache"], fresh)

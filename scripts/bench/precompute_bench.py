@@ -7,7 +7,7 @@ chat prompt, one generated token, batches of ``--batch`` conversations:
   bare       LLM(..., ec_transfer_config=ECExampleConnector ec_producer) + LLM.chat over
              the images (vLLM decodes and hashes each image itself; the connector writes
              one safetensors file per item, synchronously in the worker)
-  encache    ``encache.jobs.precompute.run_precompute`` (what ``encache precompute`` runs:
+  encache    ``encache.jobs.precompute.precompute_corpus`` (what ``encache precompute`` runs:
              identify the files on a background thread, start the producer engine at
              the first missing file and feed it batches as they are identified -- a
              reader thread reads and decodes batch k+1 while the engine encodes batch k
@@ -97,7 +97,7 @@ model, corpus, store, batch, engine = sys.argv[1], sys.argv[2], sys.argv[3], int
 from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.media.image import ImageMediaIO
 from encache.connectors.vllm import hashing
-from encache.jobs.precompute import run_precompute
+from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 from encache.connectors.vllm import producer
 import_s = time.perf_counter() - t_import
 closing = []
@@ -113,9 +113,10 @@ class P:
     def advance(self, n, failed=None, phase=None):
         if phase == "hashing":
             marks["hashed"] = time.perf_counter()
+options = PrecomputeOptions(model=model, store=store, batch=batch, max_model_len=int(sys.argv[6]),
+                            dtype=sys.argv[7], engine_args=engine)
 t0 = time.perf_counter()
-s = run_precompute(corpus, model, store, batch=batch, max_model_len=int(sys.argv[6]), dtype=sys.argv[7],
-                   engine_args=engine, progress=P())
+s = precompute_corpus(corpus, options, progress=P())
 t_end = time.perf_counter()
 # hashing runs on a thread beside the engine: the engine starts at the first missing file
 before_engine = marks["starting engine"] - t0  # walking + hashing until the first missing file

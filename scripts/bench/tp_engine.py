@@ -77,8 +77,9 @@ def main(argv=None) -> int:
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     pre = subprocess.run([sys.executable, "-c", (
         "import sys; sys.path.insert(0, %r); from engine_support import PRECOMPUTE_KW; "
-        "from encache.jobs.precompute import run_precompute; "
-        "s = run_precompute(%r, %r, %r, **PRECOMPUTE_KW); print(s.encoded)")
+        "from encache.jobs.precompute import PrecomputeOptions, precompute_corpus; "
+        "s = precompute_corpus(%r, PrecomputeOptions(model=%r, store=%r, **PRECOMPUTE_KW)); "
+        "print(s.encoded)")
         % (str(ROOT / "tests"), str(tmp / "corpus"), str(ROOT / ".models" / "tiny-llava"), store)],
         env=env, capture_output=True, text=True)
     assert pre.returncode == 0, pre.stderr[-2000:]

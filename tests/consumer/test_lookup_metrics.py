@@ -39,3 +39,40 @@ def test_store_wide_metrics_are_sampled(tmp_path):
         assert seen.get("store_bytes_saved", 0) == 0  # DiskStore.put alone is not a producer save
     finally:
         lk.close()
+
+
+def test_a_local_tier_reports_its_size_and_capacity(tmp_path):
+    """Behind a local tier, the samples add the tier's bytes and capacity (the Prometheus
+    gauges ``local_tier_bytes`` / ``local_tier_capacity_bytes``); without one, neither."""
+    from encache.connectors.store.tiered import TieredStore
+
+    shared = DiskStore(tmp_path / "shared")
+    for i in range(2):
+        put(shared, f"e{i}", seed=i)
+    one = os.path.getsize(tmp_path / "shared" / "e0" / ENTRY_FILE)
+    tiered = TieredStore(DiskStore(tmp_path / "shared"),
+                         DiskStore(tmp_path / "tier", max_bytes=10 * one))
+    lk = EntryLookup(tiered, index_refresh_s=3600, counters_flush_s=3600, store_stats_s=0.05)
+    plain = EntryLookup(shared, index_refresh_s=3600, counters_flush_s=3600, store_stats_s=0.05)
+    try:
+        assert lk.wait_index(5)  # the tier's first sync (a write-behind racing it is dropped)
+        for i in range(2):
+            assert lk.load_now(f"e{i}") is not None  # remote hits, written behind
+        tiered.flush()
+        deadline = time.time() + 5
+        data: dict = {}
+        while time.time() < deadline and data.get("local_tier_bytes") != 2 * one:
+            time.sleep(0.05)
+            data = lk.take_interval()
+        assert data["local_tier_bytes"] == 2 * one, (data, tiered.stats)
+        assert data["local_tier_capacity_bytes"] == 10 * one
+        deadline = time.time() + 5
+        data = {}
+        while time.time() < deadline and "store_entries" not in data:
+            time.sleep(0.05)
+            data = plain.take_interval()
+        assert "store_entries" in data and "local_tier_bytes" not in data
+    finally:
+        lk.close()
+        plain.close()
+        tiered.close()

@@ -24,6 +24,11 @@ def test_stats_aggregate_and_reduce():
     assert not EncacheStats(data={"lora_stale": 1}).is_empty()
     m.reset()
     assert m.is_empty()
+    # a store sample alone is exported (gauges current while nothing loads); staged
+    # bytes alone (they only accompany other data) are not
+    assert not EncacheStats(data={"staged_bytes": 0, "local_tier_bytes": 5}).is_empty()
+    assert not EncacheStats(data={"store_entries": 3}).is_empty()
+    assert EncacheStats(data={"staged_bytes": 7}).is_empty()
 
 
 def test_connector_builds_its_stats_class():

@@ -6,7 +6,6 @@ then one consumer shared by this module's tests).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -43,9 +42,10 @@ def reference(tiny_model, corpus):
 
 @pytest.fixture(scope="module")
 def precomputed(tiny_model, corpus, tmp_path_factory, reference):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     store = str(tmp_path_factory.mktemp("store"))
-    summary = run_precompute(str(corpus["root"]), tiny_model, store, batch=4, **PRECOMPUTE_KW)
+    options = PrecomputeOptions(model=tiny_model, store=store, batch=4, **PRECOMPUTE_KW)
+    summary = precompute_corpus(str(corpus["root"]), options)
     return store, summary
 
 
@@ -82,9 +82,10 @@ def test_precompute_writes_entries_with_metadata(precomputed, corpus, tiny_model
 
 
 def test_rerun_skips_present_entries_without_engine(precomputed, corpus, tiny_model):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     store, _ = precomputed
-    again = run_precompute(str(corpus["root"]), tiny_model, store)
+    again = precompute_corpus(str(corpus["root"]),
+                              PrecomputeOptions(model=tiny_model, store=store))
     assert again.engine_started is False and again.encoded == 0
     assert again.present == again.files and again.from_manifest == again.files
 
@@ -163,13 +164,14 @@ def test_bad_entry_is_a_miss_and_engine_keeps_serving(consumer, corpus, referenc
 
 def test_precompute_respects_disk_capacity(tiny_model, corpus, tmp_path, consumer):
     """A producer writing past max_bytes evicts least-recently-used entries (real engine)."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     llm, _, _ = consumer
     shutdown(llm)  # one engine at a time: the module's consumer is done by now
     store_path = str(tmp_path / "small")
     one = 16 * 64 * 4 + 512  # an entry: 16 embeddings x 64 floats + header
-    summary = run_precompute(str(corpus["root"]), tiny_model, store_path, batch=4,
-                             max_bytes=4 * one, **PRECOMPUTE_KW)
+    options = PrecomputeOptions(model=tiny_model, store=store_path, batch=4, max_bytes=4 * one,
+                                **PRECOMPUTE_KW)
+    summary = precompute_corpus(str(corpus["root"]), options)
     n = len(corpus["pages"]) + len(FAULTS)
     assert summary.failed == 0 and summary.encoded == n and summary.evicted > 0
     store = open_store(store_path)

@@ -39,14 +39,15 @@ def setup(tiny_lora_model, tmp_path_factory):
 
 
 def test_precompute_with_lora_then_consume(setup):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from encache.connectors.vllm.hashing import identify_file
     model, adapter, root, paths, lora, reference = setup
     assert reference["lora"] != reference["base"], "the adapter must change the outputs"
     store_path = str(root / "store")
     kw = dict(PRECOMPUTE_KW, engine_args=dict(PRECOMPUTE_KW["engine_args"], max_lora_rank=8))
-    summary = run_precompute(str(root / "corpus"), model, store_path, lora="adA",
-                             lora_path=adapter, **kw)
+    options = PrecomputeOptions(model=model, store=store_path, lora="adA", lora_path=adapter,
+                                **kw)
+    summary = precompute_corpus(str(root / "corpus"), options)
     assert summary.encoded == 3 and summary.failed == 0
     assert summary.notes == []  # LLaVA's tower-connector LoRA reaches its encoder
 

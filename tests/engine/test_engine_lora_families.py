@@ -45,7 +45,7 @@ def test_a_language_model_lora_is_served_from_the_base_entries(arch, tiny_family
     from build_tiny_model import build_text_lora
     from make_demo_corpus import make_corpus
 
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = tiny_family(arch)
     adapter = build_text_lora(model, str(tmp_path / "adapter"))
@@ -60,7 +60,8 @@ def test_a_language_model_lora_is_served_from_the_base_entries(arch, tiny_family
     assert reference["lora"] != reference["base"], "the adapter must change the text"
 
     store = str(tmp_path / "store")
-    summary = run_precompute(str(tmp_path / "corpus"), model, store, **PRECOMPUTE)
+    summary = precompute_corpus(str(tmp_path / "corpus"),
+                                PrecomputeOptions(model=model, store=store, **PRECOMPUTE))
     assert summary.encoded == 2 and summary.failed == 0
     expected = {identify_file(p, model).identifier for p in paths}
     assert set(open_store(store).identifiers()) == expected
@@ -82,14 +83,15 @@ def test_lora_that_cannot_reach_the_encoder_is_stored_and_explained(tiny_family,
     from build_tiny_model import build_text_lora
     from make_demo_corpus import make_corpus
 
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = tiny_family("mistral3")
     adapter = build_text_lora(model, str(tmp_path / "adapter"))
     paths = make_corpus(str(tmp_path / "corpus"), pages=2, seed=5)
     store = str(tmp_path / "store")
-    summary = run_precompute(str(tmp_path / "corpus"), model, store, lora="adB",
-                             lora_path=adapter, **PRECOMPUTE)
+    options = PrecomputeOptions(model=model, store=store, lora="adB", lora_path=adapter,
+                                **PRECOMPUTE)
+    summary = precompute_corpus(str(tmp_path / "corpus"), options)
     assert summary.encoded == 2 and summary.failed == 0
     assert set(open_store(store).identifiers()) == \
         {identify_file(p, model, lora="adB").identifier for p in paths}

@@ -67,10 +67,11 @@ def drop_all(url: str) -> None:
 @pytest.fixture(scope="module")
 def redis_a(redis_server, corpus, tiny_model, engines):
     """The corpus precomputed straight into Redis (a producer engine, then closed)."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     url = prefixed(redis_server, "a")
     engines.release()
-    summary = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+    options = PrecomputeOptions(model=tiny_model, store=url, batch=4, **PRECOMPUTE_KW)
+    summary = precompute_corpus(corpus["root"], options)
     yield url, summary
     drop_all(url)
 
@@ -117,7 +118,7 @@ def warm_cli(*args) -> dict:
 # -- (a) precompute into Redis, serve from Redis ---------------------------------------
 
 def test_precompute_into_redis_writes_every_page(redis_a, corpus, idents, tiny_model):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     url, s = redis_a
     assert (s.files, s.encoded, s.failed, s.present) == (PAGES, PAGES, 0, 0), s.failures
     assert s.engine_started and "t-eng-a-" in s.store
@@ -130,7 +131,8 @@ def test_precompute_into_redis_writes_every_page(redis_a, corpus, idents, tiny_m
         total += store.stat(ident).size
     assert s.bytes_written == total
     store.close()
-    again = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+    again = precompute_corpus(corpus["root"], PrecomputeOptions(model=tiny_model, store=url,
+                                                                batch=4, **PRECOMPUTE_KW))
     assert again.engine_started is False and again.encoded == 0 and again.present == PAGES
 
 
@@ -150,7 +152,7 @@ def test_consumer_on_redis_never_encodes_and_matches_reference(engines, redis_a,
 
 def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, idents,
                                               tiny_model):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     engines.release()
     url = prefixed(redis_server, "shard")
     root = corpus["root"]
@@ -158,10 +160,11 @@ def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, ide
     want = [{idents[p] for p in corpus["pages"] if shard_of(os.path.relpath(p, root), i, 2)}
             for i in (0, 1)]
     assert want[0] and want[1], "the test corpus must put pages in both shards"
+    options = PrecomputeOptions(model=tiny_model, store=url, batch=4, **PRECOMPUTE_KW)
     try:
-        s0 = run_precompute(root, tiny_model, url, shard="0/2", batch=4, **PRECOMPUTE_KW)
+        s0 = precompute_corpus(root, options, shard="0/2")
         after0 = store_ids(url)
-        s1 = run_precompute(root, tiny_model, url, shard="1/2", batch=4, **PRECOMPUTE_KW)
+        s1 = precompute_corpus(root, options, shard="1/2")
         after1 = store_ids(url)
     finally:
         drop_all(url)
@@ -293,11 +296,12 @@ def test_consumer_with_wrong_password_re_encodes(auth_redis, engines, corpus, re
 
 
 def test_precompute_into_password_redis(auth_redis, engines, corpus, tiny_model, idents):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     engines.release()
     url = f"{auth_redis.url_for(password=PASSWORD)}?prefix=t-eng-pw:"
     try:
-        s = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+        s = precompute_corpus(corpus["root"], PrecomputeOptions(model=tiny_model, store=url,
+                                                                batch=4, **PRECOMPUTE_KW))
         ids = store_ids(url)
     finally:
         drop_all(url)

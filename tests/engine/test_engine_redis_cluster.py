@@ -87,7 +87,7 @@ def cluster_url(cluster: LocalCluster) -> str:
 
 
 def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engines):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     engines.release()
     url = cluster_url(cluster)
 
@@ -108,8 +108,8 @@ def test_precompute_while_slots_move(cluster, corpus, idents, tiny_model, engine
 
     hook = WriteDuringAReshard()
     with Resharder(cluster, slots=1000) as mover:
-        summary = run_precompute(corpus["root"], tiny_model, url, batch=2, progress=hook,
-                                 **PRECOMPUTE_KW)
+        summary = precompute_corpus(corpus["root"], PrecomputeOptions(
+            model=tiny_model, store=url, batch=2, **PRECOMPUTE_KW), progress=hook)
     assert (summary.files, summary.encoded, summary.failed) == (PAGES, PAGES, 0), summary.failures
     assert hook.during and mover.moves >= hook.during, "no reshard ran under the writes"
     store = open_store(url)
@@ -243,7 +243,7 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
     replication is asynchronous: a write acknowledged just before the kill can be lost,
     and precompute's read-back then reports it), and a second run writes exactly what is
     missing — every page stored whole."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     engines.release()
     for node in cluster.nodes:  # the previous test's dead primary rejoins as a replica
         if not node.alive:
@@ -282,8 +282,8 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
             cluster.kill(victim)
             killed["node"] = victim
 
-    first = run_precompute(corpus["root"], tiny_model, url, batch=1,
-                           progress=KillWhileWriting(), **PRECOMPUTE_KW)
+    first = precompute_corpus(corpus["root"], PrecomputeOptions(
+        model=tiny_model, store=url, batch=1, **PRECOMPUTE_KW), progress=KillWhileWriting())
     assert "node" in killed, f"no primary was killed while entries were pending: {killed}"
     deadline = time.monotonic() + 60
     while True:  # the replica takes over; every node agrees on the new topology
@@ -301,7 +301,8 @@ def test_precompute_rides_through_a_primary_failover(cluster, engines, corpus, i
     assert first.encoded + first.failed == PAGES
     assert {os.path.relpath(by_ident[i], corpus["root"]) for i in missing} <= reported, \
         "precompute claimed a page the store does not hold"
-    again = run_precompute(corpus["root"], tiny_model, url, batch=4, **PRECOMPUTE_KW)
+    again = precompute_corpus(corpus["root"], PrecomputeOptions(model=tiny_model, store=url,
+                                                                batch=4, **PRECOMPUTE_KW))
     assert (again.encoded, again.failed) == (len(missing), 0), again.failures
     fresh = open_store(url)
     assert set(fresh.identifiers()) == set(idents.values())

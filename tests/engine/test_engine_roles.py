@@ -114,7 +114,7 @@ def test_entries_of_another_encoder_config_are_misses_then_replaced(tiny_model, 
 def test_precompute_with_a_tag_replaces_other_config_entries(tiny_model, pages, tmp_path):
     """`precompute --tag` computes the digest the producer connector stamps: entries of
     another config are re-encoded and replaced, and the next run finds them present."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from encache.connectors.vllm.hashing import identify_file
     corpus = str(tmp_path / "c")
     os.makedirs(corpus)
@@ -126,17 +126,20 @@ def test_precompute_with_a_tag_replaces_other_config_entries(tiny_model, pages, 
         ident = identify_file(p, tiny_model).identifier
         arr = np.zeros((16, 64), np.float32)
         st.put(ident, encode(ident, arr.view(np.uint8), "F32", arr.shape, model=tiny_model))
-    default_run = run_precompute(corpus, tiny_model, store, dry_run=True)
+    default = PrecomputeOptions(model=tiny_model, store=store)
+    default_run = precompute_corpus(corpus, default, dry_run=True)
     assert default_run.present == len(pages) and default_run.other_config == 0
 
-    tagged = run_precompute(corpus, tiny_model, store, tag="weights-v2", **PRECOMPUTE_KW)
+    tagged = precompute_corpus(corpus, PrecomputeOptions(model=tiny_model, store=store,
+                                                         tag="weights-v2", **PRECOMPUTE_KW))
     assert (tagged.other_config, tagged.encoded, tagged.failed) == (len(pages), len(pages), 0)
     digest = encoder_config_digest(tag="weights-v2")
     assert tagged.encoder_config == digest
     for ident in st.identifiers():
         meta = st.stat(ident).meta
         assert meta.encoder_config == digest and meta.checksum is not None
-    again = run_precompute(corpus, tiny_model, store, tag="weights-v2")
+    again = precompute_corpus(corpus, PrecomputeOptions(model=tiny_model, store=store,
+                                                        tag="weights-v2"))
     assert again.engine_started is False and again.present == len(pages)
-    assert run_precompute(corpus, tiny_model, store, dry_run=True).other_config == len(pages)
+    assert precompute_corpus(corpus, default, dry_run=True).other_config == len(pages)
 

@@ -98,7 +98,7 @@ class captured_warnings:  # noqa: N801 - used as a context manager
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tiny_family, tmp_path_factory):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     arch, spec = request.param, FAMILIES[request.param]
     model = tiny_family(arch)
@@ -115,9 +115,9 @@ def family(request, tiny_family, tmp_path_factory):
         engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
         engine.pop("max_model_len")
         engine["limit_mm_per_prompt"] = dict(spec["limits"], image=1)
-        summary = run_precompute(str(root / "corpus"), model, store,
-                                 max_model_len=spec["max_model_len"], dtype="float32",
-                                 engine_args=engine)
+        options = PrecomputeOptions(model=model, store=store, max_model_len=spec["max_model_len"],
+                                    dtype="float32", engine_args=engine)
+        summary = precompute_corpus(str(root / "corpus"), options)
         with captured_warnings() as warnings:
             llm = make_llm(model, consumer_config(store), **engine_kw(spec))
         tap.on = True
@@ -237,7 +237,7 @@ def test_videos_hit_and_match_the_plain_engine(arch, tiny_family, tmp_path):
     output for the video."""
     from media_files import make_video
 
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = tiny_family(arch)
     corpus = tmp_path / "videos"
@@ -267,8 +267,9 @@ def test_videos_hit_and_match_the_plain_engine(arch, tiny_family, tmp_path):
         shutdown(llm)
         engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
         engine.pop("max_model_len")
-        summary = run_precompute(str(corpus), model, store, max_model_len=spec["max_model_len"],
-                                 dtype="float32", engine_args=engine)
+        options = PrecomputeOptions(model=model, store=store, max_model_len=spec["max_model_len"],
+                                    dtype="float32", engine_args=engine)
+        summary = precompute_corpus(str(corpus), options)
         assert (summary.encoded, summary.failed) == (1, 0), summary.failures
         llm = make_llm(model, consumer_config(store), **engine_kw(spec))
         tap.on = True

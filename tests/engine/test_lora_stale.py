@@ -10,6 +10,7 @@ and ``precompute --lora adA --lora-path B`` replaces them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -38,7 +39,7 @@ def two_adapters(tiny_lora_model, tmp_path_factory):
 def test_retrained_adapter_under_the_old_name(two_adapters):
     from vllm.lora.request import LoRARequest
 
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
     model, adapter_a, adapter_b, root = two_adapters
     da, db = adapter_digest(adapter_a), adapter_digest(adapter_b)
@@ -47,11 +48,13 @@ def test_retrained_adapter_under_the_old_name(two_adapters):
     new = make_corpus(str(root / "new"), pages=2, seed=12)
     store_path = str(root / "store")
 
-    s = run_precompute(str(root / "old"), model, store_path, lora="adA", lora_path=adapter_a, **KW)
+    with_a = PrecomputeOptions(model=model, store=store_path, lora="adA", lora_path=adapter_a, **KW)
+    with_b = dataclasses.replace(with_a, lora_path=adapter_b)  # retrained, same LoRA name
+    s = precompute_corpus(str(root / "old"), with_a)
     assert (s.encoded, s.failed) == (3, 0)
     store = open_store(store_path)
     assert {i.meta.lora_digest for i in store.scan()} == {da}
-    s = run_precompute(str(root / "new"), model, store_path, lora="adA", lora_path=adapter_b, **KW)
+    s = precompute_corpus(str(root / "new"), with_b)
     assert (s.encoded, s.failed) == (2, 0)
 
     # stats: the three entries made with A are stale (B is the newest adapter for adA)
@@ -95,6 +98,6 @@ def test_retrained_adapter_under_the_old_name(two_adapters):
     assert r.exit_code == 2  # --stale needs --lora
 
     # precompute with B replaces the stale entries
-    s = run_precompute(str(root / "old"), model, store_path, lora="adA", lora_path=adapter_b, **KW)
+    s = precompute_corpus(str(root / "old"), with_b)
     assert (s.stale_lora, s.encoded, s.present) == (3, 3, 0)
     assert {i.meta.lora_digest for i in open_store(store_path).scan()} == {db}

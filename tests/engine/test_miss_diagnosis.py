@@ -33,13 +33,14 @@ class Lines(logging.Handler):
 
 
 def test_relative_model_path_misses_are_diagnosed(tiny_model, tmp_path):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=31)
     store = str(tmp_path / "store")
     absolute = os.path.abspath(tiny_model)
-    assert run_precompute(str(tmp_path / "corpus"), absolute, store, **PRECOMPUTE_KW).encoded == 3
+    options = PrecomputeOptions(model=absolute, store=store, **PRECOMPUTE_KW)
+    assert precompute_corpus(str(tmp_path / "corpus"), options).encoded == 3
     relative = os.path.relpath(absolute)
     assert relative != absolute and os.path.realpath(relative) == absolute
 

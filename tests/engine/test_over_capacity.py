@@ -22,13 +22,13 @@ CAP = 50_000
 
 
 def test_corpus_larger_than_capacity(tiny_model, tmp_path):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
     store_path = str(tmp_path / "store")
-    s1 = run_precompute(str(tmp_path / "corpus"), tiny_model, store_path, max_bytes=CAP,
-                        **PRECOMPUTE_KW)
+    s1 = precompute_corpus(str(tmp_path / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=store_path, max_bytes=CAP, **PRECOMPUTE_KW))
     store = open_store(store_path)
     kept1 = set(store.identifiers())
     assert s1.encoded == 24 and s1.failed == 0 and len(kept1) < 24
@@ -39,7 +39,8 @@ def test_corpus_larger_than_capacity(tiny_model, tmp_path):
     assert "--over-capacity skip" in cap["message"]
 
     before = store.read_counters()["evictions"]
-    s2 = run_precompute(str(tmp_path / "corpus"), tiny_model, store_path, **PRECOMPUTE_KW)
+    s2 = precompute_corpus(str(tmp_path / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=store_path, **PRECOMPUTE_KW))
     after = store.read_counters()["evictions"]
     assert s2.present == len(kept1) and s2.encoded == 24 - len(kept1)
     assert s2.evicted == after - before > 0, (s2.evicted, before, after)  # not "evicted 0"
@@ -64,13 +65,14 @@ def test_corpus_larger_than_capacity(tiny_model, tmp_path):
 def test_skip_fills_free_room_and_evicts_nothing(tiny_model, tmp_path):
     """--over-capacity skip from an empty store: encodes batch by batch while there is
     room under the low watermark, then skips the rest; the store never evicts."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
     store_path = str(tmp_path / "store")
-    s = run_precompute(str(tmp_path / "corpus"), tiny_model, store_path, max_bytes=CAP,
-                       over_capacity="skip", batch=4, **PRECOMPUTE_KW)
+    s = precompute_corpus(str(tmp_path / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=store_path, max_bytes=CAP, over_capacity="skip", batch=4,
+        **PRECOMPUTE_KW))
     store = open_store(store_path)
     kept = list(store.identifiers())
     assert s.failed == 0 and s.encoded == len(kept) > 0

@@ -6,7 +6,8 @@ precomputed images (hits, then hits from memory); then another process purges on
 ``encache purge`` and rewrites the other under another encoder config. Within a few
 index-refresh periods neither is served from memory any more: the purged image is
 encoded again (a miss), the rewritten one is a config mismatch; on a disk store, on a
-real redis-server, and on Redis behind a node-local tier (whose copies go too).
+real redis-server, and behind a node-local tier (whose copies go too) on Redis and on a
+real Redis Cluster (its journal record is written after the entry, in another slot).
 """
 
 from __future__ import annotations
@@ -39,29 +40,48 @@ def flush_engine_cache(llm, folder) -> None:
         chat_texts(llm, [path])
 
 
-def store_url(backend: str, tmp_path, redis_server) -> str:
-    """A disk store, or a fresh prefix on Redis (``redis-tier``: with a local tier)."""
+def store_url(backend: str, tmp_path, redis_server, request) -> str:
+    """A disk store, or a fresh prefix on Redis or on the session's Redis Cluster
+    (``*-tier``: with a local tier; the cluster is started only when asked for)."""
     if backend == "disk":
         return str(tmp_path / "store")
-    return f"{redis_server.url}?prefix=t-purge-{uuid.uuid4().hex[:8]}:"
+    prefix = f"t-purge-{uuid.uuid4().hex[:8]}:"
+    if backend.startswith("cluster"):
+        return f"{request.getfixturevalue('redis_cluster').url}?prefix={prefix}"
+    return f"{redis_server.url}?prefix={prefix}"
 
 
-@pytest.mark.parametrize("backend", ["disk", "redis", "redis-tier"])
-def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_model, redis_server):
-    from encache.jobs.precompute import run_precompute
+def tier_copies(tmp_path) -> list:
+    return list((tmp_path / "tier").glob("*/encoder_cache.safetensors"))
 
+
+def precompute(corpus, model: str, store: str):
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
+    return precompute_corpus(str(corpus), PrecomputeOptions(model=model, store=store,
+                                                            **PRECOMPUTE_KW))
+
+
+@pytest.mark.parametrize("backend", ["disk", "redis", "redis-tier", "cluster-tier"])
+def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_model, redis_server,
+                                                    request, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # Redis stores' manifests
     imgs = draw_images(tmp_path / "corpus", {"a": (64, 48), "b": (48, 64)}, seed=5)
-    store = store_url(backend, tmp_path, redis_server)
-    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    store = store_url(backend, tmp_path, redis_server, request)
+    summary = precompute(tmp_path / "corpus", tiny_model, store)
     assert summary.encoded == 2
     counter = EncoderCounter()
-    tier = {"local_tier": str(tmp_path / "tier")} if backend == "redis-tier" else {}
+    tier = {"local_tier": str(tmp_path / "tier")} if backend.endswith("-tier") else {}
     llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=REFRESH_S, **tier))
     try:
         for _ in range(2):  # a hit from the store, then from memory
             counter.reset()
             chat_texts(llm, [imgs["a"], imgs["b"]])
             assert counter.items == 0
+        if tier:  # the remote hits were written behind into the tier: copies the purge must drop
+            deadline = time.time() + 10
+            while len(tier_copies(tmp_path)) < 2 and time.time() < deadline:
+                time.sleep(0.1)
+            assert len(tier_copies(tmp_path)) == 2
         out = subprocess.run([sys.executable, "-m", "encache.cli", "purge", "--store", store,
                               "--all", "--yes", "--quiet"], capture_output=True, text=True,
                              timeout=120)  # another process
@@ -80,7 +100,7 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
             time.sleep(0.2)
         assert c.get("staged_invalidated", 0) >= 2, c
         if tier:  # the tier's copies went too (its next sync, through the journal)
-            assert not list((tmp_path / "tier").glob("*/encoder_cache.safetensors"))
+            assert not tier_copies(tmp_path)
     finally:
         shutdown(llm)
 
@@ -89,11 +109,9 @@ def test_a_rewrite_under_another_encoder_config_is_not_served_from_memory(
         tmp_path, tiny_model):
     """The stored version changes (another producer's settings): the copy in memory
     is dropped, and the new entry is a config mismatch (re-encoded)."""
-    from encache.jobs.precompute import run_precompute
-
     imgs = draw_images(tmp_path / "corpus", {"a": (64, 48)}, seed=9)
     store = str(tmp_path / "store")
-    run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    precompute(tmp_path / "corpus", tiny_model, store)
     s = open_store(store)
     (ident,) = list(s.identifiers())
     counter = EncoderCounter()

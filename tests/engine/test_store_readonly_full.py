@@ -38,12 +38,13 @@ def _umount(path) -> None:
 def readonly_store(request, tiny_model, tmp_path):
     """A precomputed store bind-mounted read-only: synced without its .encache/ (the case
     that used to kill the engine), and as it was written."""
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=21)
     src = tmp_path / "src"
-    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, str(src), **PRECOMPUTE_KW)
+    summary = precompute_corpus(str(tmp_path / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=str(src), **PRECOMPUTE_KW))
     assert summary.encoded == 3
     if request.param == "without-meta-dir":
         shutil.rmtree(src / ".encache")  # synced without dot-directories

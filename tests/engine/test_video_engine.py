@@ -97,14 +97,16 @@ def test_precomputed_videos_hit_and_match_the_plain_engine(tiny_qwen, media, tmp
 
     from vllm import LLM
 
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from encache.connectors.store import decode, open_store
     from encache.connectors.vllm.hashing import identify_file
 
     store = str(tmp_path / "store")
-    s = run_precompute(str(media), tiny_qwen, store, batch=4, max_model_len=4096,
-                       dtype="float32", engine_args={k: v for k, v in ENGINE.items()
-                                                     if k not in ("max_model_len", "dtype")})
+    options = PrecomputeOptions(model=tiny_qwen, store=store, batch=4, max_model_len=4096,
+                                dtype="float32", engine_args={
+                                    k: v for k, v in ENGINE.items()
+                                    if k not in ("max_model_len", "dtype")})
+    s = precompute_corpus(str(media), options)
     assert s.failed == 0, s.failures
     assert s.encoded == 3 and s.skipped_non_media == 1
     idents = {name: identify_file(media / name, tiny_qwen) for name in

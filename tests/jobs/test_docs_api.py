@@ -22,9 +22,8 @@ def blocks() -> list[str]:
 
 def test_every_entry_point_has_an_example():
     text = "\n".join(blocks())
-    for name in ("precompute_corpus(", "precompute_files(", "run_precompute(", "open_store(",
-                 "identify_file(", "verify_store(", "promote(", "read_into_page_cache(",
-                 "warm("):
+    for name in ("precompute_corpus(", "precompute_files(", "open_store(", "identify_file(",
+                 "verify_store(", "promote(", "read_into_page_cache(", "warm("):
         assert name in text, name
 
 

@@ -45,9 +45,9 @@ def test_cli_precompute_and_warm_only_parse_and_render():
     for name in ("precompute.py", "warm.py"):
         tree = ast.parse((ROOT / "cli" / name).read_text())
         defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        assert not defs & {"run_precompute", "_hash_phase", "_encode_missing",
-                           "_check_capacity", "compute_missing", "_drop_manifest",
-                           "_RichProgress", "_clean_error"}, (name, defs)
+        assert not defs & {"precompute_corpus", "precompute_files", "_hash_phase",
+                           "_encode_missing", "_check_capacity", "compute_missing",
+                           "_drop_manifest", "_RichProgress", "_clean_error"}, (name, defs)
 
 
 def test_every_package_folder_is_installed():

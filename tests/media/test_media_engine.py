@@ -38,7 +38,7 @@ def bomb(tmp_path_factory):
 
 
 def test_precompute_hostile_corpus_through_the_engine(tiny_model, tmp_path, bomb):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from encache.connectors.store import open_store
     from encache.connectors.vllm.hashing import identify_file
 
@@ -52,8 +52,8 @@ def test_precompute_hostile_corpus_through_the_engine(tiny_model, tmp_path, bomb
     swaps = {root / "late0.png": bomb.read_bytes(),  # a bomb with a PNG header
              root / "late1.png": png_bytes((50, 50))[:60]}  # cut short
     store_dir = tmp_path / "store"
-    s = run_precompute(str(root), tiny_model, str(store_dir), batch=4,
-                       progress=SwapAfterHashing(swaps), **PRECOMPUTE_KW)
+    options = PrecomputeOptions(model=tiny_model, store=str(store_dir), batch=4, **PRECOMPUTE_KW)
+    s = precompute_corpus(str(root), options, progress=SwapAfterHashing(swaps))
     errors = {f["path"]: f["error"] for f in s.failures}
     # hashing-phase failures, engine-phase failures, and videos LLaVA cannot take
     assert set(errors) == BAD | {"late0.png", "late1.png"} | set(info["videos"])

@@ -8,14 +8,16 @@ x 2688 fp32 = 2.75 MB per entry, Gemma 3 27B's size (small entries hide the race
 guards against). The client does what vLLM's EPD proxy does: the request's images to the
 encoder, wait for its 200, then the original request to PD at once, no sleep.
 
-Shown here: every PD item is a hit and the PD tower never runs; PD's answers equal a plain
-single instance's; an encoder asked for images the store already holds (precomputed)
+Shown here: every PD item is a hit and the PD tower never runs (the Redis Cluster's PD
+with a node-local tier in front of the cluster: its loads are remote, then written behind
+into the tier); PD's answers equal a plain single instance's; an encoder asked for images the store already holds (precomputed)
 does not run its tower either, and PD still loads them.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def encoder_part(body: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def epd(tmp_path_factory, redis_cluster):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = wide_model()
     root = tmp_path_factory.mktemp("epd")
@@ -74,20 +76,23 @@ def epd(tmp_path_factory, redis_cluster):
         (pre_dir / Path(p).name).write_bytes(Path(p).read_bytes())
     pre = dict(PRECOMPUTE_KW, max_model_len=MAX_LEN,
                engine_args={**PRECOMPUTE_KW["engine_args"], "max_num_batched_tokens": MAX_LEN})
-    summary = run_precompute(str(pre_dir), model, stores["disk"], **pre)
+    summary = precompute_corpus(str(pre_dir),
+                                PrecomputeOptions(model=model, store=stores["disk"], **pre))
     assert summary.encoded == PRE
     servers = {"plain": start_server(model, None, root, max_model_len=MAX_LEN, probe="plain")}
     for name, store in stores.items():
         servers[f"e-{name}"] = start_server(
             model, consumer_config(store, role="ec_producer"), root, max_model_len=MAX_LEN,
             probe=f"e-{name}")
+        tier = {"local_tier": str(root / "tier")} if name == "cluster" else {}
         servers[f"pd-{name}"] = start_server(
-            model, consumer_config(store), root, max_model_len=MAX_LEN, probe=f"pd-{name}")
+            model, consumer_config(store, **tier), root, max_model_len=MAX_LEN,
+            probe=f"pd-{name}")
     try:
         for s in servers.values():
             s.wait_ready()
         yield {"model": model, "paths": paths, "stores": stores, "servers": servers,
-               "reference": {}}
+               "reference": {}, "tier": root / "tier"}
     finally:
         for s in servers.values():
             s.stop()
@@ -114,9 +119,16 @@ def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
         replies.append((path, post(pd.base, body)))  # ...then forwards at once
     assert e.encoder_log.count() - e_runs == NEW  # the encoder encoded each image once
     assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
-    deltas = counter_deltas(store, before, keys=("hits", "misses", "saves", "save_timeouts"))
+    deltas = counter_deltas(store, before, keys=("hits", "misses", "saves", "save_timeouts",
+                                                 "hits_remote"))
     assert deltas["hits"] == NEW and deltas["misses"] == 0, deltas
     assert deltas["save_timeouts"] == 0, deltas
+    if backend == "cluster":  # through PD's local tier: remote hits, each written behind
+        assert deltas["hits_remote"] == NEW, deltas
+        deadline = time.time() + 10
+        while len(list(epd["tier"].glob("*/encoder_cache.safetensors"))) < NEW:
+            assert time.time() < deadline, "the PD's tier did not receive the entries"
+            time.sleep(0.2)
     for path, reply in replies:  # what a single instance answers
         assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
 

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 MAX_LEN = 512
 FILLERS = 6  # new images per round: 256 tokens each fill vLLM's 512-token encoder cache
 P = "vllm:embedding_cache_"
+ENTRY_BYTES = 256 * 2688 * 4  # one image's entry at the wide model's size (2.75 MB)
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -60,7 +61,7 @@ def settled(base: str, before: dict, want: dict, timeout: float = 30.0) -> dict:
 
 
 def test_local_tier_through_vllm_serve_and_a_redis_outage(tmp_path, redis_factory):
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = wide_model()
     redis = redis_factory()
@@ -70,7 +71,8 @@ def test_local_tier_through_vllm_serve_and_a_redis_outage(tmp_path, redis_factor
                                             for i in range(3 * FILLERS)}, seed=32)
     fill = [fills[f"f{i}"] for i in range(3 * FILLERS)]
     pre = dict(PRECOMPUTE_KW, max_model_len=MAX_LEN)
-    summary = run_precompute(str(tmp_path / "pre"), model, redis.url, **pre)
+    summary = precompute_corpus(str(tmp_path / "pre"),
+                                PrecomputeOptions(model=model, store=redis.url, **pre))
     assert summary.encoded == 3
     tier = tmp_path / "tier"
     config = build_config(redis.url, "ec_consumer", {
@@ -104,6 +106,11 @@ def test_local_tier_through_vllm_serve_and_a_redis_outage(tmp_path, redis_factor
         ask(images["a"], encoded=0)  # the tier's copy: a local hit
         d = settled(server.base, m1, {"local_tier_hits_total": 1})
         assert d["local_tier_hits_total"] == 1 and d["hits_total"] == 1, d
+        deadline = time.time() + 30  # the tier's size: sampled with the traffic's stats
+        while metrics(server.base).get("local_tier_bytes", 0) < 2 * ENTRY_BYTES:
+            assert time.time() < deadline, metrics(server.base).get("local_tier_bytes")
+            ask(images["a"], encoded=0)
+            time.sleep(1.0)
 
         redis.kill()  # SIGKILL: the shared store is gone
         flush(1)  # misses meanwhile; no request fails

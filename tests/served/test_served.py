@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     root = tmp_path_factory.mktemp("served")
@@ -38,7 +38,8 @@ def served(tiny_model, tmp_path_factory):
     kw = {"do_normalize": True}
     pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
                                            "mm_processor_kwargs": kw})
-    summary = run_precompute(str(root / "corpus"), tiny_model, store, tag="served", **pre)
+    summary = precompute_corpus(str(root / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=store, tag="served", **pre))
     assert summary.encoded == 6
     assert summary.encoder_config == encoder_config_digest(kw, tag="served") != ""
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
@@ -102,7 +103,7 @@ def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path)
     and a hash factor on the OpenAI path): precompute given the same setting via
     --engine-arg stores entries the server hits, for every format."""
     from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from encache.connectors.vllm.hashing import identify_file
     from make_demo_corpus import make_corpus
 
@@ -111,7 +112,8 @@ def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path)
     store = str(tmp_path / "store")
     pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
                                            "media_io_kwargs": media})
-    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **pre)
+    summary = precompute_corpus(str(tmp_path / "corpus"),
+                                PrecomputeOptions(model=tiny_model, store=store, **pre))
     assert (summary.encoded, summary.failed) == (6, 0), summary.failures
     stored = set(open_store(store).identifiers())
     assert not stored & {identify_file(f, tiny_model).identifier for f in files}

@@ -46,7 +46,7 @@ MULTI = {"m_wide": (1000, 450), "m_square": (500, 500), "m_tall": (350, 800),
 @pytest.fixture(scope="module")
 def gemma(tiny_gemma3, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     root = tmp_path_factory.mktemp("gemma3")
     store = str(root / "store")
@@ -70,8 +70,9 @@ def gemma(tiny_gemma3, tmp_path_factory):
         engine = dict(PRECOMPUTE_KW["engine_args"], max_num_batched_tokens=LEN)
         for name, kwargs in (("on", PAS), ("off", None)):
             args = dict(engine, **({"mm_processor_kwargs": kwargs} if kwargs else {}))
-            summary = run_precompute(str(root / name), tiny_gemma3, store, max_model_len=LEN,
-                                     dtype="float32", engine_args=args)
+            options = PrecomputeOptions(model=tiny_gemma3, store=store, max_model_len=LEN,
+                                        dtype="float32", engine_args=args)
+            summary = precompute_corpus(str(root / name), options)
             expect = len(images[name]) + (len(MULTI) if name == "on" else 0)
             assert (summary.encoded, summary.failed) == (expect, 0), summary.failures
         for server in servers.values():

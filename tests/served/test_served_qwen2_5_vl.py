@@ -45,7 +45,7 @@ FRESH = {"fresh1": (720, 480), "fresh2": (333, 333)}
 @pytest.fixture(scope="module")
 def qwen(tiny_qwen2_5_vl, tmp_path_factory):
     from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = tiny_qwen2_5_vl
     root = tmp_path_factory.mktemp("qwen")
@@ -66,9 +66,10 @@ def qwen(tiny_qwen2_5_vl, tmp_path_factory):
         engine = dict(PRECOMPUTE_KW["engine_args"], max_num_batched_tokens=LEN,
                       mm_processor_kwargs=SERVER, limit_mm_per_prompt={"image": 1, "video": 0})
         for name, request in (("main", None), ("req", REQUEST)):
-            summary = run_precompute(str(root / name), model, store, max_model_len=LEN,
-                                     dtype="float32", engine_args=engine,
-                                     request_mm_processor_kwargs=request)
+            options = PrecomputeOptions(model=model, store=store, max_model_len=LEN,
+                                        dtype="float32", engine_args=engine,
+                                        request_mm_processor_kwargs=request)
+            summary = precompute_corpus(str(root / name), options)
             expect = len(images[name]) + (len(MULTI) if name == "main" else 0)
             assert (summary.encoded, summary.failed) == (expect, 0), summary.failures
             assert summary.encoder_config == encoder_config_digest(SERVER)

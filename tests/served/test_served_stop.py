@@ -81,12 +81,13 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     import shutil
 
     from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import run_precompute
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
     store = str(tmp_path / "store")
-    summary = run_precompute(str(tmp_path / "corpus"), tiny_model, store, **PRECOMPUTE_KW)
+    summary = precompute_corpus(str(tmp_path / "corpus"), PrecomputeOptions(
+        model=tiny_model, store=store, **PRECOMPUTE_KW))
     assert summary.encoded == 4
     # as after a reboot: the precompute's record of what it wrote is gone
     shutil.rmtree(Path(store, ".encache", "verified"))

@@ -140,6 +140,35 @@ def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkey
     assert tier.served_from(version) == "remote" and data == bytes(other.get("k2"))
 
 
+def test_a_consumer_and_its_tier_read_the_journal_once_per_refresh(pair, monkeypatch):
+    """The consumer's staging check and the tier's sync ask from the same cursor: one
+    read of the shared store's journal serves both, and both see the change."""
+    from encache.connectors.lookup import EntryLookup
+
+    tier, other = pair
+    other.put("j1", blob("j1"))
+    reads = []
+    real = tier.remote.changes_since
+    monkeypatch.setattr(tier.remote, "changes_since", lambda c: reads.append(c) or real(c))
+    lk = EntryLookup(tier, index_refresh_s=0.05, counters_flush_s=3600)
+    try:
+        assert lk.wait_index(5)
+        assert lk.load_now("j1") is not None
+        time.sleep(0.5)  # several refreshes: both cursors caught up
+        n, t0 = len(reads), time.monotonic()
+        time.sleep(0.5)
+        refreshes = (time.monotonic() - t0) / 0.05
+        assert len(reads) - n <= refreshes * 1.2 + 1, (len(reads) - n, refreshes)
+        other.delete("j1")  # a purge elsewhere: the staged copy and the tier's go
+        deadline = time.time() + 5
+        while ("j1" in lk.staging or tier.tier.contains("j1")) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not tier.tier.contains("j1")
+        assert lk.load_now("j1") is None
+    finally:
+        lk.close()
+
+
 def test_a_purge_from_another_process_while_this_node_was_down(pair, tmp_path, redis_server):
     tier, other = pair
     for i in ("p1", "p2"):
