@@ -8,6 +8,7 @@ index-refresh periods neither is served from memory any more: the purged image i
 encoded again (a miss), the rewritten one is a config mismatch; on a disk store, on a
 real redis-server, and behind a node-local tier (whose copies go too) on Redis and on a
 real Redis Cluster (its journal record is written after the entry, in another slot).
+With a tier, repeat loads are shown to come from it (local hits) before the purge.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ REFRESH_S = 0.3
 FILLERS = 24  # new images: push the engine's own encoder cache (256 tokens here) past a, b
 
 
-def flush_engine_cache(llm, folder) -> None:
+def flush_engine_cache(llm, folder, seed: int = 77) -> None:
     """vLLM keeps freed encoder outputs in its own cache until it needs the room: new
     images make it drop ``a`` and ``b``, so the next request for them asks the connector
     (which then answers from its memory or the store)."""
-    fill = draw_images(folder, {f"f{i}": (40 + i, 40) for i in range(FILLERS)}, seed=77)
+    fill = draw_images(folder, {f"f{i}": (40 + i, 40) for i in range(FILLERS)}, seed=seed)
     for path in fill.values():
         chat_texts(llm, [path])
 
@@ -70,7 +71,9 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
     summary = precompute(tmp_path / "corpus", tiny_model, store)
     assert summary.encoded == 2
     counter = EncoderCounter()
-    tier = {"local_tier": str(tmp_path / "tier")} if backend.endswith("-tier") else {}
+    # with a tier, (almost) no in-memory staging: the repeat loads below come from the tier
+    tier = ({"local_tier": str(tmp_path / "tier"), "staging_bytes": 1}
+            if backend.endswith("-tier") else {})
     llm = make_llm(tiny_model, consumer_config(store, index_refresh_s=REFRESH_S, **tier))
     try:
         for _ in range(2):  # a hit from the store, then from memory
@@ -82,6 +85,16 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
             while len(tier_copies(tmp_path)) < 2 and time.time() < deadline:
                 time.sleep(0.1)
             assert len(tier_copies(tmp_path)) == 2
+            before = open_store(store).read_counters().get("hits_local", 0)
+            flush_engine_cache(llm, tmp_path / "fill0", seed=78)
+            counter.reset()
+            chat_texts(llm, [imgs["a"], imgs["b"]])  # loaded again: from the tier
+            assert counter.items == 0
+            deadline = time.time() + 10
+            while (open_store(store).read_counters().get("hits_local", 0) - before < 2
+                   and time.time() < deadline):
+                time.sleep(0.2)
+            assert open_store(store).read_counters().get("hits_local", 0) - before == 2
         out = subprocess.run([sys.executable, "-m", "encache.cli", "purge", "--store", store,
                               "--all", "--yes", "--quiet"], capture_output=True, text=True,
                              timeout=120)  # another process
@@ -92,13 +105,14 @@ def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_mode
         counter.reset()
         chat_texts(llm, [imgs["a"], imgs["b"]])
         assert counter.items == 2, "a purged entry was still served from memory"
+        want_invalidated = 1 if tier else 2  # a 1-byte staging holds one entry at most
         deadline = time.time() + 10
         while time.time() < deadline:
             c = open_store(store).read_counters()
-            if c.get("staged_invalidated", 0) >= 2:
+            if c.get("staged_invalidated", 0) >= want_invalidated:
                 break
             time.sleep(0.2)
-        assert c.get("staged_invalidated", 0) >= 2, c
+        assert c.get("staged_invalidated", 0) >= want_invalidated, c
         if tier:  # the tier's copies went too (its next sync, through the journal)
             assert not tier_copies(tmp_path)
     finally:
