@@ -401,4 +401,3 @@ def precompute_on_ray(corpus: str, options: PrecomputeOptions,
         finally:
             if started:
                 ray.shutdown()
-
