@@ -10,6 +10,17 @@ from encache.connectors.store.disk import ENTRY_FILE, DiskStore
 from lookup_support import put
 
 
+def sample(lk, done, timeout: float = 5.0) -> dict:
+    """The lookup's interval data once ``done(data)`` holds (its store sampler runs
+    every ``store_stats_s``), or the last data at the deadline."""
+    deadline = time.time() + timeout
+    data: dict = {}
+    while time.time() < deadline and not done(data):
+        time.sleep(0.05)
+        data = lk.take_interval()
+    return data
+
+
 def test_store_wide_metrics_are_sampled(tmp_path):
     """Entries, bytes and capacity as gauges; evictions/saves by any writer as deltas."""
     for i in range(3):
@@ -18,11 +29,7 @@ def test_store_wide_metrics_are_sampled(tmp_path):
     store = DiskStore(tmp_path, max_bytes=int(3.5 * one))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, store_stats_s=0.05)
     try:
-        deadline = time.time() + 5
-        data = {}
-        while time.time() < deadline and "store_entries" not in data:
-            time.sleep(0.05)
-            data = lk.take_interval()
+        data = sample(lk, lambda d: "store_entries" in d)
         assert data["store_entries"] == 3 and data["store_capacity_bytes"] == int(3.5 * one)
         assert data["store_bytes"] == 3 * one
         assert "store_evictions" not in data  # the first sample is only the baseline
@@ -41,11 +48,13 @@ def test_store_wide_metrics_are_sampled(tmp_path):
         lk.close()
 
 
-def test_a_local_tier_reports_its_size_and_capacity(tmp_path):
+def test_a_local_tier_reports_its_size_and_capacity(tmp_path, monkeypatch):
     """Behind a local tier, the samples add the tier's bytes and capacity (the Prometheus
     gauges ``local_tier_bytes`` / ``local_tier_capacity_bytes``); without one, neither."""
+    from encache.connectors.store import tiered as tiered_mod
     from encache.connectors.store.tiered import TieredStore
 
+    monkeypatch.setattr(tiered_mod, "TIER_USAGE_S", 0.1)  # re-summed soon after the loads
     shared = DiskStore(tmp_path / "shared")
     for i in range(2):
         put(shared, f"e{i}", seed=i)
@@ -59,18 +68,10 @@ def test_a_local_tier_reports_its_size_and_capacity(tmp_path):
         for i in range(2):
             assert lk.load_now(f"e{i}") is not None  # remote hits, written behind
         tiered.flush()
-        deadline = time.time() + 5
-        data: dict = {}
-        while time.time() < deadline and data.get("local_tier_bytes") != 2 * one:
-            time.sleep(0.05)
-            data = lk.take_interval()
+        data = sample(lk, lambda d: d.get("local_tier_bytes") == 2 * one)
         assert data["local_tier_bytes"] == 2 * one, (data, tiered.stats)
         assert data["local_tier_capacity_bytes"] == 10 * one
-        deadline = time.time() + 5
-        data = {}
-        while time.time() < deadline and "store_entries" not in data:
-            time.sleep(0.05)
-            data = plain.take_interval()
+        data = sample(plain, lambda d: "store_entries" in d)
         assert "store_entries" in data and "local_tier_bytes" not in data
     finally:
         lk.close()
