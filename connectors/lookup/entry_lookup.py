@@ -30,7 +30,7 @@ import threading
 import time
 
 from ..ratelimit import RateLimitedLog
-from ..store.base import Store
+from ..store.base import JOURNAL_FULL_CHECK_S, Store
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
 from .index import StoreIndex
@@ -82,6 +82,7 @@ class EntryLookup:
                              checks=self.checks, misses=self.misses, metrics=self.metrics,
                              breaker=self.breaker, warn=self.warn)
         self._journal_cursor = None  # the store's change journal, read up to here
+        self._next_full_check = 0.0  # an incomplete journal: all staged re-checked then
         self._closed = threading.Event()
         self._background = threading.Thread(target=self._background_loop, name="encache-index",
                                              daemon=True)
@@ -147,11 +148,22 @@ class EntryLookup:
     def _revalidate_staged(self) -> None:
         """What a purge, a quarantine or a rewrite elsewhere changed is no longer served
         from memory: staged entries the store's journal names as changed are checked
-        against it (without a journal: all of them, whenever the store changed), and
-        those staged since the last check, every refresh."""
-        if self.store.supports_change_journal:  # O(changes): what the journal names
+        against it, and those staged since the last check, every refresh. All of them
+        are checked when the journal cannot tell, every ``JOURNAL_FULL_CHECK_S`` when it
+        can miss a change (a writer killed between its commit and its record, a program
+        other than encache), and without a journal whenever the store changed. A local
+        disk store's version token sees every change, even one made by hand, for two
+        ``stat`` calls: there it is used instead of the journal."""
+        if self.store.supports_change_journal and not (self.store.local
+                                                       and self.index.versioned):
             self._journal_cursor, changed = self.store.changes_since(self._journal_cursor)
-            dropped = self.staging.revalidate(self.store.unchanged, everything=changed is None,
+            everything = changed is None
+            now = time.monotonic()
+            if not self.store.journal_complete and now >= self._next_full_check:
+                everything = True
+            if everything:
+                self._next_full_check = now + JOURNAL_FULL_CHECK_S
+            dropped = self.staging.revalidate(self.store.unchanged, everything=everything,
                                               also=changed)
         else:
             dropped = self.staging.revalidate(self.store.unchanged,

@@ -56,6 +56,11 @@ class StoreIndex:
         return ids - old
 
     @property
+    def versioned(self) -> bool:
+        """The store gives a version token (``index_version``): :attr:`changed` is exact."""
+        return self._last_version is not None
+
+    @property
     def listings(self) -> int:
         """How many times the store was listed (tests, benchmarks)."""
         return self.listing.walks

@@ -33,9 +33,10 @@ backend:
                             it in the same pass (one pass over the bytes); default:
                             ``read_entry`` then a validation pass
 ``supports_change_journal`` ``changes_since(cursor)`` names the identifiers put or deleted
-                            since a cursor, in O(changes) (``journal_complete``: every write
-                            is journaled atomically with it); default: "cannot tell" (the
-                            caller re-checks what it holds with ``unchanged``)
+                            since a cursor, in O(changes) (Redis: a stream; disk: per-writer
+                            segment files, ``disk_journal.py``; ``journal_complete``: every
+                            write is journaled atomically with it); default: "cannot tell"
+                            (the caller re-checks what it holds with ``unchanged``)
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
@@ -57,6 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .entry import CorruptEntry, EntryMeta
+
+#: a store whose journal can miss a change (``journal_complete`` False): readers holding
+#: copies also re-check all of them this often
+JOURNAL_FULL_CHECK_S = 300.0
 
 #: counters a consumer connector records; all additive
 COUNTER_NAMES = ("hits", "misses", "load_errors", "config_mismatches", "load_seconds",
@@ -136,7 +141,8 @@ class Store(ABC):
     supports_verified_reads: bool = False
     supports_change_journal: bool = False
     #: every change is in the journal the moment it is visible (False: a write's journal
-    #: record is a separate step that can be lost; readers also re-check periodically)
+    #: record is a separate step that can be lost; readers also re-check everything every
+    #: ``JOURNAL_FULL_CHECK_S``)
     journal_complete: bool = True
 
     @property
@@ -203,6 +209,12 @@ class Store(ABC):
         cursor, the store lost its data): the caller then re-checks every copy it holds
         (:meth:`unchanged`). Pass the returned cursor next time. Default: cannot tell."""
         return None, None
+
+    def changed_outside(self, identifiers: Iterable[str | None]) -> None:
+        """Entry files (``supports_entry_path``) were changed other than through
+        :meth:`put` / :meth:`delete` (a quarantine, a removal by raw name): tell the
+        store's change tracking (None: an entry whose identifier is unknown). Default:
+        nothing to tell."""
 
     def served_from(self, version) -> str | None:
         """Which tier a version returned by a read came from (``"local"``, ``"remote"``),

@@ -9,6 +9,7 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/header-index.pickle       parsed headers by file version (scan cache)
     {root}/.encache/*.lock                    exclusive locks (precompute)
     {root}/.encache/notes/NAME                notes (``put_note``: e.g. a Ray job's marker)
+    {root}/.encache/journal/*.log             the change journal (:mod:`.disk_journal`)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
 renamed over ``encoder_cache.safetensors`` — the rename is the commit point, so a reader
@@ -50,6 +51,7 @@ from pathlib import Path
 
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .disk_journal import DiskJournal
 from .entry import header_length, read_verified, validate_blob
 from .files import (TEMP_PREFIX, ServedVersion, atomic_write_json, file_version,
                     filesystem_type, fsync_dir, open_untracked, uninitialized)
@@ -93,6 +95,8 @@ class DiskStore(Store):
     supports_verified_log = True
     supports_verified_reads = True
     supports_index_version = True
+    supports_change_journal = True
+    journal_complete = False  # records follow the commit; foreign writers are not journaled
 
     def __init__(self, root: str | os.PathLike, *, max_bytes: int | None = None,
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
@@ -127,6 +131,8 @@ class DiskStore(Store):
                                                     and self.fs_type in LOCAL_FILESYSTEMS)
         self._root_str = str(self.root)
         self._generation_path = os.path.join(self._root_str, META_DIR, "generation")
+        self._journal = DiskJournal(os.path.join(self._root_str, META_DIR),
+                                    read_only=self.read_only)
         # buffers of recently served versions (recent.py): mapped-load stores only, i.e.
         # local filesystems, where a stat sees a writer's rename at once
         self._recent = RecentBuffers() if self.mapped_loads and reuse_buffers else None
@@ -342,7 +348,7 @@ class DiskStore(Store):
             raise
         if self.fsync:
             fsync_dir(directory)
-        self._bump_generation()
+        self._changed((identifier,))
         if written is not None:
             self._note_encoded(identifier, ServedVersion.of(written))
         return total
@@ -371,6 +377,7 @@ class DiskStore(Store):
             os.rmdir(directory)  # fails harmlessly if a writer's temp file is there
         if existed:
             self._bump_generation()
+        self._journal.append((identifier,))  # also when absent: a reader may hold a copy
         return existed
 
     def index_version(self) -> tuple | None:
@@ -396,6 +403,28 @@ class DiskStore(Store):
         except FileNotFoundError:
             mark = None
         return (root.st_ino, root.st_mtime_ns, mark)
+
+    def changes_since(self, cursor):
+        """The store's change journal (:mod:`.disk_journal`): one directory listing and
+        an open of each segment still being written, O(writers + changes)."""
+        return self._journal.read(cursor)
+
+    def _changed(self, identifiers) -> None:
+        self._bump_generation()
+        self._journal.append(identifiers)
+
+    def changed_outside(self, identifiers) -> None:
+        """Entry files changed other than by :meth:`put` / :meth:`delete` (an eviction, a
+        quarantine, a removal by raw directory name): move :meth:`index_version` and
+        journal them; a None among ``identifiers`` (a hashed name) makes readers
+        re-check everything they hold."""
+        identifiers = list(identifiers)
+        self._bump_generation()
+        named = [i for i in identifiers if i is not None]
+        if named:
+            self._journal.append(named)
+        if len(named) < len(identifiers):
+            self._journal.everything_changed()
 
     def _bump_generation(self) -> None:
         """Move :meth:`index_version` (one ``O_APPEND`` write; restarted past 64 KiB)."""
@@ -609,6 +638,7 @@ class DiskStore(Store):
             # a full walk too: it restarts the clock of the usage re-read
             candidates = sorted(self._usage_reads.run(self._eviction_candidates))
             used = sum(c[1] for c in candidates)
+            gone: list[str | None] = []
             for _, size, name in candidates:
                 if used <= target:
                     break
@@ -619,11 +649,12 @@ class DiskStore(Store):
                     os.unlink(path)
                     used -= size
                     evicted += 1
+                    gone.append(from_name(name))
                 with contextlib.suppress(OSError):
                     os.rmdir(self.root / name)
             self._used = used + incoming
         if evicted:
-            self._bump_generation()
+            self.changed_outside(gone)
             self.add_counters({"evictions": evicted})
         return True
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import EntryInfo, Store
+from .keys import from_name
 from .scanning import EntryFilter, scan
 
 QUARANTINE_DIR = (".encache", "quarantine")  # under the store root (a dot-dir: not an entry)
@@ -251,7 +252,17 @@ def _delete_raw_disk_name(store: Store, name: str) -> bool:
         return False
     with contextlib.suppress(OSError):
         os.rmdir(path.parent)
+    _changed_outside(store, name)
     return True
+
+
+def _changed_outside(store: Store, identifier: str) -> None:
+    """A quarantine or a removal by raw name bypasses ``store.delete``: tell the store
+    (its change journal), naming the identifier a raw directory name stands for."""
+    if _raw_disk_name(store, identifier):
+        store.changed_outside([identifier, from_name(identifier)])
+    else:
+        store.changed_outside([identifier])
 
 
 def _quarantine(store: Store, item: PlanItem, res: PlanResult) -> None:
@@ -272,6 +283,7 @@ def _quarantine(store: Store, item: PlanItem, res: PlanResult) -> None:
     except OSError as e:
         res.failed.append((item.identifier, f"{e.strerror or e}"))
         return
+    _changed_outside(store, item.identifier)
     with contextlib.suppress(OSError):
         os.rmdir(src.parent)
     res.quarantined.append(item.identifier)

@@ -17,11 +17,11 @@ Never stale: a local copy is served only while it is the shared store's current 
 shared store's change journal what was put or deleted since its cursor
 (:meth:`~.base.Store.changes_since`: O(changes)) and drops those local copies; when the
 journal cannot tell (first start, the journal trimmed past the cursor, the store lost its
-data, a store without a journal such as a network filesystem) it checks every local copy
-with :meth:`~.base.Store.unchanged` (one round trip per batch). A store whose journal
-record is not atomic with the write (Redis Cluster) also gets that full check every
-``FULL_CHECK_S``. A write-behind racing a change is discarded: the read's sync epoch is
-compared with the epoch that dropped the identifier, before and after the write.
+data) it checks every local copy with :meth:`~.base.Store.unchanged` (one round trip per
+batch). A store whose journal record is not atomic with the write (Redis Cluster; a
+network filesystem's directory, :mod:`.disk_journal`) also gets that full check every
+``JOURNAL_FULL_CHECK_S``. A write-behind racing a change is discarded: the read's sync
+epoch is compared with the epoch that dropped the identifier, before and after the write.
 
 Through an outage: copies current at the last successful sync keep being served (the
 consumer's circuit breaker only misses what is not local, :meth:`holds_locally`); when
@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from .base import EntryInfo, Store, StoreError, StoreInfo
+from .base import JOURNAL_FULL_CHECK_S, EntryInfo, Store, StoreError, StoreInfo
 from .disk import DiskStore
 from .entry import CorruptEntry
 from .files import ServedVersion
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 
 WRITE_BEHIND_BYTES = 256 << 20  # bytes of remote reads queued for the local tier, at most
 WRITE_BEHIND_RETRY_S = 300.0  # a full local disk: remote-only for this long, then retry
-FULL_CHECK_S = 300.0  # journals that can miss a write (Redis Cluster): full check this often
 TIER_USAGE_S = 5.0  # the tier's size for metrics: re-summed at most this often
 JOURNAL_MEMO_S = 1.0  # a journal answer read for the consumer is reused by the sync this long
 CHECK_BATCH = 500  # local copies per ``unchanged`` call of a full check
@@ -79,7 +78,7 @@ class TieredStore(Store):
     local = False  # membership questions go to the shared store
 
     def __init__(self, remote: Store, local: DiskStore, *,
-                 write_behind_bytes: int = WRITE_BEHIND_BYTES, full_check_s: float = FULL_CHECK_S):
+                 write_behind_bytes: int = WRITE_BEHIND_BYTES, full_check_s: float = JOURNAL_FULL_CHECK_S):
         if isinstance(remote, TieredStore):
             raise StoreError("a local tier cannot front another tiered store")
         if remote.root is not None and os.path.realpath(remote.root) == os.path.realpath(local.root):

@@ -6,8 +6,9 @@ precomputed images (hits, then hits from memory); then another process purges on
 ``encache purge`` and rewrites the other under another encoder config. Within a few
 index-refresh periods neither is served from memory any more: the purged image is
 encoded again (a miss), the rewritten one is a config mismatch; on a disk store, on a
-real redis-server, and behind a node-local tier (whose copies go too) on Redis and on a
-real Redis Cluster (its journal record is written after the entry, in another slot).
+real redis-server, and behind a node-local tier (whose copies go too) on a shared
+directory (the disk store's journal, as on a network filesystem), on Redis and on a real
+Redis Cluster (its journal record is written after the entry, in another slot).
 With a tier, repeat loads are shown to come from it (local hits) before the purge.
 """
 
@@ -42,9 +43,10 @@ def flush_engine_cache(llm, folder, seed: int = 77) -> None:
 
 
 def store_url(backend: str, tmp_path, redis_server, request) -> str:
-    """A disk store, or a fresh prefix on Redis or on the session's Redis Cluster
-    (``*-tier``: with a local tier; the cluster is started only when asked for)."""
-    if backend == "disk":
+    """A disk store (``dir-tier``: a shared directory, as on a network filesystem), or a
+    fresh prefix on Redis or on the session's Redis Cluster (``*-tier``: with a local
+    tier; the cluster is started only when asked for)."""
+    if backend in ("disk", "dir-tier"):
         return str(tmp_path / "store")
     prefix = f"t-purge-{uuid.uuid4().hex[:8]}:"
     if backend.startswith("cluster"):
@@ -62,7 +64,7 @@ def precompute(corpus, model: str, store: str):
                                                             **PRECOMPUTE_KW))
 
 
-@pytest.mark.parametrize("backend", ["disk", "redis", "redis-tier", "cluster-tier"])
+@pytest.mark.parametrize("backend", ["disk", "dir-tier", "redis", "redis-tier", "cluster-tier"])
 def test_a_purge_reaches_a_running_consumers_memory(backend, tmp_path, tiny_model, redis_server,
                                                     request, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # Redis stores' manifests

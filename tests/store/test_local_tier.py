@@ -69,7 +69,7 @@ def test_a_cluster_journal_drops_copies_and_is_backed_by_full_checks(redis_clust
         checks = tier.stats["full_checks"]
         other._journal = lambda client, changed: None  # its journal call lost (a failover)
         other.delete("c2")
-        tier._next_full = 0.0  # (FULL_CHECK_S elapsed)
+        tier._next_full = 0.0  # (JOURNAL_FULL_CHECK_S elapsed)
         assert tier.sync() and not tier.tier.contains("c2")
         assert tier.stats["full_checks"] == checks + 1
     finally:
@@ -78,7 +78,7 @@ def test_a_cluster_journal_drops_copies_and_is_backed_by_full_checks(redis_clust
 
 
 class TestTieredOverDirectory(StoreContract):
-    """A shared directory (an NFS mount's stand-in): no journal, full checks."""
+    """A shared directory (an NFS mount's stand-in): its journal is segment files."""
 
     @pytest.fixture
     def store(self, tmp_path):

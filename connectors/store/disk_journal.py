@@ -1,0 +1,271 @@
+"""DiskJournal: the change journal of a disk store, local or on a network filesystem.
+
+A reader that holds copies of entries (a node-local tier, a consumer's staged buffers)
+must learn what was put or deleted since it last looked, at a cost of O(changes), not a
+``stat`` of every copy: on a network filesystem each ``stat`` is a round trip, and a
+tier holds hundreds of thousands of copies. Redis keeps its journal as a stream written
+with the entry. A shared directory has no append that is atomic across NFS clients, so
+each writer appends only to files of its own:
+
+    {root}/.encache/journal/id                               the journal's identity
+    {root}/.encache/journal/{created}-{host}-{pid}-{rand}.log  one writer's segment
+
+* **Writers** (a :class:`~.disk.DiskStore` handle in one process) append one line per
+  changed identifier (its JSON string) right after the change commits: open with
+  ``O_APPEND``, one ``write``, close. The close sends the bytes to an NFS server, and
+  close-to-open consistency gives the next reader that opens the file its new size. A
+  writer seals its segment (a last line ``-``) and starts a new one after
+  ``SEGMENT_BYTES`` or ``ROTATE_S``; at each rotation it removes segments nobody has
+  appended to for ``KEEP_S``. A change this module cannot name (a deletion by raw
+  directory name) is a line ``*``: readers re-check everything.
+* **Readers** keep a cursor: per segment, the offset read up to (None once a sealed
+  segment is read to its end), when it last moved, and the journal's ``id``. A refresh lists
+  the directory and opens each segment not yet sealed: O(writers + changes).
+
+"Cannot tell" (the reader re-checks every copy it holds, as without a journal) when the
+journal was recreated (a wiped store: another ``id``), a segment the reader had not read
+to its seal vanished or shrank (a dead writer's segment removed after ``KEEP_S``, a
+recreated file), a line is torn or unreadable, or the cursor last moved more than
+``KEEP_S - SKEW_S`` ago (a segment created and removed since could have escaped it).
+
+What no journal of this kind sees: a change by a writer killed between its commit and
+its record (microseconds), and changes by programs other than encache (an ``rm`` or an
+``rsync`` into the store). Disk stores therefore declare ``journal_complete = False``:
+readers also re-check every copy now and then (``base.JOURNAL_FULL_CHECK_S``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+log = logging.getLogger(__name__)
+
+JOURNAL_DIR = "journal"  # under the store's .encache/
+ID_FILE = "id"
+SUFFIX = ".log"
+SEAL = "-"  # a segment's last line: its writer appends no more
+EVERYTHING = "*"  # a change the journal cannot name: readers re-check all they hold
+SEGMENT_BYTES = 4 << 20  # a writer starts a new segment past this size ...
+ROTATE_S = 600.0  # ... or this age, so no segment is appended to after ROTATE_S
+KEEP_S = 3600.0  # segments untouched this long are removed (>> ROTATE_S + clock skew)
+SKEW_S = 600.0  # clock differences between hosts (and the NFS server) tolerated
+_TAIL = 1 << 16  # bytes read from a segment's end: more than its longest line
+
+
+class DiskJournal:
+    """The journal directory of one disk store: :meth:`append` for writers,
+    :meth:`read` for readers (see the module docstring)."""
+
+    def __init__(self, meta_dir: str, *, read_only: bool = False):
+        self.dir = os.path.join(meta_dir, JOURNAL_DIR)
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self._segment: str | None = None  # this writer's current segment (a path)
+        self._pid = 0
+        self._size = 0
+        self._opened = 0.0
+        self._warned = False
+
+    # -- writers --------------------------------------------------------------------
+    def append(self, identifiers) -> None:
+        """Record that ``identifiers`` changed (put, deleted, evicted, quarantined). Never
+        raises: a record that cannot be written is a change readers find at their next
+        full check (one warning per handle)."""
+        if self.read_only:
+            return
+        data = "".join(json.dumps(i) + "\n" for i in identifiers).encode()
+        if not data:
+            return
+        with self._lock:
+            try:
+                self._write(data)
+            except OSError as e:
+                if not self._warned:
+                    self._warned = True
+                    log.warning("encache: cannot write the change journal in %s (%s): "
+                                "readers holding copies find changes at their next full "
+                                "check", self.dir, e.strerror or e)
+
+    def everything_changed(self) -> None:
+        """Record a change the journal cannot name: readers re-check all they hold."""
+        if self.read_only:
+            return
+        with self._lock, contextlib.suppress(OSError):
+            self._write((EVERYTHING + "\n").encode())
+
+    def _write(self, data: bytes) -> None:
+        if (self._segment is None or self._pid != os.getpid() or self._size >= SEGMENT_BYTES
+                or time.monotonic() - self._opened >= ROTATE_S):
+            self._rotate()
+        try:
+            fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
+        except FileNotFoundError:  # removed under us (a wiped store): a new journal
+            self._segment = None
+            self._rotate()
+            fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        """Seal this writer's segment, start a new one, remove segments long untouched."""
+        if self._segment is not None and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
+                try:
+                    os.write(fd, (SEAL + "\n").encode())
+                finally:
+                    os.close(fd)
+        os.makedirs(self.dir, exist_ok=True)
+        self._ensure_id()
+        name = (f"{time.time_ns():020d}-{socket.gethostname()[:40]}-{os.getpid()}-"
+                f"{uuid.uuid4().hex[:8]}{SUFFIX}")
+        path = os.path.join(self.dir, name)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        self._segment, self._pid, self._size, self._opened = path, os.getpid(), 0, time.monotonic()
+        self._trim()
+
+    def _ensure_id(self) -> None:
+        path = os.path.join(self.dir, ID_FILE)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, uuid.uuid4().hex.encode())
+        finally:
+            os.close(fd)
+
+    def _trim(self) -> None:
+        horizon = time.time() - KEEP_S
+        with contextlib.suppress(OSError), os.scandir(self.dir) as it:
+            for e in it:
+                if e.name.endswith(SUFFIX) and e.path != self._segment:
+                    with contextlib.suppress(OSError):
+                        if e.stat().st_mtime < horizon:
+                            os.unlink(e.path)
+
+    # -- readers --------------------------------------------------------------------
+    def read(self, cursor) -> tuple[dict, set[str] | None]:
+        """``(cursor, identifiers changed since cursor)``; None: cannot tell (the caller
+        re-checks all it holds). A None cursor starts at the journal's current end."""
+        now = time.time()
+        token = self._read_id()
+        names = self._segments()
+        if (not isinstance(cursor, dict) or cursor.get("id") not in (token, None)
+                or now - cursor.get("t", 0.0) > KEEP_S - SKEW_S):
+            return self._at_end(names, token, now), None
+        # (a cursor taken before the journal existed reads every segment from its start)
+        known: dict = cursor.get("s", {})
+        changed: set[str] = set()
+        offsets: dict = {}
+        for name in names:
+            offset = known.get(name, 0)
+            if offset is None:  # sealed, read to its end
+                offsets[name] = None
+                continue
+            got = self._read_segment(name, offset)
+            if got is None:
+                return self._at_end(names, token, now), None
+            offsets[name], ids = got
+            changed |= ids
+        if any(offset is not None and name not in offsets for name, offset in known.items()):
+            return self._at_end(names, token, now), None  # vanished before its seal was read
+        if offsets == known and cursor.get("id") == token:
+            return cursor, changed  # nothing moved: the same cursor (kept as it is)
+        return {"id": token, "t": now, "s": offsets}, changed
+
+    def _read_id(self) -> str | None:
+        try:
+            with open(os.path.join(self.dir, ID_FILE), "rb") as f:
+                return f.read(64).decode("ascii", "replace") or None
+        except OSError:
+            return None
+
+    def _segments(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.dir) if n.endswith(SUFFIX))
+        except OSError:
+            return []
+
+    def _read_segment(self, name: str, offset: int):
+        """``(new offset or None when sealed, identifiers)`` of the whole lines after
+        ``offset``, or None when the segment cannot be followed (gone, shrunk, torn)."""
+        try:
+            fd = os.open(os.path.join(self.dir, name), os.O_RDONLY)
+        except FileNotFoundError:
+            return None if offset else (0, set())  # listed, then removed unread
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if size < offset:
+                return None
+            if size == offset:
+                return offset, set()
+            start = offset - 1 if offset else 0  # the byte before must end a line
+            os.lseek(fd, start, os.SEEK_SET)
+            data = _read_all(fd, size - start)
+        finally:
+            os.close(fd)
+        if offset:
+            if data[:1] != b"\n":
+                return None
+            data = data[1:]
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        ids: set[str] = set()
+        for line in data[:end].splitlines():
+            text = line.decode("utf-8", "surrogatepass")
+            if text == SEAL:
+                return None if end != len(data) else (None, ids)
+            if text == EVERYTHING:
+                return None
+            try:
+                ident = json.loads(text)
+            except ValueError:
+                return None
+            if not isinstance(ident, str):
+                return None
+            ids.add(ident)
+        return offset + end, ids
+
+    def _at_end(self, names: list[str], token: str | None, now: float) -> dict:
+        """A cursor at the end of every segment (the last whole line of each)."""
+        offsets: dict = {}
+        for name in names:
+            try:
+                fd = os.open(os.path.join(self.dir, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                start = max(0, size - _TAIL)
+                os.lseek(fd, start, os.SEEK_SET)
+                tail = _read_all(fd, size - start)
+            finally:
+                os.close(fd)
+            if tail.endswith(b"\n" + SEAL.encode() + b"\n") or tail == (SEAL + "\n").encode():
+                offsets[name] = None
+            else:
+                offsets[name] = start + tail.rfind(b"\n") + 1
+        return {"id": token, "t": now, "s": offsets}
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
