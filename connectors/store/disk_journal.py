@@ -13,19 +13,21 @@ each writer appends only to files of its own:
 * **Writers** (a :class:`~.disk.DiskStore` handle in one process) append one line per
   changed identifier (its JSON string) right after the change commits: open with
   ``O_APPEND``, one ``write``, close. The close sends the bytes to an NFS server, and
-  close-to-open consistency gives the next reader that opens the file its new size. A
-  writer seals its segment (a last line ``-``) and starts a new one after
-  ``SEGMENT_BYTES`` or ``ROTATE_S``; at each rotation it removes segments nobody has
-  appended to for ``KEEP_S``. A change this module cannot name (a deletion by raw
+  close-to-open consistency gives the next reader that opens the file its new size.
+  After ``SEGMENT_BYTES`` or ``ROTATE_S`` a writer starts a new segment and seals the
+  old one with a last line ``-NAME`` naming the new one, and removes segments nobody
+  has appended to for ``KEEP_S``. A change this module cannot name (a removal by raw
   directory name) is a line ``*``: readers re-check everything.
 * **Readers** keep a cursor: per segment, the offset read up to (None once a sealed
-  segment is read to its end), when it last moved, and the journal's ``id``. A refresh lists
-  the directory and opens each segment not yet sealed: O(writers + changes).
+  segment is read to its end), when it last moved, and the journal's ``id``. A refresh
+  lists the directory and opens each segment not yet sealed, and the successors seals
+  name (an NFS client's cached listing can hide a new file for up to ``acdirmax``):
+  O(writers + changes). A segment that is gone was removed ``KEEP_S`` after its last
+  line, so held nothing a cursor younger than ``KEEP_S - SKEW_S`` has not read.
 
 "Cannot tell" (the reader re-checks every copy it holds, as without a journal) when the
-journal was recreated (a wiped store: another ``id``), a segment the reader had not read
-to its seal vanished or shrank (a dead writer's segment removed after ``KEEP_S``, a
-recreated file), a line is torn or unreadable, or the cursor last moved more than
+journal was recreated (a wiped store: another ``id``), a segment shrank, a line is torn
+or is not an identifier, a ``*`` line, or the cursor last moved more than
 ``KEEP_S - SKEW_S`` ago (a segment created and removed since could have escaped it).
 
 What no journal of this kind sees: a change by a writer killed between its commit and
@@ -50,12 +52,13 @@ log = logging.getLogger(__name__)
 JOURNAL_DIR = "journal"  # under the store's .encache/
 ID_FILE = "id"
 SUFFIX = ".log"
-SEAL = "-"  # a segment's last line: its writer appends no more
+SEAL = "-"  # starts a segment's last line (then its successor's name): no more appends
 EVERYTHING = "*"  # a change the journal cannot name: readers re-check all they hold
 SEGMENT_BYTES = 4 << 20  # a writer starts a new segment past this size ...
 ROTATE_S = 600.0  # ... or this age, so no segment is appended to after ROTATE_S
 KEEP_S = 3600.0  # segments untouched this long are removed (>> ROTATE_S + clock skew)
 SKEW_S = 600.0  # clock differences between hosts (and the NFS server) tolerated
+_GONE = object()  # a segment removed since it was listed or named
 _TAIL = 1 << 16  # bytes read from a segment's end: more than its longest line
 
 
@@ -117,20 +120,22 @@ class DiskJournal:
         self._size += len(data)
 
     def _rotate(self) -> None:
-        """Seal this writer's segment, start a new one, remove segments long untouched."""
-        if self._segment is not None and self._pid == os.getpid():
-            with contextlib.suppress(OSError):
-                fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
-                try:
-                    os.write(fd, (SEAL + "\n").encode())
-                finally:
-                    os.close(fd)
+        """Start a new segment, seal this writer's old one with the new one's name (a
+        reader follows it there without waiting for a directory listing that a network
+        filesystem may cache), remove segments long untouched."""
         os.makedirs(self.dir, exist_ok=True)
         self._ensure_id()
         name = (f"{time.time_ns():020d}-{socket.gethostname()[:40]}-{os.getpid()}-"
                 f"{uuid.uuid4().hex[:8]}{SUFFIX}")
         path = os.path.join(self.dir, name)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        if self._segment is not None and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
+                try:
+                    os.write(fd, f"{SEAL}{name}\n".encode())
+                finally:
+                    os.close(fd)
         self._segment, self._pid, self._size, self._opened = path, os.getpid(), 0, time.monotonic()
         self._trim()
 
@@ -168,7 +173,13 @@ class DiskJournal:
         known: dict = cursor.get("s", {})
         changed: set[str] = set()
         offsets: dict = {}
-        for name in names:
+        # listed, still being read, or named by a seal: a network filesystem's cached
+        # listing may not show a segment yet; one that is gone was removed after KEEP_S,
+        # which the age check above says cannot have held anything this cursor missed
+        visit = sorted(set(names) | {n for n, off in known.items() if off is not None})
+        seen = set(visit)
+        while visit:
+            name = visit.pop(0)
             offset = known.get(name, 0)
             if offset is None:  # sealed, read to its end
                 offsets[name] = None
@@ -176,10 +187,13 @@ class DiskJournal:
             got = self._read_segment(name, offset)
             if got is None:
                 return self._at_end(names, token, now), None
-            offsets[name], ids = got
+            if got is _GONE:
+                continue
+            offsets[name], ids, successor = got
             changed |= ids
-        if any(offset is not None and name not in offsets for name, offset in known.items()):
-            return self._at_end(names, token, now), None  # vanished before its seal was read
+            if successor and successor not in seen:
+                seen.add(successor)
+                visit.append(successor)
         if offsets == known and cursor.get("id") == token:
             return cursor, changed  # nothing moved: the same cursor (kept as it is)
         return {"id": token, "t": now, "s": offsets}, changed
@@ -198,12 +212,15 @@ class DiskJournal:
             return []
 
     def _read_segment(self, name: str, offset: int):
-        """``(new offset or None when sealed, identifiers)`` of the whole lines after
-        ``offset``, or None when the segment cannot be followed (gone, shrunk, torn)."""
+        """``(new offset or None when sealed, identifiers, successor)`` of the whole
+        lines after ``offset``; ``_GONE`` when the file is gone; None when it cannot be
+        followed (shrunk, torn, a line that is not an identifier)."""
+        if "/" in name or not name.endswith(SUFFIX):
+            return None
         try:
             fd = os.open(os.path.join(self.dir, name), os.O_RDONLY)
         except FileNotFoundError:
-            return None if offset else (0, set())  # listed, then removed unread
+            return _GONE
         except OSError:
             return None
         try:
@@ -211,7 +228,7 @@ class DiskJournal:
             if size < offset:
                 return None
             if size == offset:
-                return offset, set()
+                return offset, set(), None
             start = offset - 1 if offset else 0  # the byte before must end a line
             os.lseek(fd, start, os.SEEK_SET)
             data = _read_all(fd, size - start)
@@ -225,8 +242,8 @@ class DiskJournal:
         ids: set[str] = set()
         for line in data[:end].splitlines():
             text = line.decode("utf-8", "surrogatepass")
-            if text == SEAL:
-                return None if end != len(data) else (None, ids)
+            if text.startswith(SEAL):
+                return None if end != len(data) else (None, ids, text[len(SEAL):])
             if text == EVERYTHING:
                 return None
             try:
@@ -236,7 +253,7 @@ class DiskJournal:
             if not isinstance(ident, str):
                 return None
             ids.add(ident)
-        return offset + end, ids
+        return offset + end, ids, None
 
     def _at_end(self, names: list[str], token: str | None, now: float) -> dict:
         """A cursor at the end of every segment (the last whole line of each)."""
@@ -253,7 +270,8 @@ class DiskJournal:
                 tail = _read_all(fd, size - start)
             finally:
                 os.close(fd)
-            if tail.endswith(b"\n" + SEAL.encode() + b"\n") or tail == (SEAL + "\n").encode():
+            end = tail.rfind(b"\n", 0, len(tail) - 1) + 1  # the last line's start
+            if tail.endswith(b"\n") and tail[end:end + 1] == SEAL.encode():
                 offsets[name] = None
             else:
                 offsets[name] = start + tail.rfind(b"\n") + 1

@@ -20,8 +20,9 @@ journal cannot tell (first start, the journal trimmed past the cursor, the store
 data) it checks every local copy with :meth:`~.base.Store.unchanged` (one round trip per
 batch). A store whose journal record is not atomic with the write (Redis Cluster; a
 network filesystem's directory, :mod:`.disk_journal`) also gets that full check every
-``JOURNAL_FULL_CHECK_S``. A write-behind racing a change is discarded: the read's sync
-epoch is compared with the epoch that dropped the identifier, before and after the write.
+``JOURNAL_FULL_CHECK_S``. A write-behind racing a change (the read's sync epoch is
+compared with the epoch of the sync that named the identifier, or checked everything,
+before and after the write) is written but not served until the next sync checked it.
 
 Through an outage: copies current at the last successful sync keep being served (the
 consumer's circuit breaker only misses what is not local, :meth:`holds_locally`); when
@@ -97,11 +98,12 @@ class TieredStore(Store):
         self.mapped_loads = local.mapped_loads  # local copies may be mappings
         self.write_behind_bytes = int(write_behind_bytes)
         self.full_check_s = float(full_check_s)
-        #: tier events: copies served, remote reads, written behind, dropped (queue full,
-        #: disk full, raced a change), invalidated by a sync, full checks, syncs failed
+        #: tier events: copies served, remote reads, written behind (of which raced a
+        #: change: held back until a sync checked them), dropped (queue full, disk
+        #: full), invalidated by a sync, full checks, syncs failed
         self.stats = dict.fromkeys(("local_reads", "remote_reads", "written_behind",
-                                    "write_behind_dropped", "invalidated", "full_checks",
-                                    "sync_failures"), 0)
+                                    "written_unchecked", "write_behind_dropped",
+                                    "invalidated", "full_checks", "sync_failures"), 0)
         self._cursor = None
         self._tier_bytes: int | None = None
         self._tier_usage = ScanThrottle(0.05, min_interval=TIER_USAGE_S)
@@ -224,9 +226,15 @@ class TieredStore(Store):
                 self._queue.task_done()
 
     def _write_local(self, identifier: str, blob, epoch: int) -> None:
-        if self._raced(identifier, epoch) or time.monotonic() < self._wb_off_until:
+        """Write a remote read's bytes into the tier. When a sync that started at or
+        after the read named the identifier (or checked everything), the bytes may
+        predate that change: the copy is written all the same but not served until the
+        next sync has checked it against the shared store (a suspect)."""
+        if time.monotonic() < self._wb_off_until:
             self.stats["write_behind_dropped"] += 1
             return
+        held_back = identifier in self._suspect  # (e.g. written before a restart, unchecked)
+        self._suspect.add(identifier)  # not served while it is being written
         try:
             self.tier.put(identifier, blob)
         except OSError as e:
@@ -245,11 +253,11 @@ class TieredStore(Store):
             log.warning("encache: local tier %s: cannot write %s: %s", self.tier.root,
                         identifier, e)
             return
-        if self._raced(identifier, epoch):  # a sync dropped it while we wrote
-            with contextlib.suppress(OSError, StoreError):
-                self.tier.delete(identifier)
-            self.stats["write_behind_dropped"] += 1
-            return
+        if held_back or self._raced(identifier, epoch):  # a sync named it since the read
+            self._suspect.add(identifier)  # (again: a sync may have checked the old file)
+            self.stats["written_unchecked"] += 1
+        else:
+            self._suspect.discard(identifier)
         self.stats["written_behind"] += 1
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -298,6 +306,7 @@ class TieredStore(Store):
     def _sync(self, epoch: int) -> bool:
         started = time.time()  # copies written after this are not covered by this sync
         try:
+            suspects = set(self._suspect)  # added from now on: checked by the next sync
             cursor, changed = self._journal_since(self._cursor)
             now = time.monotonic()
             full = changed is None or (not self.remote.journal_complete
@@ -308,9 +317,9 @@ class TieredStore(Store):
                 self._checked_all_at = epoch
                 self._full_check(epoch)
                 self._next_full = now + self.full_check_s
-            elif self._suspect:
-                self._check(sorted(self._suspect), epoch)
-            self._suspect.clear()
+            elif suspects:
+                self._check(sorted(suspects), epoch)
+            self._suspect -= suspects
             self._cursor = cursor
         except Exception as e:  # noqa: BLE001 - the store is down: serve what is local
             self.stats["sync_failures"] += 1

@@ -10,7 +10,9 @@ encoder, wait for its 200, then the original request to PD at once, no sleep.
 
 Shown here: every PD item is a hit and the PD tower never runs (the Redis Cluster's PD
 with a node-local tier in front of the cluster: its loads are remote, then written behind
-into the tier); PD's answers equal a plain single instance's; an encoder asked for images the store already holds (precomputed)
+into the tier); the same with eight clients at once (the encoder batches their images
+into shared steps while PD loads what it already wrote); PD's answers equal a plain
+single instance's; an encoder asked for images the store already holds (precomputed)
 does not run its tower either, and PD still loads them.
 """
 
@@ -34,6 +36,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 MAX_LEN = 512
 NEW = 12  # images only the encoder sees first
 PRE = 4  # images precomputed before the servers start
+CONCURRENT = 8  # clients doing the proxy's flow at the same time
 
 
 def post(base: str, body: dict) -> dict:
@@ -130,6 +133,35 @@ def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
             assert time.time() < deadline, "the PD's tier did not receive the entries"
             time.sleep(0.2)
     for path, reply in replies:  # what a single instance answers
+        assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
+
+
+@pytest.mark.parametrize("backend", ["disk", "redis"])
+def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, backend, tmp_path):
+    """Eight clients at once, each doing the proxy's flow for an image nobody has seen:
+    the encoder's steps hold several requests, and a request finishes only once its own
+    entries are written, while PD is already loading those of others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    images = draw_images(tmp_path / "img", {f"c{i}": (300 + 8 * i, 220 + 4 * i)
+                                            for i in range(CONCURRENT)}, seed=31)
+    e, pd = epd["servers"][f"e-{backend}"], epd["servers"][f"pd-{backend}"]
+    store = epd["stores"][backend]
+    before = open_store(store).read_counters()
+    e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
+
+    def flow(path):
+        body = request(epd["model"], path)
+        post(e.base, encoder_part(body))
+        return path, post(pd.base, body)
+
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        replies = list(pool.map(flow, images.values()))
+    assert e.encoder_log.count() - e_runs == CONCURRENT
+    assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
+    deltas = counter_deltas(store, before, keys=("hits", "misses", "save_timeouts"))
+    assert deltas == {"hits": CONCURRENT, "misses": 0, "save_timeouts": 0}, deltas
+    for path, reply in replies:
         assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
 
 

@@ -95,6 +95,24 @@ def test_sealed_segments_are_followed_then_skipped(tmp_path, monkeypatch):
     assert changed == {"k3"} and not set(opened) & set(sealed)
 
 
+def test_a_reader_follows_a_seal_to_a_segment_its_listing_does_not_show(tmp_path,
+                                                                      monkeypatch):
+    """An NFS client's cached directory listing can miss a new segment: the old
+    segment's seal names it, and the reader reads it all the same."""
+    monkeypatch.setattr(disk_journal, "SEGMENT_BYTES", 16)
+    store = DiskStore(tmp_path / "s", fsync=False)
+    reader = store.reopen()
+    store.put("a", blob("a", n=4))
+    cursor, _ = reader.changes_since(None)
+    listed = segments(store)
+    for n in range(6):
+        store.put(f"k{n}", blob(f"k{n}", n=4))
+    monkeypatch.setattr(reader._journal, "_segments", lambda: listed)  # a stale listing
+    cursor, changed = reader.changes_since(cursor)
+    assert changed == {f"k{n}" for n in range(6)}
+    assert set(cursor["s"]) - set(listed), "segments reached through seals"
+
+
 def test_old_segments_are_removed_and_a_reader_that_saw_their_seal_goes_on(tmp_path,
                                                                           monkeypatch):
     monkeypatch.setattr(disk_journal, "SEGMENT_BYTES", 16)
@@ -121,15 +139,18 @@ def test_when_the_journal_cannot_tell_the_answer_is_none(tmp_path):
     reader = store.reopen()
     store.put("a", blob("a", n=4))
     cursor, _ = reader.changes_since(None)
-    # a dead writer's segment, not sealed, removed (KEEP_S later)
-    writer_segment = segments(store)[-1]
-    os.unlink(os.path.join(journal_dir(store), writer_segment))
+    # a segment read to its end and removed (KEEP_S after its last line): forgotten
+    os.unlink(os.path.join(journal_dir(store), segments(store)[-1]))
     store.put("b", blob("b", n=4))  # the writer starts a new segment
     cursor2, changed = reader.changes_since(cursor)
-    assert changed is None
-    # then it follows again
+    assert changed == {"b"}
     store.put("c", blob("c", n=4))
     assert reader.changes_since(cursor2)[1] == {"c"}
+    # a segment that shrank (truncated by hand)
+    path = os.path.join(journal_dir(store), segments(store)[-1])
+    cursor, _ = reader.changes_since(cursor2)
+    os.truncate(path, 0)
+    assert reader.changes_since(cursor)[1] is None
     # a wiped journal (another id)
     cursor, _ = reader.changes_since(None)
     shutil.rmtree(journal_dir(store))

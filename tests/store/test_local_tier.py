@@ -6,7 +6,8 @@ and the next load is local; copies the shared store changes (a purge or rewrite 
 another handle, a purge while this node was down) are dropped at the next sync, in
 O(changes) through the journal; through a Redis SIGKILL the local copies are served and
 the rest fail fast; a Redis that comes back empty drops them; a full local disk turns the
-write-behind off with one warning; a write-behind racing a purge is discarded.
+write-behind off with one warning; a write-behind racing a change is not served until
+a sync checked it.
 """
 
 from __future__ import annotations
@@ -227,16 +228,30 @@ def test_outage_serves_local_copies_and_a_store_back_empty_drops_them(redis_fact
         other.close()
 
 
-def test_write_behind_racing_a_purge_is_discarded(pair):
+def test_a_write_behind_racing_a_change_is_held_back_until_a_sync_checks_it(pair):
+    """Two remote reads whose write-behinds are not done when a sync runs: one purged
+    meanwhile, one merely caught by a full check (as at a consumer's start). Both copies
+    are written but neither is served; the next sync drops the purged one and lets the
+    other be served locally (it used to be dropped, costing a remote read)."""
     tier, other = pair
     other.put("r", blob("r"))
+    other.put("s", blob("s"))
     epoch = tier._epoch
-    got = tier.remote.read_entry("r")  # a read, its write-behind not yet done ...
+    got_r = tier.remote.read_entry("r")  # reads, their write-behinds not yet done ...
+    got_s = tier.remote.read_entry("s")
     other.delete("r")
-    tier.sync()  # ... when the sync drops "r"
-    tier._write_behind("r", got[0], epoch)
+    tier._cursor = None  # ... when a sync that cannot tell checks every copy
+    assert tier.sync() and tier._checked_all_at > epoch
+    tier._write_behind("r", got_r[0], epoch)
+    tier._write_behind("s", got_s[0], epoch)
     tier.flush()
-    assert not tier.tier.contains("r") and tier.stats["write_behind_dropped"] == 1
+    assert tier.stats["written_unchecked"] == 2 and tier.tier.contains("s")
+    assert not tier.holds_locally("r") and not tier.holds_locally("s")
+    assert tier.served_from(load(tier, "s")[1]) == "remote"
+    assert tier.sync()
+    assert not tier.tier.contains("r") and tier.holds_locally("s")
+    data, version = load(tier, "s")
+    assert tier.served_from(version) == "local" and data == bytes(other.get("s"))
 
 
 def test_a_full_local_disk_degrades_to_remote_only_with_one_warning(redis_server, tmp_path,
