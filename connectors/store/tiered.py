@@ -79,7 +79,8 @@ class TieredStore(Store):
     local = False  # membership questions go to the shared store
 
     def __init__(self, remote: Store, local: DiskStore, *,
-                 write_behind_bytes: int = WRITE_BEHIND_BYTES, full_check_s: float = JOURNAL_FULL_CHECK_S):
+                 write_behind_bytes: int = WRITE_BEHIND_BYTES,
+                 full_check_s: float = JOURNAL_FULL_CHECK_S):
         if isinstance(remote, TieredStore):
             raise StoreError("a local tier cannot front another tiered store")
         if remote.root is not None and os.path.realpath(remote.root) == os.path.realpath(local.root):
