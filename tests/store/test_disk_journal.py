@@ -73,6 +73,54 @@ def test_two_writer_processes_at_once_every_change_is_named(tmp_path):
     assert reader.changes_since(cursor) == (cursor, set())
 
 
+CHURN = r"""
+import sys, time
+sys.path[:0] = [{tests!r}]
+from encache.connectors.store import disk_journal
+disk_journal.SEGMENT_BYTES, disk_journal.ROTATE_S = 120, 0.05  # seal and start often
+disk_journal.KEEP_S, disk_journal.SKEW_S = 1.0, 0.2  # remove what is 1 s untouched
+from encache.connectors.store.disk import DiskStore
+from store_contract import blob
+s = DiskStore({root!r}, fsync=False)
+tag = sys.argv[1]
+for n in range(300):
+    s.put(f"{{tag}}-{{n}}", blob(f"{{tag}}-{{n}}", n=4))
+    if n % 50 == 0:
+        s = s.reopen()  # a new handle: a new segment, the old one left unsealed
+    time.sleep(0.006)
+"""
+
+
+def test_rotation_and_removal_under_churn_lose_no_change(tmp_path, monkeypatch):
+    """Two writer processes sealing, starting and removing segments many times a second
+    (and abandoning unsealed ones) while a reader follows: every change is named, and
+    the reader never has to answer "cannot tell"."""
+    monkeypatch.setattr(disk_journal, "KEEP_S", 1.0)
+    monkeypatch.setattr(disk_journal, "SKEW_S", 0.2)
+    root = tmp_path / "shared"
+    reader = DiskStore(root)
+    cursor, _ = reader.changes_since(None)
+    tests = os.path.dirname(os.path.dirname(__file__))
+    script = CHURN.format(tests=tests, root=str(root))
+    procs = [subprocess.Popen([sys.executable, "-c", script, tag]) for tag in ("a", "b")]
+    seen: set[str] = set()
+    followed: set[str] = set()  # segments the reader's cursor held at some point
+    unknown = 0
+    while any(p.poll() is None for p in procs):
+        cursor, changed = reader.changes_since(cursor)
+        followed |= set(cursor["s"])
+        if changed is None:
+            unknown += 1
+        else:
+            seen |= changed
+        time.sleep(0.02)
+    assert all(p.returncode == 0 for p in procs)
+    seen |= reader.changes_since(cursor)[1]
+    assert unknown == 0
+    assert seen == {f"{t}-{n}" for t in ("a", "b") for n in range(300)}
+    assert len(followed - set(segments(reader))) >= 5, "segments were removed meanwhile"
+
+
 def test_sealed_segments_are_followed_then_skipped(tmp_path, monkeypatch):
     """A writer seals a full segment and starts the next; a reader follows it across
     the seal, and a sealed segment read to its end is not opened again."""
