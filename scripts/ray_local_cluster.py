@@ -137,12 +137,12 @@ class LocalRayCluster:
             return ""
 
     def stop(self) -> None:
-        for proc in self.procs:  # SIGTERM: `ray start --block` stops its node cleanly
+        for proc in self.procs:  # SIGTERM: `ray start --block` stops its node cleanly ...
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 5  # ... or not within seconds (it waited 20 s): SIGKILL
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
