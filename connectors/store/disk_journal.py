@@ -16,8 +16,9 @@ each writer appends only to files of its own:
   close-to-open consistency gives the next reader that opens the file its new size.
   After ``SEGMENT_BYTES`` or ``ROTATE_S`` a writer starts a new segment and seals the
   old one with a last line ``-NAME`` naming the new one, and removes segments nobody
-  has appended to for ``KEEP_S``. A change this module cannot name (a removal by raw
-  directory name) is a line ``*``: readers re-check everything.
+  has appended to for ``KEEP_S``; a process that exits, or drops the handle, seals its
+  segment with ``-`` (one that is killed cannot). A change this module cannot name (a
+  removal by raw directory name) is a line ``*``: readers re-check everything.
 * **Readers** keep a cursor: per segment, the offset read up to (None once a sealed
   segment is read to its end), when it last moved, and the journal's ``id``. A refresh
   lists the directory and opens each segment not yet sealed, and the successors seals
@@ -46,6 +47,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class DiskJournal:
         self._size = 0
         self._opened = 0.0
         self._warned = False
+        self._sealer: weakref.finalize | None = None  # seals the segment at exit or GC
 
     # -- writers --------------------------------------------------------------------
     def append(self, identifiers) -> None:
@@ -129,14 +132,14 @@ class DiskJournal:
                 f"{uuid.uuid4().hex[:8]}{SUFFIX}")
         path = os.path.join(self.dir, name)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        if self._sealer is not None:
+            self._sealer.detach()
         if self._segment is not None and self._pid == os.getpid():
-            with contextlib.suppress(OSError):
-                fd = os.open(self._segment, os.O_WRONLY | os.O_APPEND)
-                try:
-                    os.write(fd, f"{SEAL}{name}\n".encode())
-                finally:
-                    os.close(fd)
+            _seal(self._segment, os.getpid(), name)
         self._segment, self._pid, self._size, self._opened = path, os.getpid(), 0, time.monotonic()
+        # a process that exits (or drops this handle) seals its segment, so readers stop
+        # opening it; one killed cannot, and readers open it until it is removed
+        self._sealer = weakref.finalize(self, _seal, path, os.getpid())
         self._trim()
 
     def _ensure_id(self) -> None:
@@ -276,6 +279,19 @@ class DiskJournal:
             else:
                 offsets[name] = start + tail.rfind(b"\n") + 1
         return {"id": token, "t": now, "s": offsets}
+
+
+def _seal(path: str, pid: int, successor: str = "") -> None:
+    """Append the seal line (naming the successor, if any) to a segment, from the process
+    that wrote it only (a forked child inherits the finalizer, not the segment)."""
+    if os.getpid() != pid:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, f"{SEAL}{successor}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def _read_all(fd: int, n: int) -> bytes:

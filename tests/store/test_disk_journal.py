@@ -12,6 +12,7 @@ consumer on a network filesystem re-check only what the journal names.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -141,6 +142,32 @@ def test_sealed_segments_are_followed_then_skipped(tmp_path, monkeypatch):
     store.delete("k3")
     cursor, changed = store.changes_since(cursor)
     assert changed == {"k3"} and not set(opened) & set(sealed)
+
+
+def test_a_writer_that_exits_seals_its_segment_one_killed_does_not(tmp_path):
+    """Readers stop opening the segment of a process that exited (or dropped its
+    handle); a killed one's stays unsealed until it is removed."""
+    root = tmp_path / "s"
+    reader = DiskStore(root)
+    cursor, _ = reader.changes_since(None)
+    tests = os.path.dirname(os.path.dirname(__file__))
+    code = ("import os, sys; sys.path[:0] = [{t!r}]\n"
+            "from encache.connectors.store.disk import DiskStore\n"
+            "from store_contract import blob\n"
+            "s = DiskStore({r!r}, fsync=False); s.put(sys.argv[1], blob(sys.argv[1], n=4))\n"
+            "if sys.argv[1] == 'killed': os.kill(os.getpid(), 9)\n").format(t=tests, r=str(root))
+    for tag in ("exited", "killed"):
+        subprocess.run([sys.executable, "-c", code, tag], timeout=60)
+    cursor, changed = reader.changes_since(cursor)
+    assert changed == {"exited", "killed"}
+    assert sorted(off is None for off in cursor["s"].values()) == [False, True]
+    store = DiskStore(root)
+    store.put("dropped", blob("dropped", n=4))
+    del store  # a handle dropped: its segment sealed too
+    gc.collect()
+    cursor, changed = reader.changes_since(cursor)
+    assert changed == {"dropped"}
+    assert sum(off is None for off in cursor["s"].values()) == 2
 
 
 def test_a_reader_follows_a_seal_to_a_segment_its_listing_does_not_show(tmp_path,
