@@ -3,11 +3,13 @@
 A reader that holds copies (a local tier in front of a shared directory, a consumer's
 staged buffers on a network filesystem) learns what changed from per-writer segment
 files instead of a ``stat`` per copy. Shown here with real files and real processes:
-two writer processes at once, every change named once; segments sealed, rotated and
-removed; every case where the journal cannot tell (a wiped journal, a dead writer's
-segment removed, a torn or foreign line, a cursor too old) answers None; evictions,
-quarantines and removals by raw name are journaled; a tier over a directory and a
-consumer on a network filesystem re-check only what the journal names.
+two writer processes at once, and two churning through segments, every change named
+once; segments sealed (by rotation, at exit, not when killed), followed through seals
+past a stale listing, removed and forgotten; every case where the journal cannot tell (a
+wiped journal, a shrunk segment, a line that is not an identifier, a cursor too old)
+answers None; evictions, quarantines and removals by raw name are journaled; a reader on
+a read-only mount; a tier over a directory and a consumer on a network filesystem
+re-check only what the journal names.
 """
 
 from __future__ import annotations
