@@ -409,22 +409,16 @@ class DiskStore(Store):
         an open of each segment still being written, O(writers + changes)."""
         return self._journal.read(cursor)
 
+    def changed_outside(self, identifiers) -> None:
+        """Entry files changed other than by :meth:`put` / :meth:`delete` (an eviction,
+        a quarantine, a removal by raw directory name): recorded as a put's are; a None
+        among ``identifiers`` (a hashed name) makes readers re-check all they hold."""
+        self._changed(identifiers)
+
     def _changed(self, identifiers) -> None:
+        """Move :meth:`index_version` and journal ``identifiers``."""
         self._bump_generation()
         self._journal.append(identifiers)
-
-    def changed_outside(self, identifiers) -> None:
-        """Entry files changed other than by :meth:`put` / :meth:`delete` (an eviction, a
-        quarantine, a removal by raw directory name): move :meth:`index_version` and
-        journal them; a None among ``identifiers`` (a hashed name) makes readers
-        re-check everything they hold."""
-        identifiers = list(identifiers)
-        self._bump_generation()
-        named = [i for i in identifiers if i is not None]
-        if named:
-            self._journal.append(named)
-        if len(named) < len(identifiers):
-            self._journal.everything_changed()
 
     def _bump_generation(self) -> None:
         """Move :meth:`index_version` (one ``O_APPEND`` write; restarted past 64 KiB)."""

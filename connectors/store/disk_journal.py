@@ -81,12 +81,14 @@ class DiskJournal:
 
     # -- writers --------------------------------------------------------------------
     def append(self, identifiers) -> None:
-        """Record that ``identifiers`` changed (put, deleted, evicted, quarantined). Never
-        raises: a record that cannot be written is a change readers find at their next
-        full check (one warning per handle)."""
+        """Record that ``identifiers`` changed (put, deleted, evicted, quarantined); a
+        None among them (an entry whose identifier is unknown) is a ``*`` line: readers
+        re-check everything. Never raises: a record that cannot be written is a change
+        readers find at their next full check (one warning per handle)."""
         if self.read_only:
             return
-        data = "".join(json.dumps(i) + "\n" for i in identifiers).encode()
+        data = "".join(EVERYTHING + "\n" if i is None else json.dumps(i) + "\n"
+                       for i in identifiers).encode()
         if not data:
             return
         with self._lock:
@@ -98,13 +100,6 @@ class DiskJournal:
                     log.warning("encache: cannot write the change journal in %s (%s): "
                                 "readers holding copies find changes at their next full "
                                 "check", self.dir, e.strerror or e)
-
-    def everything_changed(self) -> None:
-        """Record a change the journal cannot name: readers re-check all they hold."""
-        if self.read_only:
-            return
-        with self._lock, contextlib.suppress(OSError):
-            self._write((EVERYTHING + "\n").encode())
 
     def _write(self, data: bytes) -> None:
         if (self._segment is None or self._pid != os.getpid() or self._size >= SEGMENT_BYTES
