@@ -7,7 +7,8 @@ and aspect ratios give entries of different shapes (rows = merged 28x28 patches)
 ``req/`` images are precomputed with ``--request-mm-processor-kwargs`` for requests that
 carry a smaller ``max_pixels`` of their own (a hash factor of the identifier). One
 consumer, one plain server (its probe saves every tower output: entries are compared with
-what the serving engine's own tower computes), started together.
+what the serving engine's own tower computes), started together. The consumer also takes
+what vLLM 0.33's EPD proxy sends PD: metadata-only items keyed by a ``uuid``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from engine_support import PRECOMPUTE_KW
 from served_support import (
     Reference,
     assert_logprobs_close,
+    counter_deltas,
     draw_images,
+    first_token_logprobs,
     served_request,
     start_server,
     stored_tensor,
@@ -54,7 +57,7 @@ def qwen(tiny_qwen2_5_vl, tmp_path_factory):
               "multi": draw_images(root / "main" / "multi", MULTI, seed=12),
               "req": draw_images(root / "req", REQ, seed=13),
               "fresh": draw_images(root / "fresh", FRESH, seed=14)}
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
+    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_timeout_s": 2.0})
     # a request may carry its own mm_processor_kwargs only where the server trusts them
     server_args = ("--trust-request-mm-kwargs", "--mm-processor-kwargs", json.dumps(SERVER))
     servers = {}
@@ -151,3 +154,81 @@ def test_multi_image_requests_hit_stored_items_and_encode_the_rest(qwen):
         assert_logprobs_close(logprobs, qwen["ref"].multi(paths))
         assert encoded == new_fresh, (deltas, encoded)
         assert deltas == {"hits": new_stored, "misses": new_fresh, "config_mismatches": 0}
+
+
+def grid_thw(path: str) -> list[int]:
+    """The ``image_grid_thw`` Qwen2.5-VL's processor gives ``path`` under the server's
+    ``max_pixels``: the placeholder metadata an encoder reports and vLLM 0.33's proxy
+    forwards to PD."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    width, height = Image.open(path).size
+    h, w = smart_resize(height, width, factor=28, min_pixels=3136,
+                        max_pixels=SERVER["max_pixels"])
+    return [1, h // 14, w // 14]
+
+
+def metadata_only_request(server, uuid: str, grid: list[int]) -> tuple[int, dict | str]:
+    """What vLLM 0.33's proxy sends PD for one image: an ``image_embeds`` reference with
+    the item's placeholder metadata and its ``uuid``, no pixels. (status, reply)."""
+    import urllib.error
+    import urllib.request
+
+    part = {"type": "image_embeds", "image_embeds": {"image_grid_thw": grid}, "uuid": uuid}
+    body = {"model": server.model, "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "top_logprobs": 5, "messages": [{"role": "user", "content": [
+                part, {"type": "text", "text": "What is on this page?"}]}]}
+    req = urllib.request.Request(server.base + "/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def test_metadata_only_items_load_from_the_store_or_fail_their_request_alone(qwen):
+    """vLLM 0.33's EPD proxy sends PD each image as a metadata-only reference keyed by the
+    uuid it gave the encoder: PD cannot encode it. (0.33's proxy does not drive 0.32
+    servers; this client sends PD what it sends.) Through the consumer api_server: a
+    stored item is answered from the store with the tower idle and the plain server's
+    logprobs for the pixels; an item the store lacks, or holds corrupt, fails that request
+    alone (an HTTP error the proxy retries), counted with its reason, and the server goes
+    on."""
+    from encache.connectors.store.entry import encode_parts, validate_blob
+
+    server, store = qwen["servers"]["ec"], qwen["store"]
+    path = qwen["images"]["main"]["square_png"]
+    grid = grid_thw(path)
+    # the encoder stored this image under the proxy's uuid (a copy of its entry)
+    s = open_store(store)
+    blob = s.get(identify_file(path, qwen["model"]).identifier)
+    meta, off = validate_blob(blob)
+    assert meta.shape[0] == grid[0] * grid[1] * grid[2] // 4, (meta.shape, grid)
+    uuid = "proxy-uuid/page 1"
+    header, view = encode_parts(uuid, bytes(blob[off:off + meta.data_bytes]), meta.dtype,
+                                meta.shape, model=meta.model, vllm_version=meta.vllm_version,
+                                hash_algo=meta.hash_algo, encoder_config=meta.encoder_config)
+    s.put(uuid, header + bytes(view))
+    corrupt = bytearray(header + bytes(view))
+    corrupt[-7] ^= 0xFF
+    s.put("proxy-uuid/corrupt", bytes(corrupt))
+
+    keys = ("hits", "misses", "unavailable", "unavailable_late", "unavailable_corrupt")
+    before, items = s.read_counters(), server.encoder_log.count()
+    status, reply = metadata_only_request(server, uuid, grid)
+    assert status == 200, reply
+    assert_logprobs_close(first_token_logprobs(reply), qwen["ref"].single(path)[0])
+    status, reply = metadata_only_request(server, "proxy-uuid/never encoded", grid)
+    assert status >= 400, reply
+    status, reply = metadata_only_request(server, "proxy-uuid/corrupt", grid)
+    assert status >= 400, reply
+    assert counter_deltas(store, before, keys) == {
+        "hits": 1, "misses": 0, "unavailable": 2, "unavailable_late": 1,
+        "unavailable_corrupt": 1}
+    assert server.encoder_log.count() == items, "PD ran its tower for a metadata-only item"
+    # the server goes on serving
+    status, reply = metadata_only_request(server, uuid, grid)
+    assert status == 200, reply
