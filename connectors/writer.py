@@ -6,7 +6,10 @@ caller blocks briefly (back-pressure) rather than letting memory grow without li
 Failures are counted and logged (rate-limited) — a producer whose store is down keeps
 serving. ``flush()`` waits for everything submitted so far (precompute, shutdown);
 ``wait()`` for given submissions (an encoder instance's step: its request must not finish
-before its entries are readable, see :mod:`encache.connectors.vllm.worker`).
+before its entries are readable, see :mod:`encache.connectors.vllm.worker`). On a store
+with in-flight writes (``supports_in_flight``: disk on a local filesystem) an entry is
+readable once its bytes are written: a reader that finds it in flight waits for the
+commit, so the fsync does not hold the encoder's request.
 """
 
 from __future__ import annotations
@@ -51,14 +54,18 @@ class EntryWriter:
                nbytes: int, **meta) -> Future:
         """Queue one entry. ``data_fn`` returns ``(buffer, dtype_code, shape)`` when run
         in the writer thread (e.g. a device-to-host copy happens there, not in the step).
-        The future's result is True once the entry is in the store (written, or already
-        there), False when the write failed (counted and logged here)."""
+        The future's result is True once every reader can have the entry (written, or
+        already there; on a ``supports_in_flight`` store: its bytes written, its commit
+        under way), False when the write failed (counted and logged here, also when it
+        fails after the future said True). :meth:`flush` waits for the commits."""
+        landed: Future = Future()
         with self._cond:
             while self._pending and self._pending_bytes + nbytes > self.max_pending_bytes:
                 self._cond.wait(1.0)
             self._pending_bytes += nbytes
             self._pending += 1
-        return self._pool.submit(self._write, identifier, data_fn, nbytes, meta)
+        self._pool.submit(self._write, identifier, data_fn, nbytes, meta, landed)
+        return landed
 
     def wait(self, futures: list[Future], timeout: float | None) -> tuple[int, int]:
         """Block until ``futures`` (from :meth:`submit`) are done or ``timeout`` s passed;
@@ -74,14 +81,23 @@ class EntryWriter:
         config and, for a stamped LoRA entry, the same adapter digest)."""
         return holds(self.store, identifier, self.encoder_config, lora_digest)
 
-    def _write(self, identifier, data_fn, nbytes, meta) -> bool:
+    def _write(self, identifier, data_fn, nbytes, meta, landed: Future) -> None:
+        def land(ok: bool) -> None:  # only this thread sets it
+            if not landed.done():
+                landed.set_result(ok)
+
         try:
             if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
                 self.count("skipped_existing")
-                return True
+                land(True)
+                return
             data, dtype, shape = data_fn()
-            written = self.store.put(identifier, encode_parts(identifier, data, dtype, shape, **meta),
-                                     encoded_here=True)
+            parts = encode_parts(identifier, data, dtype, shape, **meta)
+            if self.store.supports_in_flight:
+                written = self.store.put(identifier, parts, encoded_here=True,
+                                         on_written=lambda: land(True))
+            else:
+                written = self.store.put(identifier, parts, encoded_here=True)
             self.count("saves")
             self.count("bytes_saved", written)
             with self._cond:
@@ -89,7 +105,7 @@ class EntryWriter:
                     self.saved.append(identifier)
             if self.on_saved:
                 self.on_saved(identifier)
-            return True
+            land(True)
         except Exception as e:  # never propagate into the engine
             self.count("save_errors")
             with self._cond:
@@ -97,7 +113,7 @@ class EntryWriter:
                     self.errors[identifier] = str(e)
             self.warn.warning("save", "encache: cannot save %s to %s: %s",
                               identifier, self.store.url, e)
-            return False
+            land(False)
         finally:
             with self._cond:
                 self._pending_bytes -= nbytes

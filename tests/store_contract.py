@@ -173,7 +173,8 @@ class StoreContract:
         for flag in ("supports_entry_path", "supports_used_bytes", "supports_batch",
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
                      "supports_live_counters", "supports_verified_log", "supports_verified_reads",
-                     "supports_change_journal", "journal_complete", "local", "read_only"):
+                     "supports_change_journal", "journal_complete", "supports_in_flight",
+                     "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
         assert store.max_bytes is None or store.max_bytes > 0
@@ -266,6 +267,22 @@ class StoreContract:
         assert store.changes_since(cursor2) == (cursor2, set())
         other.put("j4", blob("j4"))
         assert store.changes_since(cursor2)[1] == {"j4"}
+
+    def test_in_flight_lasts_from_the_bytes_to_the_commit(self, store):
+        """``supports_in_flight``: another handle sees a write as in flight from
+        ``on_written`` until the commit, then the entry; an absent or committed entry is
+        not in flight. Without it: never in flight, and ``put`` commits before returning."""
+        other = self.make_store(store)
+        assert not store.in_flight("f1")
+        if not store.supports_in_flight:
+            other.put("f1", blob("f1"))
+            assert not store.in_flight("f1") and store.contains("f1")
+            return
+        seen = []
+        other.put("f1", blob("f1"), on_written=lambda: seen.append(
+            (store.in_flight("f1"), store.contains("f1"))))
+        assert seen == [(True, False)]
+        assert not store.in_flight("f1") and store.contains("f1")
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

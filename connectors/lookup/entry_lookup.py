@@ -233,6 +233,8 @@ class EntryLookup:
         if state is not None:
             return state
         if not self.probably_stored(identifier, now):
+            if self._being_committed(identifier, now):
+                return self.loader.start(identifier, now, committing=True)
             return State.MISS
         if inline and self.store.mapped_loads and (self.store.local
                                                    or self.store.holds_locally(identifier)):
@@ -240,6 +242,20 @@ class EntryLookup:
             if staged is not DEFER:
                 return State.READY if staged is not None else State.MISS
         return self.loader.start(identifier, now)
+
+    def _being_committed(self, identifier: str, now: float) -> bool:
+        """An encoder's write of ``identifier`` has its bytes written and its commit
+        under way (``Store.in_flight``; EPD: the encoder's request finished before its
+        fsync): wait for the commit like for a read, rather than encode it again."""
+        if not self.store.supports_in_flight or self.misses.is_rejected(identifier, now) \
+                or self.breaker.is_open(now) or not self.loader.waits_for_commit(identifier, now):
+            return False
+        try:
+            # the commit may land between the index's look and this one: then the entry
+            # is there (in this order, no moment of the write answers neither)
+            return self.store.in_flight(identifier) or self.store.contains(identifier)
+        except Exception:  # noqa: BLE001 - cannot tell: a miss, as before
+            return False
 
     def wait(self, identifiers, timeout: float) -> None:
         """Block up to ``timeout`` s for the in-flight reads of ``identifiers``."""

@@ -50,6 +50,8 @@ VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
 #: verified at start can still be mapped when its first request comes soon after
 VERIFY_AHEAD_START_BYTES = 2 << 30
 DEFER = object()  # load(inline=True): too big to do in the caller's thread
+COMMIT_POLL_S = 0.001  # how often a read waiting for an in-flight write's commit looks
+COMMIT_GIVE_UP_S = 10.0  # a write that did not commit in time is not waited for again this long
 
 
 class _Deferred(Exception):
@@ -106,6 +108,7 @@ class Loader:
         self.breaker, self.warn = breaker, warn
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[Future, float]] = {}
+        self._uncommitted: dict[str, float] = {}  # identifier -> until when not to wait
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="encache-load")
 
     # -- background reads ----------------------------------------------------------
@@ -117,14 +120,17 @@ class Loader:
             return None
         return State.PENDING if now - inflight[1] < self.timeout_s else State.MISS
 
-    def start(self, identifier: str, now: float) -> State:
-        """Start a background read (unless one runs or the entry is staged already)."""
+    def start(self, identifier: str, now: float, committing: bool = False) -> State:
+        """Start a background read (unless one runs or the entry is staged already);
+        ``committing``: a write of it is in flight (``Store.in_flight``), the read waits
+        for its commit first."""
         with self._lock:
             if identifier in self._inflight:
                 return State.PENDING
             if identifier in self.staging:
                 return State.READY
-            fut = self._pool.submit(self.load, identifier)
+            fut = self._pool.submit(self._load_committed if committing else self.load,
+                                    identifier)
             self._inflight[identifier] = (fut, now)
         return State.PENDING
 
@@ -145,6 +151,30 @@ class Loader:
                 return
             for f in futs:
                 f.exception(timeout=max(0.0, deadline - time.monotonic()))
+
+    def waits_for_commit(self, identifier: str, now: float) -> bool:
+        """Whether an in-flight write of ``identifier`` is worth waiting for: not when
+        a wait for it ran out lately (a writer killed between its bytes and its commit
+        leaves a temp file that looks in flight for a while)."""
+        return self._uncommitted.get(identifier, 0) <= now  # one dict read: atomic
+
+    def _load_committed(self, identifier: str):
+        """Wait (at most ``load_timeout_s``) while a write of ``identifier`` is in flight
+        and not committed, then load it as usual; counted as ``commit_waits``."""
+        self.metrics.count("commit_waits")
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not self.store.contains(identifier) and self.store.in_flight(identifier):
+                if time.monotonic() >= deadline:
+                    with self._lock:
+                        if len(self._uncommitted) > 10_000:
+                            self._uncommitted.clear()
+                        self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
+                    break
+                time.sleep(COMMIT_POLL_S)
+        except Exception:  # noqa: BLE001 - the load below meets the error and counts it
+            pass
+        return self.load(identifier)
 
     # -- one load ------------------------------------------------------------------
     def load(self, identifier: str, register: bool = True, inline: bool = False):

@@ -40,6 +40,12 @@ backend:
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
+``supports_in_flight``      a write is visible to every reader as in flight (``in_flight()``)
+                            from the moment its bytes are written until its commit, and
+                            ``put(on_written=...)`` says when that moment comes: a writer may
+                            report the entry landed then, a reader that finds it in flight
+                            waits for the commit (disk on a local filesystem: the fsync then
+                            runs off the encoder's request); default: ``in_flight`` is False
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -144,6 +150,7 @@ class Store(ABC):
     #: record is a separate step that can be lost; readers also re-check everything every
     #: ``JOURNAL_FULL_CHECK_S``)
     journal_complete: bool = True
+    supports_in_flight: bool = False
 
     @property
     @abstractmethod
@@ -226,6 +233,12 @@ class Store(ABC):
         enough for every metrics sample; None for a store without one (:mod:`.tiered`)."""
         return None
 
+    def in_flight(self, identifier: str) -> bool:
+        """A write of ``identifier`` has its bytes written and its commit under way
+        (``supports_in_flight`` backends): a reader that wants it waits for the commit
+        rather than taking it for absent. Default: False."""
+        return False
+
     def holds_locally(self, identifier: str) -> bool:
         """A copy of ``identifier`` this node may serve without reaching the store (a
         local tier's current copy): through an outage, such items are still loaded."""
@@ -239,6 +252,8 @@ class Store(ABC):
         computed their checksum in this process), so a store with a verified log
         (``supports_verified_log``) records the written version as verified. Never set
         for bytes copied from elsewhere. Returns the number of bytes written.
+        ``supports_in_flight`` backends also take ``on_written``, called once the bytes
+        are written and :meth:`in_flight` shows the write, before the commit.
         """
 
     @abstractmethod

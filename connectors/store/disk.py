@@ -84,6 +84,8 @@ MMAP_MIN_BYTES_KEPT = 64 << 10
 LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs",
                                "overlay", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs"})
 _HEAD_READ = 4096
+# A temp file older than this is a killed writer's leftover, not a write in flight
+IN_FLIGHT_S = 10.0
 
 
 class DiskStore(Store):
@@ -129,6 +131,10 @@ class DiskStore(Store):
         # "mmap" maps every entry, "auto" those of map_min_bytes+ on a local filesystem.
         self.mapped_loads = load_mode == "mmap" or (load_mode == "auto"
                                                     and self.fs_type in LOCAL_FILESYSTEMS)
+        # in-flight writes (a temp file in the entry's directory) are seen by every reader
+        # at once on a local filesystem; over a network filesystem a reader's cached
+        # lookups could hide the commit that follows, so a write lands at its commit there
+        self.supports_in_flight = self.fs_type in LOCAL_FILESYSTEMS
         self._root_str = str(self.root)
         self._generation_path = os.path.join(self._root_str, META_DIR, "generation")
         self._journal = DiskJournal(os.path.join(self._root_str, META_DIR),
@@ -309,7 +315,11 @@ class DiskStore(Store):
         finally:
             os.close(fd)
 
-    def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
+    def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False,
+            on_written=None) -> int:
+        """``on_written`` (``supports_in_flight``): called once the bytes are in the temp
+        file, before its fsync and rename; :meth:`in_flight` is True from then until the
+        commit. Not called without fsync (the rename follows at once)."""
         if isinstance(parts, (bytes, bytearray, memoryview)):
             parts = (parts,)
         parts = [memoryview(p).cast("B") for p in parts]
@@ -332,6 +342,8 @@ class DiskStore(Store):
                     f.write(p)
                 f.flush()
                 if self.fsync:
+                    if on_written is not None and self.supports_in_flight:
+                        on_written()  # in flight: a reader waits for the rename below
                     os.fsync(f.fileno())
                 os.replace(tmp, directory / ENTRY_FILE)  # the commit point
                 if encoded_here:  # after the rename, which moves ctime
@@ -436,6 +448,22 @@ class DiskStore(Store):
             pass
         finally:
             os.close(fd)
+
+    def in_flight(self, identifier: str) -> bool:
+        """A fresh temp file in the entry's directory: a write between its bytes and
+        its rename (local filesystems; one ``scandir`` of that directory)."""
+        if not self.supports_in_flight:
+            return False
+        try:
+            with os.scandir(os.path.join(self._root_str, to_name(identifier))) as names:
+                for e in names:
+                    if e.name.startswith(TEMP_PREFIX):
+                        with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
+                            if time.time() - e.stat().st_mtime < IN_FLIGHT_S:
+                                return True
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        return False
 
     def contains(self, identifier: str) -> bool:
         return os.path.isfile(self.entry_path(identifier))

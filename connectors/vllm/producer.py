@@ -23,9 +23,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-log = logging.getLogger("encache.producer")
+from . import CONNECTOR_MODULE
 
-from . import CONNECTOR_MODULE  # noqa: F401 (also imported from here by older code)
+log = logging.getLogger("encache.producer")
 
 
 @dataclass

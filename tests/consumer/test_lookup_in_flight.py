@@ -1,0 +1,162 @@
+"""A write in flight (EPD on a local disk store): the encoder's request finishes once the
+entry's bytes are written, before their fsync and the rename that commits them; a
+consumer that looks the entry up in between waits for the commit instead of encoding
+the image again.
+
+Real files, a real ``EntryWriter`` and lookup at a Gemma-3-sized entry (256 x 2688
+fp32, 2.75 MB). The writer's fsync is held until the test lets it go, so the window
+between "written" and "committed" (1.7 ms at this size here, more on a busy disk) lasts
+as long as the test needs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from encache.connectors.lookup.loader import State
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.files import TEMP_PREFIX
+from encache.connectors.writer import EntryWriter
+from lookup_support import make, tensor_bytes
+
+ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
+
+
+@pytest.fixture
+def held_fsync(monkeypatch):
+    """``os.fsync`` of an entry's temp file waits for ``release``; ``entered`` is set
+    when one does. Other fsyncs (bookkeeping files) pass."""
+    real, entered, release = os.fsync, threading.Event(), threading.Event()
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.basename(path).startswith(TEMP_PREFIX) and "/.encache/" not in path:
+            entered.set()
+            assert release.wait(30)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    yield entered, release
+    release.set()
+
+
+def save(writer: EntryWriter, identifier: str):
+    return writer.submit(identifier, lambda: (ARR.view(np.uint8), "F32", ARR.shape),
+                         ARR.nbytes, model="m")
+
+
+def test_a_write_lands_when_written_and_a_reader_waits_for_its_commit(tmp_path, held_fsync):
+    entered, release = held_fsync
+    writer = EntryWriter(DiskStore(tmp_path))
+    reader = DiskStore(tmp_path)
+    lk = make(reader)
+    try:
+        landed = save(writer, "img")
+        assert landed.result(timeout=30) is True  # the encoder's request may finish now
+        assert entered.wait(10)  # the fsync has begun (and is held)
+        assert not reader.contains("img") and reader.in_flight("img")
+        assert lk.request("img") is State.PENDING  # not a miss: the commit is coming
+        time.sleep(0.2)
+        assert lk.request("img") is State.PENDING
+        release.set()
+        lk.wait(["img"], 10)
+        assert lk.request("img") is State.READY
+        assert tensor_bytes(lk.get_staged("img")) == ARR.tobytes()
+        assert lk.metrics.pending("commit_waits") == 1
+        assert writer.flush(30)  # flush waits for commits
+        assert writer.counters.get("saves") == 1 and not writer.errors
+        assert reader.contains("img") and not reader.in_flight("img")
+    finally:
+        release.set()
+        writer.close()
+        lk.close()
+
+
+def test_without_fsync_or_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
+    """No fsync: the rename follows the bytes at once, nothing is in flight. A network
+    filesystem (a reader's cached lookups could hide the commit): no in-flight writes."""
+    store = DiskStore(tmp_path, fsync=False)
+    writer = EntryWriter(store)
+    try:
+        assert save(writer, "img").result(timeout=30) is True
+        assert store.contains("img")
+    finally:
+        writer.close()
+    nfs = DiskStore(tmp_path / "nfs")
+    nfs.supports_in_flight = False  # what a non-local filesystem type gives
+    (tmp_path / "nfs" / "x").mkdir()
+    (tmp_path / "nfs" / "x" / (TEMP_PREFIX + "1")).write_bytes(b"1")
+    assert not nfs.in_flight("x")
+
+
+def test_a_killed_writers_temp_file_is_waited_for_once_then_not(tmp_path):
+    """A writer SIGKILLed between its bytes and its commit leaves a temp file: a fresh
+    one is waited for up to ``load_timeout_s`` once, then the item is a miss (encoded)
+    without another wait; an old one is not in flight at all."""
+    from encache.connectors.store.keys import to_name
+
+    store = DiskStore(tmp_path)
+    d = tmp_path / to_name("killed")
+    d.mkdir()
+    tmp = d / (TEMP_PREFIX + "abc")
+    tmp.write_bytes(b"x" * 4096)
+    lk = make(store, load_timeout_s=0.3)
+    try:
+        assert store.in_flight("killed")
+        assert lk.request("killed") is State.PENDING
+        lk.wait(["killed"], 5)
+        time.sleep(0.25)  # past the index's short memory of an absent identifier
+        assert lk.request("killed") is State.MISS  # no second wait
+        old = time.time() - 60
+        os.utime(tmp, (old, old))
+        assert not store.in_flight("killed")
+    finally:
+        lk.close()
+
+
+def test_a_write_that_fails_after_it_landed_is_said_on_the_writer_side(tmp_path, monkeypatch):
+    """The request finished when the bytes were written; the commit then fails (the
+    fsync raises): counted and logged on the encoder, nothing visible, readers stop
+    waiting (the temp file is gone)."""
+    def failing(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.basename(path).startswith(TEMP_PREFIX) and "/.encache/" not in path:
+            raise OSError(5, "Input/output error")
+        return real(fd)
+
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", failing)
+    store = DiskStore(tmp_path)
+    writer = EntryWriter(store)
+    try:
+        assert save(writer, "img").result(timeout=30) is True
+        assert writer.flush(30)
+        assert writer.counters.get("save_errors") == 1 and "img" in writer.errors
+        assert not store.contains("img") and not store.in_flight("img")
+    finally:
+        writer.close()
+
+
+def test_a_lookup_right_after_landing_never_misses(tmp_path):
+    """The proxy's timing, many times over with real fsyncs: the moment a write lands
+    (the encoder's answer), a consumer looks its entry up -- before, during or after the
+    commit, never a miss."""
+    writer = EntryWriter(DiskStore(tmp_path), threads=2)
+    lk = make(DiskStore(tmp_path))
+    small = ARR[:16]  # 172 KB: many rounds, commits a fraction of a millisecond away
+    try:
+        for i in range(300):
+            landed = writer.submit(f"n{i}", lambda: (small.view(np.uint8), "F32", small.shape),
+                                   small.nbytes, model="m")
+            assert landed.result(timeout=30) is True
+            state = lk.request(f"n{i}", inline=True)
+            assert state is not State.MISS, i
+        assert writer.flush(30) and not writer.errors
+    finally:
+        writer.close()
+        lk.close()
