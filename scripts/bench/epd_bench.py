@@ -105,8 +105,8 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
 
     t = torch.randn(*shape)
     stores = {fs: open_store(str(root / f"ov-{fs}"), fsync=fs) for fs in (True, False)}
-    times = {"encode_parts (checksum + header)": [], "put, fsync": [], "put, no fsync": [],
-             "ECExample save_file": []}
+    times = {"encode_parts (checksum + header)": [], "put, fsync": [],
+             "put, fsync: until it lands": [], "put, no fsync": [], "ECExample save_file": []}
     for i in range(reps):
         host = t.to("cpu").contiguous()
         data = host.reshape(-1).view(torch.uint8).numpy()
@@ -114,9 +114,13 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
         parts = encode_parts(f"id{i}", data, "F32", tuple(host.shape), model="m")
         times["encode_parts (checksum + header)"].append(time.perf_counter() - t0)
         for fs, key in ((True, "put, fsync"), (False, "put, no fsync")):
+            landed = []  # the writer reports the entry when its bytes are written
             t0 = time.perf_counter()
-            stores[fs].put(f"id{i}", parts, encoded_here=True)
+            stores[fs].put(f"id{i}", parts, encoded_here=True,
+                           on_written=lambda: landed.append(time.perf_counter()))
             times[key].append(time.perf_counter() - t0)
+            if fs:
+                times["put, fsync: until it lands"].append(landed[0] - t0)
         d = root / "ov-ex" / f"id{i}"
         t0 = time.perf_counter()
         d.mkdir(parents=True, exist_ok=True)
