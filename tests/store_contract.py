@@ -270,19 +270,29 @@ class StoreContract:
 
     def test_in_flight_lasts_from_the_bytes_to_the_commit(self, store):
         """``supports_in_flight``: another handle sees a write as in flight from
-        ``on_written`` until the commit, then the entry; an absent or committed entry is
-        not in flight. Without it: never in flight, and ``put`` commits before returning."""
+        ``on_written`` until the commit (and can read its bytes), then the entry; an
+        absent or committed entry is not in flight. Without it: never in flight, and
+        ``put`` commits before returning."""
         other = self.make_store(store)
-        assert not store.in_flight("f1")
+        assert not store.in_flight("f1") and store.read_in_flight("f1") is None
         if not store.supports_in_flight:
             other.put("f1", blob("f1"))
             assert not store.in_flight("f1") and store.contains("f1")
+            assert store.read_in_flight("f1") is None
             return
         seen = []
-        other.put("f1", blob("f1"), on_written=lambda: seen.append(
-            (store.in_flight("f1"), store.contains("f1"))))
-        assert seen == [(True, False)]
+
+        data = blob("f1")
+
+        def written():
+            got = store.read_in_flight("f1")  # the whole entry, checked, before the commit
+            seen.append((store.in_flight("f1"), store.contains("f1"),
+                         got is not None and bytes(got[0]) == data))
+
+        other.put("f1", data, on_written=written)
+        assert seen == [(True, False, True)]
         assert not store.in_flight("f1") and store.contains("f1")
+        assert store.read_in_flight("f1") is None
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

@@ -129,8 +129,7 @@ class Loader:
                 return State.PENDING
             if identifier in self.staging:
                 return State.READY
-            fut = self._pool.submit(self._load_committed if committing else self.load,
-                                    identifier)
+            fut = self._pool.submit(self.load, identifier, committing=committing)
             self._inflight[identifier] = (fut, now)
         return State.PENDING
 
@@ -158,33 +157,44 @@ class Loader:
         leaves a temp file that looks in flight for a while)."""
         return self._uncommitted.get(identifier, 0) <= now  # one dict read: atomic
 
-    def _load_committed(self, identifier: str):
-        """Wait (at most ``load_timeout_s``) while a write of ``identifier`` is in flight
-        and not committed, then load it as usual; counted as ``commit_waits``."""
-        self.metrics.count("commit_waits")
+    def _in_flight_load(self, identifier: str, inline: bool):
+        """A write of ``identifier`` was in flight (``Store.in_flight``; EPD: the encoder
+        answered before its fsync and rename): its bytes from the temp file once all are
+        written (checked in full), else the committed entry; polls at most
+        ``load_timeout_s``. Counted as ``in_flight_loads``."""
+        self.metrics.count("in_flight_loads")
         deadline = time.monotonic() + self.timeout_s
-        try:
-            while not self.store.contains(identifier) and self.store.in_flight(identifier):
-                if time.monotonic() >= deadline:
-                    with self._lock:
-                        if len(self._uncommitted) > 10_000:
-                            self._uncommitted.clear()
-                        self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
-                    break
-                time.sleep(COMMIT_POLL_S)
-        except Exception:  # noqa: BLE001 - the load below meets the error and counts it
-            pass
-        return self.load(identifier)
+        while not self.store.contains(identifier):
+            got = self.store.read_in_flight(identifier)
+            if got is not None:
+                blob, version, meta, offset = got
+                validated(self.verified, identifier, version, meta, offset, True, self.metrics)
+                return blob, meta, offset, version
+            if not self.store.in_flight(identifier):
+                break
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    if len(self._uncommitted) > 10_000:
+                        self._uncommitted.clear()
+                    self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
+                break
+            time.sleep(COMMIT_POLL_S)
+        if self.store.supports_verified_reads and not self.verified.seen(identifier):
+            return self._first_load(identifier, inline)
+        return self._load(identifier, inline)
 
     # -- one load ------------------------------------------------------------------
-    def load(self, identifier: str, register: bool = True, inline: bool = False):
+    def load(self, identifier: str, register: bool = True, inline: bool = False,
+             committing: bool = False):
         """Read + validate one entry; stage it (``register``). Returns the Staged entry,
         None for a miss, or ``DEFER`` (``inline`` only) when the work is too big to do
-        in the caller's thread."""
+        in the caller's thread. ``committing``: a write of it is in flight."""
         t0 = time.perf_counter()
         staged = None
         try:
-            if self.store.supports_verified_reads and not self.verified.seen(identifier):
+            if committing:
+                got = self._in_flight_load(identifier, inline)
+            elif self.store.supports_verified_reads and not self.verified.seen(identifier):
                 got = self._first_load(identifier, inline)  # one pass: read and check
             else:
                 got = self._load(identifier, inline)

@@ -43,9 +43,10 @@ backend:
 ``supports_in_flight``      a write is visible to every reader as in flight (``in_flight()``)
                             from the moment its bytes are written until its commit, and
                             ``put(on_written=...)`` says when that moment comes: a writer may
-                            report the entry landed then, a reader that finds it in flight
-                            waits for the commit (disk on a local filesystem: the fsync then
-                            runs off the encoder's request); default: ``in_flight`` is False
+                            report the entry landed then; a reader that finds it in flight
+                            reads its bytes (``read_in_flight()``, checked in full) or waits
+                            for the commit (disk on a local filesystem: the fsync then runs
+                            off the encoder's request and off PD's); default: never in flight
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -238,6 +239,12 @@ class Store(ABC):
         (``supports_in_flight`` backends): a reader that wants it waits for the commit
         rather than taking it for absent. Default: False."""
         return False
+
+    def read_in_flight(self, identifier: str):
+        """The bytes of a write in flight, once all are written (``supports_in_flight``
+        backends): ``(buffer, version, meta, offset)`` checked in full (checksum), the
+        version the committed entry will have; None while none is whole. Default: None."""
+        return None
 
     def holds_locally(self, identifier: str) -> bool:
         """A copy of ``identifier`` this node may serve without reaching the store (a

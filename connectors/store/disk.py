@@ -52,7 +52,7 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
-from .entry import header_length, read_verified, validate_blob
+from .entry import CorruptEntry, header_length, read_verified, validate_blob
 from .files import (TEMP_PREFIX, ServedVersion, atomic_write_json, file_version,
                     filesystem_type, fsync_dir, open_untracked, uninitialized)
 from .keys import from_name, is_entry_name, name_for, to_name
@@ -464,6 +464,44 @@ class DiskStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             pass
         return False
+
+    def read_in_flight(self, identifier: str):
+        """The bytes of a write in flight once all are written, read into a private
+        buffer and checked in full on the way in (checksum): ``(buffer, version, meta,
+        offset)``, or None (no fresh temp file holds a whole, valid entry yet). The
+        version is the temp file's, which its rename keeps: committed, the entry is
+        that same version."""
+        if not self.supports_in_flight:
+            return None
+        directory = os.path.join(self._root_str, to_name(identifier))
+        now, found = time.time(), []
+        try:
+            with os.scandir(directory) as names:
+                for e in names:
+                    if e.name.startswith(TEMP_PREFIX):
+                        with contextlib.suppress(FileNotFoundError):
+                            st = e.stat()
+                            if now - st.st_mtime < IN_FLIGHT_S:
+                                found.append((st.st_mtime_ns, e.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        for _, path in sorted(found, reverse=True):  # the newest write first
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # committed or given up meanwhile
+                continue
+            try:
+                st = os.fstat(fd)
+                buf = uninitialized(st.st_size)
+                try:
+                    meta, offset = read_verified(lambda view: os.readv(fd, [view]),
+                                                 st.st_size, buf, identifier=identifier)
+                except CorruptEntry:  # still being written (or a killed writer's)
+                    continue
+                return buf, ServedVersion.of(st), meta, offset
+            finally:
+                os.close(fd)
+        return None
 
     def contains(self, identifier: str) -> bool:
         return os.path.isfile(self.entry_path(identifier))

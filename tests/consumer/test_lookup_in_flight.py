@@ -1,7 +1,7 @@
 """A write in flight (EPD on a local disk store): the encoder's request finishes once the
 entry's bytes are written, before their fsync and the rename that commits them; a
-consumer that looks the entry up in between waits for the commit instead of encoding
-the image again.
+consumer that looks the entry up in between reads those bytes (checked in full) or waits
+for the commit, instead of encoding the image again.
 
 Real files, a real ``EntryWriter`` and lookup at a Gemma-3-sized entry (256 x 2688
 fp32, 2.75 MB). The writer's fsync is held until the test lets it go, so the window
@@ -50,7 +50,11 @@ def save(writer: EntryWriter, identifier: str):
                          ARR.nbytes, model="m")
 
 
-def test_a_write_lands_when_written_and_a_reader_waits_for_its_commit(tmp_path, held_fsync):
+def test_a_write_lands_when_written_and_a_reader_loads_it_before_its_commit(tmp_path,
+                                                                           held_fsync):
+    """The fsync is held: the entry is not committed, yet the writer reports it landed
+    and a consumer loads its bytes from the temp file (checked in full), then keeps that
+    copy through the commit (the same version)."""
     entered, release = held_fsync
     writer = EntryWriter(DiskStore(tmp_path))
     reader = DiskStore(tmp_path)
@@ -60,21 +64,46 @@ def test_a_write_lands_when_written_and_a_reader_waits_for_its_commit(tmp_path, 
         assert landed.result(timeout=30) is True  # the encoder's request may finish now
         assert entered.wait(10)  # the fsync has begun (and is held)
         assert not reader.contains("img") and reader.in_flight("img")
-        assert lk.request("img") is State.PENDING  # not a miss: the commit is coming
-        time.sleep(0.2)
-        assert lk.request("img") is State.PENDING
-        release.set()
+        assert lk.request("img") is State.PENDING  # not a miss: read in the background
         lk.wait(["img"], 10)
         assert lk.request("img") is State.READY
-        assert tensor_bytes(lk.get_staged("img")) == ARR.tobytes()
-        assert lk.metrics.pending("commit_waits") == 1
+        staged = lk.get_staged("img")
+        assert tensor_bytes(staged) == ARR.tobytes()
+        assert not reader.contains("img")  # still not committed
+        assert lk.metrics.pending("in_flight_loads") == 1
+        release.set()
         assert writer.flush(30)  # flush waits for commits
         assert writer.counters.get("saves") == 1 and not writer.errors
         assert reader.contains("img") and not reader.in_flight("img")
+        assert reader.unchanged([("img", staged.version, staged.meta)]) == [True]
     finally:
         release.set()
         writer.close()
         lk.close()
+
+
+def test_a_partly_written_entry_is_not_read_before_it_is_whole(tmp_path):
+    """A temp file whose bytes are still coming (or stopped: a killed writer) is never
+    served: a reader waits for it whole, or for the commit."""
+    from encache.connectors.store.entry import encode_parts
+    from encache.connectors.store.keys import to_name
+
+    store = DiskStore(tmp_path)
+    header, view = encode_parts("part", ARR.view(np.uint8), "F32", ARR.shape, model="m")
+    whole = header + bytes(view)
+    d = tmp_path / to_name("part")
+    d.mkdir()
+    tmp = d / (TEMP_PREFIX + "w")
+    for cut in (0, 5, len(header) - 1, len(header) + 1000, len(whole) - 1):
+        tmp.write_bytes(whole[:cut])
+        assert store.in_flight("part") and store.read_in_flight("part") is None, cut
+    bad = bytearray(whole)
+    bad[-3] ^= 0xFF
+    tmp.write_bytes(bytes(bad))
+    assert store.read_in_flight("part") is None
+    tmp.write_bytes(whole)
+    buf, version, meta, offset = store.read_in_flight("part")
+    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == ARR.tobytes()
 
 
 def test_without_fsync_or_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
@@ -107,7 +136,7 @@ def test_a_killed_writers_temp_file_is_waited_for_once_then_not(tmp_path):
     tmp.write_bytes(b"x" * 4096)
     lk = make(store, load_timeout_s=0.3)
     try:
-        assert store.in_flight("killed")
+        assert store.in_flight("killed") and store.read_in_flight("killed") is None
         assert lk.request("killed") is State.PENDING
         lk.wait(["killed"], 5)
         time.sleep(0.25)  # past the index's short memory of an absent identifier

@@ -22,6 +22,32 @@ from served_support import draw_images
 pytestmark = [pytest.mark.engine]
 
 
+def saves_counted(store: str, n: int, timeout: float = 10.0) -> dict:
+    """The store's counters once ``saves`` reached ``n`` (a write is counted after its
+    commit), or when ``timeout`` ran out."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = open_store(store).read_counters()
+        if counters.get("saves", 0) >= n or time.monotonic() > deadline:
+            return counters
+        time.sleep(0.01)
+
+
+def committed(store: str, identifier: str | None = None, timeout: float = 10.0):
+    """The entry once committed: an encoder's request finishes when its entries' bytes
+    are written (readers take them from there), the rename follows its fsync."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        s = open_store(store)
+        ids = [identifier] if identifier else list(s.identifiers())
+        blob = s.get(ids[0]) if ids else None
+        if blob is not None or time.monotonic() > deadline:
+            return (ids[0] if ids else None), blob
+        time.sleep(0.01)
+
+
 def test_encoder_resaves_what_its_cache_holds_and_the_store_lost(tiny_model, tmp_path):
     imgs = draw_images(tmp_path / "img", {"a": (64, 48), "b": (48, 64)}, seed=11)
     store = str(tmp_path / "store")
@@ -30,22 +56,22 @@ def test_encoder_resaves_what_its_cache_holds_and_the_store_lost(tiny_model, tmp
     try:
         chat_texts(enc, [imgs["a"]], max_tokens=1)  # encoded and saved
         s = open_store(store)
-        (ident,) = list(s.identifiers())
-        first = bytes(s.get(ident))
+        ident, first = committed(store)
+        assert len(list(s.identifiers())) == 1
+        first = bytes(first)
         assert s.delete(ident)  # the store loses it (as a purge elsewhere would)
         counter.reset()
         chat_texts(enc, [imgs["a"]], max_tokens=1)
         assert counter.items == 0, "vLLM's encoder cache answered: no tower run"
-        again = open_store(store).get(ident)
+        _, again = committed(store, ident)
         assert again is not None, "the entry was not saved again"
         meta, off = validate_blob(again)
         fmeta, foff = validate_blob(first)
         assert bytes(again[off:]) == first[foff:]  # the same tensor
-        counters = open_store(store).read_counters()
+        counters = saves_counted(store, 2)  # the first save and the resave
         assert counters.get("resaves", 0) >= 1, counters
         # an item the store still holds is not written again
-        saves = counters.get("saves", 0)
         chat_texts(enc, [imgs["a"]], max_tokens=1)
-        assert open_store(store).read_counters().get("saves", 0) == saves
+        assert saves_counted(store, 3, timeout=1.0).get("saves", 0) == 2
     finally:
         shutdown(enc)
