@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_USAGE, EncacheError
 from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
 from .options import LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt
 

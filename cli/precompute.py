@@ -22,7 +22,7 @@ import typer
 from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
                                parse_engine_args, precompute_corpus, validate_args)
 from .common import quiet_engine_start
-from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
                       ModelOpt, QuietOpt, StoreOpt, TagOpt)
 

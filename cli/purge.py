@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         --lora NAME matches identifiers NAME:<hash> and entries whose metadata names that
         LoRA (--stale: only those made with an older adapter under NAME); --older-than matches entries not written or read for that long. Filters
         combine (AND)."""
-        from encache.cli import errors
+        from encache.connectors import errors
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
         from encache.cli.render import confirm, emit, emit_json, note, progress
         from encache.connectors.store.scanning import human_bytes

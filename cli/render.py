@@ -84,7 +84,7 @@ def confirm(question: str, *, refusal: str, declined: str, hint: str | None = No
     ``hint``) when no person can answer, ``declined`` when the answer is no."""
     import typer
 
-    from encache.cli import errors
+    from encache.connectors import errors
 
     if not can_prompt():
         raise errors.EncacheError(refusal, errors.EXIT_ABORTED, hint=hint)

@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when clean, 4 when problems were found, 3 when --repair could not fix them
         all."""
-        from encache.cli import errors
+        from encache.connectors import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, progress
         from encache.connectors.store.verify import (DEFAULT_GRACE, repair_plan, repair_store,

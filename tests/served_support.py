@@ -262,7 +262,7 @@ def stored_tensor(store: str, identifier: str):
     import torch
 
     from encache.connectors.store.entry import decode
-    from encache.connectors.vllm.connector import TORCH_DTYPES
+    from encache.connectors.vllm.metadata import TORCH_DTYPES
 
     blob = open_store(store).get(identifier)
     if blob is None:

@@ -44,16 +44,7 @@ from ..encoder_config import encoder_config_digest
 from ..store import open_store
 from .compat import version_warning
 from .config import ConnectorConfig
-from .metadata import (  # noqa: F401  (re-exported: tools and tests name them here)
-    DTYPE_BYTES,
-    DTYPE_CODES,
-    TORCH_DTYPES,
-    WORKER_READS_MIN_BYTES,
-    EncacheConnectorMetadata,
-    LoadItem,
-    open_pinned,
-    pin_entry,
-)
+from .metadata import EncacheConnectorMetadata
 from .metrics import EncachePromMetrics, EncacheStats
 from .scheduler import EncacheSchedulerConnector
 from .worker import EncacheWorkerConnector
@@ -65,10 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("encache.connector")
 
-__all__ = ["DTYPE_BYTES", "DTYPE_CODES", "TORCH_DTYPES", "WORKER_READS_MIN_BYTES",
-           "EncacheConnector", "EncacheConnectorMetadata", "EncacheDisk", "EncacheRedis",
-           "EncacheSchedulerConnector", "EncacheWorkerConnector", "LoadItem", "open_pinned",
-           "pin_entry"]
+__all__ = ["EncacheConnector", "EncacheDisk", "EncacheRedis"]
 
 # Connectors still alive at interpreter exit flush their writes and counters; a weak set
 # (not one atexit entry per instance) so engines built and dropped in one process are freed.

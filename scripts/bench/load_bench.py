@@ -97,7 +97,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.store.entry import encode_parts, read_verified
     from encache.connectors.store.files import uninitialized
     from encache.connectors.store.entry import checksum as checksum_of
-    from encache.connectors.vllm.connector import LoadItem
+    from encache.connectors.vllm.metadata import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     torch.set_num_threads(1)

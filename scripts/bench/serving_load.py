@@ -85,7 +85,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
     from encache.connectors.store.entry import checksum as entry_checksum
     from encache.connectors.store.entry import encode_parts, parse_header
     from encache.connectors.store.redis import RedisStore
-    from encache.connectors.vllm.connector import LoadItem
+    from encache.connectors.vllm.metadata import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     # the worker half of EncacheConnector without a VllmConfig: only these two fields matter

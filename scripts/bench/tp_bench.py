@@ -50,7 +50,7 @@ DESIGNS = ["bytes.inband", "bytes.oob", "worker.reads"]
 
 
 set_engine_env()
-from encache.connectors.vllm.connector import DTYPE_BYTES, LoadItem, pin_entry  # noqa: E402
+from encache.connectors.vllm.metadata import DTYPE_BYTES, LoadItem, pin_entry  # noqa: E402
 
 
 class LegacyLoadItem(LoadItem):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from encache.cli import errors
+from encache.connectors import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk import DiskStore
 from redis_fixture import free_port

@@ -14,7 +14,7 @@ import torch
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.vllm.connector import LoadItem
+from encache.connectors.vllm.metadata import LoadItem
 from encache.connectors.vllm.scheduler import EncacheSchedulerConnector
 from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -80,7 +80,7 @@ def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
     exact version the scheduler verified, even after the entry was rewritten and purged."""
     import multiprocessing as mp
 
-    from encache.connectors.vllm.connector import pin_entry
+    from encache.connectors.vllm.metadata import pin_entry
 
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB

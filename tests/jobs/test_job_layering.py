@@ -36,7 +36,7 @@ def test_jobs_and_connectors_do_not_import_the_cli():
 
 def test_the_checker_sees_a_cli_import(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("from ..cli.render import note\nfrom ..cli.errors import EncacheError\n"
+    probe.write_text("from ..cli.render import note\nfrom ..cli.common import EXIT_USAGE\n"
                      "from encache.cli import render\nimport encache.cli.warm\n")
     assert len(_cli_imports(probe)) == 4
 
