@@ -8,8 +8,8 @@ serving. ``flush()`` waits for everything submitted so far (precompute, shutdown
 ``wait()`` for given submissions (an encoder instance's step: its request must not finish
 before its entries are readable, see :mod:`encache.connectors.vllm.worker`). On a store
 with in-flight writes (``supports_in_flight``: disk on a local filesystem) an entry is
-readable once its bytes are written: a reader that finds it in flight waits for the
-commit, so the fsync does not hold the encoder's request.
+readable once its bytes are written: a reader that finds it in flight reads them (checked
+in full) or waits for the commit, so the fsync does not hold the encoder's request.
 """
 
 from __future__ import annotations

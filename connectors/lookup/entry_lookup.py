@@ -233,7 +233,7 @@ class EntryLookup:
         if state is not None:
             return state
         if not self.probably_stored(identifier, now):
-            if self._being_committed(identifier, now):
+            if self._write_in_flight(identifier, now):
                 return self.loader.start(identifier, now, committing=True)
             return State.MISS
         if inline and self.store.mapped_loads and (self.store.local
@@ -243,10 +243,11 @@ class EntryLookup:
                 return State.READY if staged is not None else State.MISS
         return self.loader.start(identifier, now)
 
-    def _being_committed(self, identifier: str, now: float) -> bool:
-        """An encoder's write of ``identifier`` has its bytes written and its commit
-        under way (``Store.in_flight``; EPD: the encoder's request finished before its
-        fsync): wait for the commit like for a read, rather than encode it again."""
+    def _write_in_flight(self, identifier: str, now: float) -> bool:
+        """An encoder's write of ``identifier`` is under way (``Store.in_flight``; EPD:
+        the encoder's request finished before its fsync and rename): load it like a
+        stored entry (its bytes once whole, or the committed entry), rather than encode
+        it again."""
         if not self.store.supports_in_flight or self.misses.is_rejected(identifier, now) \
                 or self.breaker.is_open(now) or not self.loader.waits_for_commit(identifier, now):
             return False

@@ -122,8 +122,8 @@ class Loader:
 
     def start(self, identifier: str, now: float, committing: bool = False) -> State:
         """Start a background read (unless one runs or the entry is staged already);
-        ``committing``: a write of it is in flight (``Store.in_flight``), the read waits
-        for its commit first."""
+        ``committing``: a write of it is in flight (``Store.in_flight``): the read takes
+        its bytes once whole, or the committed entry."""
         with self._lock:
             if identifier in self._inflight:
                 return State.PENDING

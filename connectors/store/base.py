@@ -235,9 +235,10 @@ class Store(ABC):
         return None
 
     def in_flight(self, identifier: str) -> bool:
-        """A write of ``identifier`` has its bytes written and its commit under way
-        (``supports_in_flight`` backends): a reader that wants it waits for the commit
-        rather than taking it for absent. Default: False."""
+        """A write of ``identifier`` is between its first byte and its commit
+        (``supports_in_flight`` backends): a reader that wants it reads the bytes once
+        whole (:meth:`read_in_flight`) or waits for the commit, rather than taking it for
+        absent. Default: False."""
         return False
 
     def read_in_flight(self, identifier: str):

@@ -343,7 +343,7 @@ class DiskStore(Store):
                 f.flush()
                 if self.fsync:
                     if on_written is not None and self.supports_in_flight:
-                        on_written()  # in flight: a reader waits for the rename below
+                        on_written()  # in flight: readers may take these bytes now
                     os.fsync(f.fileno())
                 os.replace(tmp, directory / ENTRY_FILE)  # the commit point
                 if encoded_here:  # after the rename, which moves ctime
