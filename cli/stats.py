@@ -113,6 +113,8 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "save_timeouts": c("save_timeouts"),
         # encoders (EPD): entries written again from vLLM's encoder cache (the store lost them)
         "resaves": c("resaves"),
+        # PD (EPD): loads of entries read while their write was in flight (before its commit)
+        "in_flight_loads": c("in_flight_loads"),
         # PD (EPD): requests failed because a metadata-only item's entry was not delivered
         "unavailable": c("unavailable"),
         "unavailable_by_reason": {r: c("unavailable_" + r)
@@ -219,6 +221,8 @@ def render_table(s: dict) -> None:
         *([("Saves late (EPD)", f"{s['save_timeouts']:,}")] if s["save_timeouts"] else []),
         *([("Saved again from the encoder cache (EPD)", f"{s['resaves']:,}")]
           if s["resaves"] else []),
+        *([("Loaded while being written (EPD)", f"{s['in_flight_loads']:,}")]
+          if s["in_flight_loads"] else []),
         *([("Requests failed, entry not delivered (EPD)", f"{s['unavailable']:,} ("
             + ", ".join(f"{r} {n:,}" for r, n in s["unavailable_by_reason"].items() if n) + ")")]
           if s["unavailable"] else []),

@@ -11,6 +11,7 @@ as long as the test needs.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from encache.connectors.lookup.loader import State
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.files import TEMP_PREFIX
 from encache.connectors.writer import EntryWriter
+from cli_support import invoke
 from lookup_support import make, tensor_bytes
 
 ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
@@ -71,6 +73,9 @@ def test_a_write_lands_when_written_and_a_reader_loads_it_before_its_commit(tmp_
         assert tensor_bytes(staged) == ARR.tobytes()
         assert not reader.contains("img")  # still not committed
         assert lk.metrics.pending("in_flight_loads") == 1
+        lk.maybe_flush(force=True)  # `encache stats` shows it
+        stats = invoke("stats", "-s", str(tmp_path), "--json")
+        assert stats.exit_code == 0 and json.loads(stats.output)["in_flight_loads"] == 1
         release.set()
         assert writer.flush(30)  # flush waits for commits
         assert writer.counters.get("saves") == 1 and not writer.errors
