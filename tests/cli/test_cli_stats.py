@@ -37,6 +37,18 @@ def test_json_contents_and_breakdowns(store):
     assert d["backend_info"]["serving_loads"].startswith("mmap")
 
 
+def test_every_json_key_is_documented(store):
+    """docs/cli.md lists ``stats --json``'s keys: exactly the ones it prints."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    para = text[text.index("`--json` keys: `store,"):]
+    para = para[:para.index("backend_info`") + len("backend_info`")]
+    documented = {k for group in re.findall(r"`([a-z_, \n]+)`", para)
+                  for k in re.split(r"[,\s]+", group) if k}
+    assert documented == set(stats_json(store.root))
+
+
 def test_counters(store):
     store.add_counters({"hits": 30, "misses": 10, "load_seconds": 0.6, "bytes_loaded": 4096,
                         "load_errors": 1, "saves": 9, "bytes_saved": 1234})
