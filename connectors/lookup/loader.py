@@ -157,11 +157,12 @@ class Loader:
         leaves a temp file that looks in flight for a while)."""
         return self._uncommitted.get(identifier, 0) <= now  # one dict read: atomic
 
-    def _in_flight_load(self, identifier: str, inline: bool):
+    def _in_flight_load(self, identifier: str):
         """A write of ``identifier`` was in flight (``Store.in_flight``; EPD: the encoder
-        answered before its fsync and rename): its bytes from the temp file once all are
-        written (checked in full), else the committed entry; polls at most
-        ``load_timeout_s``. Counted as ``in_flight_loads``."""
+        answered before its fsync and rename): ``(blob, meta, offset, version)`` of its
+        bytes from the temp file once all are written (checked in full), or None once it
+        is committed, gone, or not whole within ``load_timeout_s`` (the caller then loads
+        the stored entry as usual). Counted as ``in_flight_loads``."""
         self.metrics.count("in_flight_loads")
         deadline = time.monotonic() + self.timeout_s
         while not self.store.contains(identifier):
@@ -179,9 +180,7 @@ class Loader:
                     self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
                 break
             time.sleep(COMMIT_POLL_S)
-        if self.store.supports_verified_reads and not self.verified.seen(identifier):
-            return self._first_load(identifier, inline)
-        return self._load(identifier, inline)
+        return None
 
     # -- one load ------------------------------------------------------------------
     def load(self, identifier: str, register: bool = True, inline: bool = False,
@@ -192,12 +191,12 @@ class Loader:
         t0 = time.perf_counter()
         staged = None
         try:
-            if committing:
-                got = self._in_flight_load(identifier, inline)
-            elif self.store.supports_verified_reads and not self.verified.seen(identifier):
-                got = self._first_load(identifier, inline)  # one pass: read and check
-            else:
-                got = self._load(identifier, inline)
+            got = self._in_flight_load(identifier) if committing else None
+            if got is None:
+                if self.store.supports_verified_reads and not self.verified.seen(identifier):
+                    got = self._first_load(identifier, inline)  # one pass: read and check
+                else:
+                    got = self._load(identifier, inline)
             if got is DEFER:
                 return DEFER
             if got is None:

@@ -449,21 +449,27 @@ class DiskStore(Store):
         finally:
             os.close(fd)
 
-    def in_flight(self, identifier: str) -> bool:
-        """A fresh temp file in the entry's directory: a write between its bytes and
-        its rename (local filesystems; one ``scandir`` of that directory)."""
-        if not self.supports_in_flight:
-            return False
+    def _fresh_temp_files(self, identifier: str) -> list[tuple[int, str]]:
+        """``(mtime_ns, path)`` of the temp files in the entry's directory younger than
+        ``IN_FLIGHT_S``: writes in flight (one ``scandir`` of that directory)."""
+        directory = os.path.join(self._root_str, to_name(identifier))
+        now, found = time.time(), []
         try:
-            with os.scandir(os.path.join(self._root_str, to_name(identifier))) as names:
+            with os.scandir(directory) as names:
                 for e in names:
                     if e.name.startswith(TEMP_PREFIX):
                         with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
-                            if time.time() - e.stat().st_mtime < IN_FLIGHT_S:
-                                return True
+                            st = e.stat()
+                            if now - st.st_mtime < IN_FLIGHT_S:
+                                found.append((st.st_mtime_ns, e.path))
         except (FileNotFoundError, NotADirectoryError):
             pass
-        return False
+        return found
+
+    def in_flight(self, identifier: str) -> bool:
+        """A fresh temp file in the entry's directory: a write between its bytes and
+        its rename (local filesystems)."""
+        return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
 
     def read_in_flight(self, identifier: str):
         """The bytes of a write in flight once all are written, read into a private
@@ -473,19 +479,7 @@ class DiskStore(Store):
         that same version."""
         if not self.supports_in_flight:
             return None
-        directory = os.path.join(self._root_str, to_name(identifier))
-        now, found = time.time(), []
-        try:
-            with os.scandir(directory) as names:
-                for e in names:
-                    if e.name.startswith(TEMP_PREFIX):
-                        with contextlib.suppress(FileNotFoundError):
-                            st = e.stat()
-                            if now - st.st_mtime < IN_FLIGHT_S:
-                                found.append((st.st_mtime_ns, e.path))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        for _, path in sorted(found, reverse=True):  # the newest write first
+        for _, path in sorted(self._fresh_temp_files(identifier), reverse=True):  # newest first
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:  # committed or given up meanwhile

@@ -29,6 +29,12 @@ from lookup_support import make, tensor_bytes
 ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
 
 
+def entry_temp_file(fd: int) -> bool:
+    """``fd`` is an entry's temp file (not a bookkeeping file under ``.encache/``)."""
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    return os.path.basename(path).startswith(TEMP_PREFIX) and "/.encache/" not in path
+
+
 @pytest.fixture
 def held_fsync(monkeypatch):
     """``os.fsync`` of an entry's temp file waits for ``release``; ``entered`` is set
@@ -36,8 +42,7 @@ def held_fsync(monkeypatch):
     real, entered, release = os.fsync, threading.Event(), threading.Event()
 
     def fsync(fd):
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if os.path.basename(path).startswith(TEMP_PREFIX) and "/.encache/" not in path:
+        if entry_temp_file(fd):
             entered.set()
             assert release.wait(30)
         return real(fd)
@@ -158,8 +163,7 @@ def test_a_write_that_fails_after_it_landed_is_said_on_the_writer_side(tmp_path,
     fsync raises): counted and logged on the encoder, nothing visible, readers stop
     waiting (the temp file is gone)."""
     def failing(fd):
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if os.path.basename(path).startswith(TEMP_PREFIX) and "/.encache/" not in path:
+        if entry_temp_file(fd):
             raise OSError(5, "Input/output error")
         return real(fd)
 

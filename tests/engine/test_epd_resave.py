@@ -17,21 +17,9 @@ import pytest
 from encache.connectors.store import open_store
 from encache.connectors.store.entry import validate_blob
 from engine_support import EncoderCounter, chat_texts, consumer_config, make_llm, shutdown
-from served_support import draw_images
+from served_support import counters_after, draw_images
 
 pytestmark = [pytest.mark.engine]
-
-
-def saves_counted(store: str, n: int, timeout: float = 10.0) -> dict:
-    """The store's counters once ``saves`` reached ``n`` (a write is counted after its
-    commit), or when ``timeout`` ran out."""
-    import time
-    deadline = time.monotonic() + timeout
-    while True:
-        counters = open_store(store).read_counters()
-        if counters.get("saves", 0) >= n or time.monotonic() > deadline:
-            return counters
-        time.sleep(0.01)
 
 
 def committed(store: str, identifier: str | None = None, timeout: float = 10.0):
@@ -68,10 +56,10 @@ def test_encoder_resaves_what_its_cache_holds_and_the_store_lost(tiny_model, tmp
         meta, off = validate_blob(again)
         fmeta, foff = validate_blob(first)
         assert bytes(again[off:]) == first[foff:]  # the same tensor
-        counters = saves_counted(store, 2)  # the first save and the resave
+        counters = counters_after(store, "saves", 1)  # the first save and the resave
         assert counters.get("resaves", 0) >= 1, counters
         # an item the store still holds is not written again
         chat_texts(enc, [imgs["a"]], max_tokens=1)
-        assert saves_counted(store, 3, timeout=1.0).get("saves", 0) == 2
+        assert counters_after(store, "saves", 2, timeout=1.0).get("saves", 0) == 2
     finally:
         shutdown(enc)
