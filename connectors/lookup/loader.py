@@ -193,8 +193,11 @@ class Loader:
         try:
             got = self._in_flight_load(identifier) if committing else None
             if got is None:
-                if self.store.supports_verified_reads and not self.verified.seen(identifier):
-                    got = self._first_load(identifier, inline)  # one pass: read and check
+                if self.store.supports_verified_reads and (
+                        not self.verified.seen(identifier) or not self.store.mapped_loads):
+                    # one pass: read and check (a store that reads every load, Redis or a
+                    # network filesystem, has no kept mapping for _load to reuse)
+                    got = self._first_load(identifier, inline)
                 else:
                     got = self._load(identifier, inline)
             if got is DEFER:
@@ -224,8 +227,10 @@ class Loader:
 
     def _first_load(self, identifier: str, inline: bool):
         """A version of ``identifier`` never validated here (every load of an entry an
-        encoder instance just wrote, EPD): read and checked by ``Store.read_verified``
-        (one pass where the entry is read; a mapped entry is hashed over its mapping).
+        encoder instance just wrote, EPD), or any load from a store that reads every load
+        (Redis, Redis Cluster, a network filesystem): read and checked by
+        ``Store.read_verified`` (one pass where the entry is read or received; a mapped
+        entry is hashed over its mapping).
         ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""
         def checksum(version) -> bool:
             hashing = needs_checksum(self.verified, identifier, version)

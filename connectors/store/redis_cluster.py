@@ -75,7 +75,7 @@ from redis.connection import parse_url
 from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
-from .base import StoreError, StoreInfo
+from .base import Store, StoreError, StoreInfo
 from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
 from .redis_cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
 from .redis_errors import ERRORS
@@ -241,6 +241,22 @@ class RedisClusterStore(RedisStore):
     def get(self, identifier: str) -> bytes | None:
         return self._load(lambda: RedisStore.get.__wrapped__(self, identifier),
                           (key_slot(_enc(identifier)),))  # (a bucket's slot: its tag's)
+
+    @_wrapped
+    def read_verified(self, identifier: str, checksum=lambda version: True):
+        try:
+            return self._load(
+                lambda: RedisStore.read_verified.__wrapped__(self, identifier, checksum),
+                (key_slot(_enc(identifier)),))
+        except (MovedError, AskError):
+            # a slot on the move (ASK), or a map not re-read yet (MOVED): redis-py follows
+            # the redirect (ASKING, then the command on the new owner), as get() does
+            return Store.read_verified(self, identifier, checksum)
+
+    def _connection_pool(self, key: bytes):
+        """The pool of the primary the slot map names for ``key`` (a stale map: ``MOVED``,
+        then :meth:`_load`'s re-read and retry)."""
+        return self._r.get_redis_connection(self._r.get_node_from_key(key)).connection_pool
 
     @_wrapped
     def index_version(self) -> bytes | None:

@@ -38,7 +38,8 @@ baseline
 Breakdown rows (to explain the gap): the read alone into a fresh zero-filled bytearray(n)
 and into an uninitialised np.empty buffer; the checksum alone as ``entry.checksum`` computes
 it for new entries (the algorithm is recorded), and blake3 for reference; a RedisStore.get
-alone. ``params.code`` records the encache commit and any uncommitted change to the
+alone; a checked Redis read received and hashed in one pass (``RedisStore.read_verified``,
+what ``encache.redis`` runs) beside the same check done as GET then a validation pass. ``params.code`` records the encache commit and any uncommitted change to the
 measured code, and ``params.checksum_algo`` / ``params.disk_get_buffer`` what it did.
 
 All files are in the page cache (written just before and read once untimed): this measures
@@ -66,7 +67,8 @@ SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 512
 METHODS = ["memcpy.pagecache", "memcpy.ram", "encache.disk", "encache.disk.first",
            "encache.disk.read", "encache.disk.always", "encache.redis", "encache.redis.noverify",
            "ecexample.disk"]
-BREAKDOWN = ["read.fresh_bytearray", "read.fresh_empty", "checksum", "blake3", "redis.get"]
+BREAKDOWN = ["read.fresh_bytearray", "read.fresh_empty", "checksum", "blake3", "redis.get",
+             "redis.receive_verified", "redis.get_then_validate"]
 # cold page cache (posix_fadvise DONTNEED on the file before each load): disk paths only
 COLD = ["memcpy.pagecache", "encache.disk", "encache.disk.first", "encache.disk.read",
         "ecexample.disk"]
@@ -85,6 +87,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
     from encache.connectors.store.entry import checksum as entry_checksum
     from encache.connectors.store.entry import encode_parts, parse_header
     from encache.connectors.store.redis import RedisStore
+    from encache.connectors.store.base import Store
     from encache.connectors.vllm.metadata import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -186,6 +189,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
                 "checksum": lambda i: entry_checksum(memoryview(blobs[i % 2])[offset:]),
                 "blake3": lambda i: blake3(memoryview(blobs[i % 2])[offset:]).digest(),
                 "redis.get": lambda i: rstore.get(ids[i]),
+                # a checked Redis load: received and hashed in one pass (what encache.redis
+                # runs), and as it was before, GET's bytes then a validation pass
+                "redis.receive_verified": lambda i: rstore.read_verified(ids[i])[0],
+                "redis.get_then_validate": lambda i: Store.read_verified(rstore, ids[i])[0],
             }
 
             def touch(res):
@@ -273,7 +280,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
             rstore.close()
             _flush_redis(redis.url)
             shutil.rmtree(root, ignore_errors=True)
-            del ram, blobs
+            ram = blobs = None  # (free them before the next size)
     finally:
         redis.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -322,7 +329,13 @@ def goals(results: dict) -> dict:
             "zero_fill_cost_ms": m["read.fresh_bytearray"] - m["read.fresh_empty"],
             "memcpy_pagecache_ms": m["memcpy.pagecache"],
             "ecexample_call_only_ms": row["methods"]["ecexample.disk"]["call_only_ms"]["p50"],
+            "redis_get_ms": m["redis.get"],
+            "redis_receive_verified_ms": m["redis.receive_verified"],
+            "redis_get_then_validate_ms": m["redis.get_then_validate"],
         }
+        g["redis_one_pass_vs_get_then_validate"] = (m["redis.get_then_validate"]
+                                                    / m["redis.receive_verified"])
+        g["redis_one_pass_vs_get_alone"] = m["redis.get"] / m["redis.receive_verified"]
         if "cold" in row:
             rc = row["cold"]["ratios"]
             g["cold_encache_disk_vs_ecexample"] = rc["encache.disk"]["vs_ecexample"]

@@ -206,8 +206,8 @@ def test_resharding_under_writers_and_readers_loses_nothing(redis_cluster_factor
         n = 0
         while not stop.is_set():
             ident = ids[n % len(ids)]
-            try:
-                got = rd.get(ident)
+            try:  # every other read as a consumer loads: received and checked in one pass
+                got = rd.get(ident) if n % 2 else (rd.read_verified(ident) or (None,))[0]
                 if got is None or bytes(got) != blobs[ident]:
                     problems.append(f"get {ident}: {'miss' if got is None else 'wrong bytes'}")
                 reads[0] += 1
@@ -284,11 +284,13 @@ def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):
 
     c.begin_slot_move(slot, src, dst)  # open; every key still on src
     assert bytes(s.get(first)) == blobs[first]
+    assert bytes(s.read_verified(first)[0]) == blobs[first]  # (a consumer's load)
     assert c.move_slot_keys(slot, src, dst) >= 2  # the entry and its side records
     assert src.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
     got = s.get(first)  # src answers ASK: read from dst
     assert got is not None and bytes(got) == blobs[first]
     decode(got, identifier=first, verify=True)
+    assert bytes(s.read_verified(first)[0]) == blobs[first]
     assert s.stat(first).meta is not None
 
     finisher = threading.Timer(0.6, c.finish_slot_move, (slot, src, dst))
@@ -303,6 +305,7 @@ def test_a_slot_held_half_way_through_a_move(redis_cluster_factory):
     for ident, b in blobs.items():  # whole, on the new owner, found by a listing
         got = fresh.get(ident)
         assert got is not None and bytes(got) == b
+        assert bytes(s.read_verified(ident)[0]) == b  # the old map: MOVED, followed
         decode(got, identifier=ident, verify=True)
         assert fresh.stat(ident).meta is not None
     assert dst.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) >= 4
