@@ -10,6 +10,12 @@ before its entries are readable, see :mod:`encache.connectors.vllm.worker`). On 
 with in-flight writes (``supports_in_flight``: disk on a local filesystem) an entry is
 readable once its bytes are written: a reader that finds it in flight reads them (checked
 in full) or waits for the commit, so the fsync does not hold the encoder's request.
+
+The commit itself (fsync, rename, the journal and verified-log records) is then held for
+up to ``COMMIT_HOLD_S``, while no other write waits for a thread: it would otherwise run
+while the engine turns the step into the request's answer and compete with it for the
+CPU and the GIL. Measured on this 2-vCPU machine with an encode-only api_server and
+2.75 MB entries: ~2 ms of every request's latency, with or without fsync.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from .store.entry import encode_parts
 
 log = logging.getLogger("encache.writer")
 
+#: how long a landed entry's commit waits (the engine answering the request meanwhile)
+#: unless another write is queued or the writer is flushed or closed
+COMMIT_HOLD_S = 0.02
+
 
 class EntryWriter:
     def __init__(self, store: Store, *, threads: int = 2, max_pending_bytes: int = 1 << 30,
@@ -45,6 +55,10 @@ class EntryWriter:
         self._cond = threading.Condition()
         self._pending_bytes = 0
         self._pending = 0
+        self._threads = threads
+        self._queued = 0  # submitted, not yet taken by a thread
+        self._busy = 0  # threads in a write (a held commit's thread included)
+        self._flushing = 0  # flush() calls waiting: held commits go now
         self.counters: dict[str, float] = {}
         self._live = open_live_counters(store, self.warn)  # survives SIGKILL (disk)
         self.saved: list[str] = []  # identifiers written by this writer (bounded)
@@ -64,8 +78,18 @@ class EntryWriter:
                 self._cond.wait(1.0)
             self._pending_bytes += nbytes
             self._pending += 1
+            self._queued += 1
+            self._cond.notify_all()  # (held commits go if it finds no idle thread)
         self._pool.submit(self._write, identifier, data_fn, nbytes, meta, landed)
         return landed
+
+    def _hold_commit(self) -> None:
+        """After an entry landed: let the step's answer go out before its commit runs
+        (``COMMIT_HOLD_S`` at most; not while a write waits for a thread)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._queued > self._threads - self._busy or self._flushing,
+                COMMIT_HOLD_S)
 
     def wait(self, futures: list[Future], timeout: float | None) -> tuple[int, int]:
         """Block until ``futures`` (from :meth:`submit`) are done or ``timeout`` s passed;
@@ -86,6 +110,13 @@ class EntryWriter:
             if not landed.done():
                 landed.set_result(ok)
 
+        def readable() -> None:  # the bytes are written (in flight); the commit follows
+            land(True)
+            self._hold_commit()
+
+        with self._cond:
+            self._queued -= 1
+            self._busy += 1
         try:
             if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
                 self.count("skipped_existing")
@@ -95,7 +126,7 @@ class EntryWriter:
             parts = encode_parts(identifier, data, dtype, shape, **meta)
             if self.store.supports_in_flight:
                 written = self.store.put(identifier, parts, encoded_here=True,
-                                         on_written=lambda: land(True))
+                                         on_written=readable)
             else:
                 written = self.store.put(identifier, parts, encoded_here=True)
             self.count("saves")
@@ -118,6 +149,7 @@ class EntryWriter:
             with self._cond:
                 self._pending_bytes -= nbytes
                 self._pending -= 1
+                self._busy -= 1
                 self._cond.notify_all()
 
     def count(self, name: str, value: float = 1) -> None:
@@ -133,9 +165,15 @@ class EntryWriter:
         return {} if self._live is not None else out
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted entry is written (or failed). True if drained."""
+        """Wait until every submitted entry is written (or failed) and committed (held
+        commits go at once). True if drained."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            finally:
+                self._flushing -= 1
 
     def close(self, timeout: float | None = 60.0) -> None:
         self.flush(timeout)

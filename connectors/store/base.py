@@ -45,7 +45,7 @@ backend:
                             ``put(on_written=...)`` says when that moment comes: a writer may
                             report the entry landed then; a reader that finds it in flight
                             reads its bytes (``read_in_flight()``, checked in full) or waits
-                            for the commit (disk on a local filesystem: the fsync then runs
+                            for the commit (disk on a local filesystem: the commit then runs
                             off the encoder's request and off PD's); default: never in flight
 ==========================  ==================================================================
 
@@ -261,7 +261,8 @@ class Store(ABC):
         (``supports_verified_log``) records the written version as verified. Never set
         for bytes copied from elsewhere. Returns the number of bytes written.
         ``supports_in_flight`` backends also take ``on_written``, called once the bytes
-        are written and :meth:`in_flight` shows the write, before the commit.
+        are written and :meth:`in_flight` shows the write; the commit follows its return
+        (it may block to hold the commit back).
         """
 
     @abstractmethod

@@ -318,8 +318,9 @@ class DiskStore(Store):
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False,
             on_written=None) -> int:
         """``on_written`` (``supports_in_flight``): called once the bytes are in the temp
-        file, before its fsync and rename; :meth:`in_flight` is True from then until the
-        commit. Not called without fsync (the rename follows at once)."""
+        file, before the commit (its fsync when ``fsync`` is on, and the rename);
+        :meth:`in_flight` is True from then until the commit. It may block: the commit
+        follows its return (a writer holds it while the engine answers the request)."""
         if isinstance(parts, (bytes, bytearray, memoryview)):
             parts = (parts,)
         parts = [memoryview(p).cast("B") for p in parts]
@@ -341,9 +342,9 @@ class DiskStore(Store):
                 for p in parts:
                     f.write(p)
                 f.flush()
+                if on_written is not None and self.supports_in_flight:
+                    on_written()  # in flight: readers may take these bytes now
                 if self.fsync:
-                    if on_written is not None and self.supports_in_flight:
-                        on_written()  # in flight: readers may take these bytes now
                     os.fsync(f.fileno())
                 os.replace(tmp, directory / ENTRY_FILE)  # the commit point
                 if encoded_here:  # after the rename, which moves ctime

@@ -1,5 +1,6 @@
 """A write in flight (EPD on a local disk store): the encoder's request finishes once the
-entry's bytes are written, before their fsync and the rename that commits them; a
+entry's bytes are written, before their fsync and the rename that commits them (held
+while the engine answers the request); a
 consumer that looks the entry up in between reads those bytes (checked in full) or waits
 for the commit, instead of encoding the image again.
 
@@ -116,18 +117,57 @@ def test_a_partly_written_entry_is_not_read_before_it_is_whole(tmp_path):
     assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == ARR.tobytes()
 
 
-def test_without_fsync_or_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
-    """No fsync: the rename follows the bytes at once, nothing is in flight. A network
-    filesystem (a reader's cached lookups could hide the commit): no in-flight writes."""
-    store = DiskStore(tmp_path, fsync=False)
-    writer = EntryWriter(store)
+@pytest.mark.parametrize("fsync", [True, False])
+def test_a_landed_entrys_commit_is_held_while_the_answer_goes_out(tmp_path, monkeypatch,
+                                                                   fsync):
+    """With or without fsync, an entry lands (readable in flight) before its commit, and
+    the commit is held (``COMMIT_HOLD_S``; long here, so no timing decides the test): a
+    reader takes the bytes meanwhile. A write that finds no idle thread ends the hold at
+    once, and so does ``flush``. With the real hold, a lone write commits by itself."""
+    import encache.connectors.writer as writer_module
+
+    store = DiskStore(tmp_path, fsync=fsync)
+    monkeypatch.setattr(writer_module, "COMMIT_HOLD_S", 60.0)
+    writer = EntryWriter(store, threads=1)
     try:
-        assert save(writer, "img").result(timeout=30) is True
-        assert store.contains("img")
+        assert save(writer, "a").result(timeout=30) is True
+        time.sleep(0.3)
+        assert store.in_flight("a") and not store.contains("a")  # held
+        buf, _, meta, offset = store.read_in_flight("a")  # whole, checked
+        assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == ARR.tobytes()
+        t0 = time.monotonic()
+        b = save(writer, "b")  # the only thread holds a's commit: it goes now
+        assert b.result(timeout=30) is True
+        assert store.contains("a") and time.monotonic() - t0 < 10
+        assert store.in_flight("b") and not store.contains("b")
+        t0 = time.monotonic()
+        assert writer.flush(30) and time.monotonic() - t0 < 10
+        assert store.contains("b") and not store.in_flight("b")
     finally:
         writer.close()
+    monkeypatch.undo()
+    writer = EntryWriter(store)
+    try:
+        assert save(writer, "c").result(timeout=30) is True
+        deadline = time.monotonic() + 10
+        while not store.contains("c"):
+            assert time.monotonic() < deadline, "a held commit never went"
+            time.sleep(0.01)
+    finally:
+        writer.close()
+
+
+def test_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
+    """A network filesystem (a reader's cached lookups could hide the commit): no
+    in-flight writes; the writer reports the entry once it is committed."""
     nfs = DiskStore(tmp_path / "nfs")
     nfs.supports_in_flight = False  # what a non-local filesystem type gives
+    writer = EntryWriter(nfs)
+    try:
+        assert save(writer, "img").result(timeout=30) is True
+        assert nfs.contains("img")
+    finally:
+        writer.close()
     (tmp_path / "nfs" / "x").mkdir()
     (tmp_path / "nfs" / "x" / (TEMP_PREFIX + "1")).write_bytes(b"1")
     assert not nfs.in_flight("x")
