@@ -42,6 +42,15 @@ class StoreContract:
         assert bytes(store.get("m1")) == b
         assert sorted(store.identifiers()) == ["m1"]
 
+    def test_put_takes_one_buffer_or_several(self, store):
+        """``put(parts)``: bytes, a numpy array (what a load hands a local tier's
+        write-behind) or a list of buffers to join; each stores the same entry."""
+        b = blob("pb", n=4096)
+        arr = np.frombuffer(b, np.uint8).copy()
+        for ident, parts in (("pb", b), ("pb", arr), ("pb", [b[:100], memoryview(b)[100:]])):
+            store.put(ident, parts)
+            assert bytes(memoryview(store.get(ident)).cast("B")) == b
+
     def test_missing_is_none(self, store):
         assert store.get("nope") is None
         assert not store.contains("nope")

@@ -52,7 +52,7 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
-from .entry import CorruptEntry, header_length, read_verified, validate_blob
+from .entry import CorruptEntry, byte_views, header_length, read_verified, validate_blob
 from .files import (TEMP_PREFIX, ServedVersion, atomic_write_json, file_version,
                     filesystem_type, fsync_dir, open_untracked, uninitialized)
 from .keys import from_name, is_entry_name, name_for, to_name
@@ -321,9 +321,7 @@ class DiskStore(Store):
         file, before the commit (its fsync when ``fsync`` is on, and the rename);
         :meth:`in_flight` is True from then until the commit. It may block: the commit
         follows its return (a writer holds it while the engine answers the request)."""
-        if isinstance(parts, (bytes, bytearray, memoryview)):
-            parts = (parts,)
-        parts = [memoryview(p).cast("B") for p in parts]
+        parts = byte_views(parts)
         total = sum(p.nbytes for p in parts)
         directory = self.root / to_name(identifier)
         reserved = self._make_room(total) if self.max_bytes else False

@@ -169,6 +169,16 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
     return _LEN.pack(len(raw)) + raw, view
 
 
+def byte_views(parts) -> list[memoryview]:
+    """An entry's bytes as flat byte views: ``parts`` is one buffer (bytes, a numpy array,
+    a mapping: anything with the buffer protocol) or an iterable of buffers to join."""
+    try:
+        view = memoryview(parts)
+    except TypeError:  # not a buffer: an iterable of them
+        return [memoryview(p).cast("B") for p in parts]
+    return [view.cast("B")]
+
+
 def same_version(a: EntryMeta, b: EntryMeta) -> bool:
     """Whether two headers describe the same stored version of an entry: the same bytes
     (checksum, dtype, shape), written at the same time with the same stamps. Every

@@ -74,7 +74,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from .base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
-from .entry import CorruptEntry, header_length
+from .entry import CorruptEntry, byte_views, header_length
 from .keys import validate
 from .redis_errors import ERRORS, ConnectionRetry, describe_error
 from .redis_lock import RedisLock
@@ -397,9 +397,7 @@ class RedisStore(Store):
     @_wrapped
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:
         key = self.key(identifier)
-        if isinstance(parts, (bytes, bytearray, memoryview)):
-            parts = (parts,)
-        views = [memoryview(p).cast("B") for p in parts]
+        views = byte_views(parts)
         total = sum(v.nbytes for v in views)
         head = _leading(views, _HEAD_READ)
         try:
