@@ -13,25 +13,14 @@ them all), 3 ``--repair`` could not fix every problem, 2 usage, 7 store unreacha
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from encache.cli.options import JsonOpt, ModelOpt, StoreOpt, parse_age
 
-#: the job is library code (:mod:`encache.connectors.store.verify`); these names stay
-#: importable from here, loaded on first use (``encache --help`` imports no store code)
-_JOB_NAMES = ("DEFAULT_GRACE", "Finding", "VerifyReport", "check_entry", "read_untracked",
-              "repair_plan", "repair_store", "still_bad", "verify_store")
-
-
-def __getattr__(name: str):
-    if name in _JOB_NAMES:
-        from encache.connectors.store import verify as job
-
-        return getattr(job, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+if TYPE_CHECKING:  # the job is library code, loaded on first use (``--help`` imports none)
+    from encache.connectors.store.verify import Finding, VerifyReport
 
 # -- rendering -----------------------------------------------------------------------
 
