@@ -471,11 +471,13 @@ class DiskStore(Store):
         return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
 
     def read_in_flight(self, identifier: str):
-        """The bytes of a write in flight once all are written, read into a private
-        buffer and checked in full on the way in (checksum): ``(buffer, version, meta,
-        offset)``, or None (no fresh temp file holds a whole, valid entry yet). The
-        version is the temp file's, which its rename keeps: committed, the entry is
-        that same version."""
+        """The bytes of a write in flight once all are written, checked in full
+        (header, size, checksum): ``(buffer, version, meta, offset)``, or None (no fresh
+        temp file holds a whole, valid entry yet). Mapped as :meth:`read_entry` maps a
+        committed entry of its size (writers never change a temp file once written, and
+        the rename keeps the inode; the hash faults the pages in), else read into a
+        private buffer and checked in the same pass. The version is the temp file's,
+        which its rename keeps: committed, the entry is that same version."""
         if not self.supports_in_flight:
             return None
         for _, path in sorted(self._fresh_temp_files(identifier), reverse=True):  # newest first
@@ -485,10 +487,14 @@ class DiskStore(Store):
                 continue
             try:
                 st = os.fstat(fd)
-                buf = uninitialized(st.st_size)
                 try:
-                    meta, offset = read_verified(lambda view: os.readv(fd, [view]),
-                                                 st.st_size, buf, identifier=identifier)
+                    if self.mapped_loads and st.st_size >= max(self.map_min_bytes, 8):
+                        buf = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
+                        meta, offset = validate_blob(buf, identifier=identifier, verify=True)
+                    else:
+                        buf = uninitialized(st.st_size)
+                        meta, offset = read_verified(lambda view: os.readv(fd, [view]),
+                                                     st.st_size, buf, identifier=identifier)
                 except CorruptEntry:  # still being written (or a killed writer's)
                     continue
                 return buf, ServedVersion.of(st), meta, offset
