@@ -21,7 +21,6 @@ import socket
 
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .entry import read_verified
@@ -91,31 +90,33 @@ class Unreadable(Exception):
 
 
 def _receive(conn, key: bytes, identifier: str, hashing: bool):
-    """Send the ``GET`` and read its reply (RESP2 or RESP3): ``(buffer, meta, offset,
-    in_step)`` or None; ``in_step`` is False when the last read took bytes past the
-    reply (a push that followed it), so the connection must not be reused."""
+    """Send the ``GET`` and read its reply (RESP2 or RESP3): ``(value, error, in_step)``.
+    ``value`` is ``(buffer, meta, offset)`` or None (no such key); ``error`` the server's
+    error reply as redis-py's exception; ``in_step`` False when a read took bytes past
+    the reply (a push that followed it): the connection must not be reused."""
     conn.send_command("GET", key)
     reply = _Reply(conn._sock)  # (the socket send_command just wrote to)
     line = reply.line()
     kind, rest = line[:1], line[1:]
     if kind == b"_" or line == b"$-1":  # no such key (RESP3, RESP2)
-        return None
+        return None, None, not reply.pending.nbytes
     if kind == b"-":
-        raise BaseParser.parse_error(rest.decode("utf-8", "replace"))
+        return None, BaseParser.parse_error(rest.decode("utf-8", "replace")), \
+            not reply.pending.nbytes
     if kind == b"!":  # RESP3 blob error
         text = bytearray(int(rest))
         got = 0
         while got < len(text):
             got += reply.readinto(memoryview(text)[got:])
-        reply.end()
-        raise BaseParser.parse_error(text.decode("utf-8", "replace"))
+        in_step = reply.end()
+        return None, BaseParser.parse_error(text.decode("utf-8", "replace")), in_step
     if kind != b"$":
         raise Unreadable(f"reply starting {line[:1]!r} to GET")
     size = int(rest)
     buf = uninitialized(size)
     meta, offset = read_verified(reply.readinto, size, buf, identifier=identifier,
                                  verify=hashing)
-    return buf, meta, offset, reply.end()
+    return (buf, meta, offset), None, reply.end()
 
 
 def receive_verified(pool, key: bytes, identifier: str, hashing: bool):
@@ -124,19 +125,14 @@ def receive_verified(pool, key: bytes, identifier: str, hashing: bool):
     offset)``, or None when the key does not exist. Raises redis-py's errors (a ``MOVED``
     reply as ``MovedError``), :class:`.entry.CorruptEntry` and :class:`Unreadable`."""
     conn = pool.get_connection()
-    clean = False
+    clean = False  # the whole reply, and nothing past it, was read
     try:
-        got = conn.retry.call_with_retry(lambda: _receive(conn, key, identifier, hashing),
-                                         lambda error: conn.disconnect())
-        if got is None:
-            clean = True
-            return None
-        buf, meta, offset, clean = got
-        return buf, meta, offset
-    except ResponseError:
-        clean = True  # the whole error reply was read: the connection is in step
-        raise
+        value, error, clean = conn.retry.call_with_retry(
+            lambda: _receive(conn, key, identifier, hashing), lambda error: conn.disconnect())
+        if error is not None:
+            raise error
+        return value
     finally:
         if not clean:
-            conn.disconnect()  # bytes of another reply may be read or left: never reuse
+            conn.disconnect()  # bytes of this or another reply may be left: never reuse
         pool.release(conn)
