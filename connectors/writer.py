@@ -14,8 +14,8 @@ in full) or waits for the commit, so the fsync does not hold the encoder's reque
 The commit itself (fsync, rename, the journal and verified-log records) is then held for
 up to ``COMMIT_HOLD_S``, while no other write waits for a thread: it would otherwise run
 while the engine turns the step into the request's answer and compete with it for the
-CPU and the GIL. Measured on this 2-vCPU machine with an encode-only api_server and
-2.75 MB entries: ~2 ms of every request's latency, with or without fsync.
+CPU and the GIL (on a 2-vCPU machine that shows in an encode-only server's request
+latency; docs/performance.md section 6 has the benchmark).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from .store.entry import encode_parts
 log = logging.getLogger("encache.writer")
 
 #: how long a landed entry's commit waits (the engine answering the request meanwhile)
-#: unless another write is queued or the writer is flushed or closed
+#: unless a write waits for a thread or the writer is flushed (or closed)
 COMMIT_HOLD_S = 0.02
 
 
