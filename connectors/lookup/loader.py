@@ -194,10 +194,8 @@ class Loader:
             got = self._in_flight_load(identifier) if committing else None
             if got is None:
                 if self.store.supports_verified_reads and (
-                        not self.verified.seen(identifier) or not self.store.mapped_loads):
-                    # one pass: read and check (a store that reads every load, Redis or a
-                    # network filesystem, has no kept mapping for _load to reuse)
-                    got = self._first_load(identifier, inline)
+                        not self.verified.seen(identifier) or self._reads_bytes(identifier)):
+                    got = self._first_load(identifier, inline)  # one pass: read and check
                 else:
                     got = self._load(identifier, inline)
             if got is DEFER:
@@ -225,10 +223,18 @@ class Loader:
                 self._inflight.pop(identifier, None)
         return staged
 
+    def _reads_bytes(self, identifier: str) -> bool:
+        """Whether a load of ``identifier`` reads its bytes whatever was verified before
+        (no kept mapping for :meth:`_load` to reuse): a store that reads every load
+        (Redis, Redis Cluster, a network filesystem), or a local tier without a copy of
+        it (the load goes to the shared store)."""
+        store = self.store
+        return not store.mapped_loads or not (store.local or store.holds_locally(identifier))
+
     def _first_load(self, identifier: str, inline: bool):
         """A version of ``identifier`` never validated here (every load of an entry an
-        encoder instance just wrote, EPD), or any load from a store that reads every load
-        (Redis, Redis Cluster, a network filesystem): read and checked by
+        encoder instance just wrote, EPD), or any load that reads the bytes anyway
+        (:meth:`_reads_bytes`): read and checked by
         ``Store.read_verified`` (one pass where the entry is read or received; a mapped
         entry is hashed over its mapping).
         ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""

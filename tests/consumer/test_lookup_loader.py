@@ -317,3 +317,41 @@ def test_start_up_pass_maps_every_page_of_a_trusted_entry(tmp_path):
         assert _present_fraction(kept) == 1.0
     finally:
         again.close()
+
+
+@pytest.mark.redis
+def test_loads_that_read_the_bytes_anyway_check_them_as_they_read(redis_server, tmp_path):
+    """A load from Redis, and a load through a local tier that no longer holds its copy
+    (of an identifier this consumer served from that copy before), is the one-pass
+    ``read_verified`` (received and checked together), never ``read_entry`` then a
+    validation pass."""
+    import uuid
+
+    store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:",
+                       local_tier=str(tmp_path / "tier"))
+    data = put(store, "e", rows=4096)
+    calls: list[str] = []
+    for name in ("read_entry", "read_verified"):
+        real = getattr(store, name)
+        setattr(store, name,
+                lambda *a, _n=name, _r=real, **kw: (calls.append(_n), _r(*a, **kw))[1])
+    lk = make(store)
+    try:
+        def load() -> list[str]:
+            calls.clear()
+            staged = lk.load_now("e")
+            assert staged is not None and tensor_bytes(staged) == data[-4096 * 16 * 2:]
+            return list(calls)
+
+        assert load() == ["read_verified"]  # remote, written behind
+        store.flush()
+        assert store.sync()  # (a copy that raced the start-up sync is served once checked)
+        assert store.holds_locally("e")
+        load()  # served from the tier's copy: this consumer has seen it
+        assert store.stats["local_reads"] == 1
+        store.tier.delete("e")  # the copy is gone (evicted, dropped by a sync)
+        assert load() == ["read_verified"]  # remote again: received and checked at once
+        assert store.stats["remote_reads"] == 2
+    finally:
+        lk.close()
+        store.close()
