@@ -56,8 +56,6 @@ class EntryWriter:
         self._pending_bytes = 0
         self._pending = 0
         self._threads = threads
-        self._queued = 0  # submitted, not yet taken by a thread
-        self._busy = 0  # threads in a write (a held commit's thread included)
         self._flushing = 0  # flush() calls waiting: held commits go now
         self.counters: dict[str, float] = {}
         self._live = open_live_counters(store, self.warn)  # survives SIGKILL (disk)
@@ -78,7 +76,6 @@ class EntryWriter:
                 self._cond.wait(1.0)
             self._pending_bytes += nbytes
             self._pending += 1
-            self._queued += 1
             self._cond.notify_all()  # (held commits go if it finds no idle thread)
         self._pool.submit(self._write, identifier, data_fn, nbytes, meta, landed)
         return landed
@@ -86,10 +83,9 @@ class EntryWriter:
     def _hold_commit(self) -> None:
         """After an entry landed: let the step's answer go out before its commit runs
         (``COMMIT_HOLD_S`` at most; not while a write waits for a thread)."""
-        with self._cond:
-            self._cond.wait_for(
-                lambda: self._queued > self._threads - self._busy or self._flushing,
-                COMMIT_HOLD_S)
+        with self._cond:  # more writes pending than threads: one waits for a thread
+            self._cond.wait_for(lambda: self._pending > self._threads or self._flushing,
+                                COMMIT_HOLD_S)
 
     def wait(self, futures: list[Future], timeout: float | None) -> tuple[int, int]:
         """Block until ``futures`` (from :meth:`submit`) are done or ``timeout`` s passed;
@@ -114,9 +110,6 @@ class EntryWriter:
             land(True)
             self._hold_commit()
 
-        with self._cond:
-            self._queued -= 1
-            self._busy += 1
         try:
             if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
                 self.count("skipped_existing")
@@ -149,7 +142,6 @@ class EntryWriter:
             with self._cond:
                 self._pending_bytes -= nbytes
                 self._pending -= 1
-                self._busy -= 1
                 self._cond.notify_all()
 
     def count(self, name: str, value: float = 1) -> None:
