@@ -15,19 +15,20 @@ import numpy as np
 import pytest
 import redis
 
-from encache.connectors.store import StoreError, encode_parts
+from encache.connectors.store import StoreError, encode
 from encache.connectors.store.entry import CorruptEntry
 from encache.connectors.store.redis import RedisStore
 from encache.connectors.store.redis_receive import Unreadable, _receive, receive_verified
+from entries import put_entry
 
 pytestmark = pytest.mark.redis
 
 SIZES = {"100 B": 100, "4 KB": 4096, "2.75 MB": 256 * 5376 * 2, "11 MB": 4 * 256 * 5376 * 2}
 
 
-def entry(identifier: str, nbytes: int, seed: int = 0) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
-    return b"".join(bytes(p) for p in encode_parts(identifier, arr, "U8", arr.shape, model="m"))
+def put(store, ident: str, nbytes: int, seed: int = 0) -> bytes:
+    """An entry whose tensor is ``nbytes`` of float16 (:func:`entries.put_entry`)."""
+    return put_entry(store, ident, rows=nbytes // 2, width=1, seed=seed)
 
 
 def tensor_of(got) -> bytes:
@@ -46,8 +47,7 @@ def store(redis_server):
 def test_an_entry_arrives_whole_and_checked(store, size):
     """Every size, from one that fits the reply's first read to four Gemma-3 crops: the
     stored bytes, checksummed, in a buffer of the entry's size."""
-    blob = entry("e", SIZES[size])
-    store.put("e", blob)
+    blob = put(store, "e", SIZES[size])
     got = store.read_verified("e")
     assert got is not None and got[4] is True  # hashed
     assert bytes(got[0]) == blob and len(got[0]) == len(blob)
@@ -58,11 +58,10 @@ def test_an_entry_arrives_whole_and_checked(store, size):
 
 def test_tls_and_unix_sockets(redis_factory):
     server = redis_factory(tls=True, password="pw")
-    blob = entry("t", SIZES["2.75 MB"], seed=1)
     for url in (server.tls_url, server.unix_url):
         s = RedisStore(url, prefix=f"t-{uuid.uuid4().hex[:12]}:")
         try:
-            s.put("t", blob)
+            blob = put(s, "t", SIZES["2.75 MB"], seed=1)
             assert bytes(s.read_verified("t")[0]) == blob
         finally:
             s.close()
@@ -72,13 +71,12 @@ def test_a_bad_entry_is_refused_and_its_connection_never_reused(store, redis_ser
     """A flipped byte (found at the end) and a wrong identifier (found in the first
     chunk, with megabytes still unread on the socket): each raises CorruptEntry, and the
     next loads on the same store get their own bytes, not the rest of that reply."""
-    good = entry("good", SIZES["2.75 MB"], seed=2)
-    store.put("good", good)
+    good = put(store, "good", SIZES["2.75 MB"], seed=2)
     r = redis_server.client()
-    flipped = bytearray(entry("flip", SIZES["2.75 MB"], seed=3))
+    flipped = bytearray(put(store, "flip", SIZES["2.75 MB"], seed=3))
     flipped[-5] ^= 0xFF
     r.set(store.key("flip"), bytes(flipped))
-    r.set(store.key("other"), entry("someone-else", SIZES["11 MB"], seed=4))
+    r.set(store.key("other"), put(store, "someone-else", SIZES["11 MB"], seed=4))
     for bad, reason in (("flip", "checksum"), ("other", "wrong-identifier")):
         with pytest.raises(CorruptEntry) as e:
             store.read_verified(bad)
@@ -90,8 +88,7 @@ def test_a_bad_entry_is_refused_and_its_connection_never_reused(store, redis_ser
 def test_a_dropped_connection_is_retried(store, redis_server):
     """The server closes every client connection (a restart, an idle timeout): the next
     load reconnects and gets the entry, no error."""
-    blob = entry("d", SIZES["2.75 MB"], seed=5)
-    store.put("d", blob)
+    blob = put(store, "d", SIZES["2.75 MB"], seed=5)
     assert bytes(store.read_verified("d")[0]) == blob  # a pooled connection now exists
     redis_server.client().client_kill_filter(_type="normal", skipme=True)
     assert bytes(store.read_verified("d")[0]) == blob
@@ -100,9 +97,8 @@ def test_a_dropped_connection_is_retried(store, redis_server):
 def test_a_hung_server_fails_the_load_in_socket_timeout(redis_factory):
     server = redis_factory()
     s = RedisStore(server.url, prefix="h:", socket_timeout=0.5)
-    blob = entry("h", SIZES["2.75 MB"], seed=6)
     try:
-        s.put("h", blob)
+        blob = put(s, "h", SIZES["2.75 MB"], seed=6)
         server.pause()
         t0 = time.monotonic()
         try:
@@ -134,8 +130,7 @@ def test_a_push_ahead_of_the_reply_is_left_to_redis_py(store, redis_server):
     read changes; if one waits on the socket ahead of the GET's reply, the reader does
     not take it apart: it says so (the store then reads through redis-py) and the
     connection is dropped."""
-    blob = entry("p", 4096, seed=7)
-    store.put("p", blob)
+    put(store, "p", 4096, seed=7)
     pool = redis.ConnectionPool.from_url(redis_server.url, protocol=3)
     conn = pool.get_connection()
     try:
@@ -143,8 +138,7 @@ def test_a_push_ahead_of_the_reply_is_left_to_redis_py(store, redis_server):
         conn.read_response()
         conn.send_command("GET", store.key("p"))
         conn.read_response()
-        new = entry("p", 4096, seed=8)
-        store.put("p", new)  # -> an invalidation push to conn
+        new = put(store, "p", 4096, seed=8)  # -> an invalidation push to conn
         deadline = time.monotonic() + 5
         while not conn.can_read(timeout=0.05) and time.monotonic() < deadline:
             pass
@@ -171,7 +165,8 @@ class _PairConn:
 def test_a_value_cut_short_is_a_dropped_connection_not_a_corrupt_entry(cut):
     """A server that dies part-way through a value: a connection error (the load is a
     miss, the entry is not blamed), never CorruptEntry and never a hang."""
-    blob = entry("c", 100_000, seed=9)
+    arr = np.random.default_rng(9).integers(0, 255, 100_000, dtype=np.uint8)
+    blob = encode("c", arr, "U8", arr.shape, model="m")
     ours, theirs = socket.socketpair()
     ours.settimeout(5)
 
