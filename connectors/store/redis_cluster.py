@@ -49,7 +49,9 @@ Consequences:
   the retry is made only if the map now routes the key elsewhere than the failed call did
   (whoever re-read it: this load, another thread's, or redis-py itself): while the primary
   is dead and not yet promoted the map still names it, and a load fails fast (milliseconds,
-  never a wait). A timeout is not retried (it already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
+  never a wait). ``read_verified`` (the one-pass receive on the routed node's socket) that
+  fails on a stale route is made again as that ``get``, whose redis-py call re-reads the
+  map and retries on its own as well. A timeout is not retried (it already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
   meets the dead node the stale map still names a primary likewise re-reads the map once
   and walks the new primaries. Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
@@ -245,17 +247,16 @@ class RedisClusterStore(RedisStore):
     @_wrapped
     def read_verified(self, identifier: str, checksum=lambda version: True):
         try:
-            return self._load(
-                lambda: RedisStore.read_verified.__wrapped__(self, identifier, checksum),
-                (key_slot(_enc(identifier)),))
-        except (MovedError, AskError):
-            # a slot on the move (ASK), or a map not re-read yet (MOVED): redis-py follows
-            # the redirect (ASKING, then the command on the new owner), as get() does
+            return RedisStore.read_verified.__wrapped__(self, identifier, checksum)
+        except _STALE_ROUTE:
+            # a slot on the move (ASK), a map not re-read yet (MOVED), a primary dead or
+            # replaced (connection refused): the load is get()'s, whose redis-py call
+            # follows redirects and re-reads the map itself, then _load's re-read and retry
             return Store.read_verified(self, identifier, checksum)
 
     def _connection_pool(self, key: bytes):
-        """The pool of the primary the slot map names for ``key`` (a stale map: ``MOVED``,
-        then :meth:`_load`'s re-read and retry)."""
+        """The pool of the primary the slot map names for ``key`` (a stale map: ``MOVED``
+        or a refused connection, and :meth:`read_verified` falls back to ``get``)."""
         return self._r.get_redis_connection(self._r.get_node_from_key(key)).connection_pool
 
     @_wrapped
