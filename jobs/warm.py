@@ -28,7 +28,8 @@ media that neither store holds with :func:`encache.jobs.precompute.precompute_fi
 Progress is drawn by the caller: ``progress(label, total, unit)`` returns a context
 manager yielding ``update(done)`` (the CLI passes ``encache.cli.render.progress``),
 ``phases()`` returns a context manager yielding a ``start(phase, total)`` /
-``advance(n, failed=)`` object for the engine's phases (entered only while it runs), ``note(text)`` a one-line notice. Errors are
+``advance(n, failed=None, phase=None)`` object for the engine's phases (entered only while
+it runs), ``note(text)`` a one-line notice. Errors are
 :class:`~encache.connectors.errors.EncacheError` (usage 2, store 7, engine 8).
 """
 

@@ -100,21 +100,6 @@ def _ordered(pool, fn, items, window: int):
         yield pending.popleft().result()
 
 
-def _takes_phase(progress) -> bool:
-    """Whether ``progress.advance`` takes ``phase=`` (the protocol before phases overlapped
-    was ``advance(n, failed=None)``; such an object still works, its hashing advances
-    going to the phase it started last)."""
-    import inspect
-
-    if progress is None:
-        return False
-    try:
-        params = inspect.signature(progress.advance).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "phase" or p.kind is p.VAR_KEYWORD for p in params)
-
-
 class RowStream:
     """Identify rows computed in the background, handed out in corpus order as they come.
 
@@ -137,7 +122,6 @@ class RowStream:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._progress = progress
-        self._phase = {"phase": "hashing"} if _takes_phase(progress) else {}
         self._thread = threading.Thread(target=self._run, args=(files, row, max(1, threads)),
                                         name="encache-identify", daemon=True)
         self._thread.start()
@@ -156,7 +140,7 @@ class RowStream:
                     if self._progress:
                         self._progress.advance(
                             1, failed=f"{f.rel}: {ident[len(UNREADABLE):]}"
-                            if state == "unreadable" else None, **self._phase)
+                            if state == "unreadable" else None, phase="hashing")
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
             self._error = e
         finally:
