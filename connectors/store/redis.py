@@ -356,25 +356,19 @@ class RedisStore(Store):
         passes after the parser's copy). Versions are not tracked (None)."""
         key = self.key(identifier)
         hashing = checksum(None)
+        now = time.time()
+        ident = _enc(identifier)  # the access time (the LRU clock), when due, in the same
+        touch = (self._side(ident)[1], ident, now) \
+            if self._should_touch(identifier, now) else None  # round trip (XX: live only)
         try:
-            got = receive_verified(self._connection_pool(key), key, identifier, hashing)
+            got = receive_verified(self._connection_pool(key), key, identifier, hashing, touch)
         except Unreadable:
             return Store.read_verified(self, identifier, checksum)  # through redis-py
         if got is None:
             self._touched.pop(identifier, None)
             return None
-        now = time.time()
-        if self._should_touch(identifier, now):
-            self._touch_loaded(identifier, now)
         buf, meta, offset = got
         return buf, None, meta, offset, hashing
-
-    def _touch_loaded(self, identifier: str, now: float) -> None:
-        """The loaded entry's access time (the LRU clock; only for a live entry). A
-        failure (a read-only replica) costs no load."""
-        ident = _enc(identifier)
-        with contextlib.suppress(*ERRORS):
-            self._r.zadd(self._side(ident)[1], {ident: now}, xx=True)
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:

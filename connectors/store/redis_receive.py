@@ -50,18 +50,21 @@ class _Reply:
         return n
 
     def line(self) -> bytes:
-        """The reply's first line (without its CRLF); what follows it stays pending."""
+        """The next reply's first line (without its CRLF), beginning with what an earlier
+        line's read brought (a pipelined reply ahead of this one: never more than
+        ``HEAD`` bytes); what follows it stays pending."""
         head = bytearray(HEAD)
         view = memoryview(head)
-        filled = 0
+        filled = self.pending.nbytes
+        view[:filled] = self.pending
         while True:
-            if filled == HEAD:
-                raise RedisConnectionError("Protocol error: reply line too long")
-            filled += self._recv_into(view[filled:])
             end = head.find(b"\r\n", 0, filled)
             if end >= 0:
                 self.pending = view[end + 2:filled]
                 return bytes(head[:end])
+            if filled == HEAD:
+                raise RedisConnectionError("Protocol error: reply line too long")
+            filled += self._recv_into(view[filled:])
 
     def readinto(self, view) -> int:
         """The value's next bytes into ``view`` (what the first read brought, then the
@@ -89,13 +92,24 @@ class Unreadable(Exception):
     value): the caller reads the entry through redis-py instead."""
 
 
-def _receive(conn, key: bytes, identifier: str, hashing: bool):
+def _receive(conn, key: bytes, identifier: str, hashing: bool, touch=None):
     """Send the ``GET`` and read its reply (RESP2 or RESP3): ``(value, error, in_step)``.
     ``value`` is ``(buffer, meta, offset)`` or None (no such key); ``error`` the server's
     error reply as redis-py's exception; ``in_step`` False when a read took bytes past
-    the reply (a push that followed it): the connection must not be reused."""
-    conn.send_command("GET", key)
+    the reply (a push that followed it): the connection must not be reused. ``touch``:
+    ``(sorted set, member, score)``, a ``ZADD XX`` sent ahead of the ``GET`` in the same
+    write, its reply read first (an error reply costs the touch, not the load)."""
+    if touch is None:
+        conn.send_command("GET", key)
+    else:
+        zset, member, score = touch
+        conn.send_packed_command(conn.pack_commands(
+            [("ZADD", zset, "XX", repr(score), member), ("GET", key)]))
     reply = _Reply(conn._sock)  # (the socket send_command just wrote to)
+    if touch is not None:
+        first = reply.line()
+        if first[:1] not in (b":", b"-"):
+            raise Unreadable(f"reply starting {first[:1]!r} to ZADD")
     line = reply.line()
     kind, rest = line[:1], line[1:]
     if kind == b"_" or line == b"$-1":  # no such key (RESP3, RESP2)
@@ -119,16 +133,19 @@ def _receive(conn, key: bytes, identifier: str, hashing: bool):
     return (buf, meta, offset), None, reply.end()
 
 
-def receive_verified(pool, key: bytes, identifier: str, hashing: bool):
+def receive_verified(pool, key: bytes, identifier: str, hashing: bool, touch=None):
     """``GET key`` on a connection of ``pool``, the value received into a new buffer and
     validated in the same pass (``hashing``: its checksum too). ``(buffer, meta,
-    offset)``, or None when the key does not exist. Raises redis-py's errors (a ``MOVED``
-    reply as ``MovedError``), :class:`.entry.CorruptEntry` and :class:`Unreadable`."""
+    offset)``, or None when the key does not exist. ``touch``: ``(sorted set, member,
+    score)`` to ``ZADD XX`` in the same round trip (the entry's access time). Raises
+    redis-py's errors (a ``MOVED`` reply as ``MovedError``), :class:`.entry.CorruptEntry`
+    and :class:`Unreadable`."""
     conn = pool.get_connection()
     clean = False  # the whole reply, and nothing past it, was read
     try:
         value, error, clean = conn.retry.call_with_retry(
-            lambda: _receive(conn, key, identifier, hashing), lambda error: conn.disconnect())
+            lambda: _receive(conn, key, identifier, hashing, touch),
+            lambda error: conn.disconnect())
         if error is not None:
             raise error
         return value

@@ -39,7 +39,11 @@ Breakdown rows (to explain the gap): the read alone into a fresh zero-filled byt
 and into an uninitialised np.empty buffer; the checksum alone as ``entry.checksum`` computes
 it for new entries (the algorithm is recorded), and blake3 for reference; a RedisStore.get
 alone; a checked Redis read received and hashed in one pass (``RedisStore.read_verified``,
-what ``encache.redis`` runs) beside the same check done as GET then a validation pass. ``params.code`` records the encache commit and any uncommitted change to the
+what ``encache.redis`` runs) beside the same check done as GET then a validation pass;
+and both again with the entry's access-time refresh due on every load (``.touch``: a
+store with ``access_resolution=0``; in EPD every PD load is the first of its entry): the
+one-pass read sends its ``ZADD XX`` in the same write as the ``GET``, redis-py's ``get``
+in a pipeline with it. ``params.code`` records the encache commit and any uncommitted change to the
 measured code, and ``params.checksum_algo`` / ``params.disk_get_buffer`` what it did.
 
 All files are in the page cache (written just before and read once untimed): this measures
@@ -68,7 +72,8 @@ METHODS = ["memcpy.pagecache", "memcpy.ram", "encache.disk", "encache.disk.first
            "encache.disk.read", "encache.disk.always", "encache.redis", "encache.redis.noverify",
            "ecexample.disk"]
 BREAKDOWN = ["read.fresh_bytearray", "read.fresh_empty", "checksum", "blake3", "redis.get",
-             "redis.receive_verified", "redis.get_then_validate"]
+             "redis.receive_verified", "redis.get_then_validate",
+             "redis.receive_verified.touch", "redis.get_then_validate.touch"]
 # cold page cache (posix_fadvise DONTNEED on the file before each load): disk paths only
 COLD = ["memcpy.pagecache", "encache.disk", "encache.disk.first", "encache.disk.read",
         "ecexample.disk"]
@@ -117,7 +122,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
             print(f"[load] {label}: {n} entries of {shape} F16, {rounds} rounds", file=sys.stderr)
             root = tmp / label.replace(" ", "")
             dstore = DiskStore(root / "encache", fsync=True)  # clean pages: evictable
-            rstore = RedisStore(redis.url, prefix=f"bench-{uuid.uuid4().hex[:8]}:")
+            prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+            rstore = RedisStore(redis.url, prefix=prefix)
+            tstore = RedisStore(redis.url, prefix=prefix, access_resolution=0)  # every load
             exdir = root / "ecexample"
             rng = np.random.default_rng(0)
             ids, expaths, ram = [], [], []
@@ -193,6 +200,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
                 # runs), and as it was before, GET's bytes then a validation pass
                 "redis.receive_verified": lambda i: rstore.read_verified(ids[i])[0],
                 "redis.get_then_validate": lambda i: Store.read_verified(rstore, ids[i])[0],
+                "redis.receive_verified.touch": lambda i: tstore.read_verified(ids[i])[0],
+                "redis.get_then_validate.touch":
+                    lambda i: Store.read_verified(tstore, ids[i])[0],
             }
 
             def touch(res):
@@ -278,6 +288,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
             for lookup in (*lk.values(), *lr.values()):
                 lookup.close()
             rstore.close()
+            tstore.close()
             _flush_redis(redis.url)
             shutil.rmtree(root, ignore_errors=True)
             ram = blobs = None  # (free them before the next size)
@@ -336,6 +347,8 @@ def goals(results: dict) -> dict:
         g["redis_one_pass_vs_get_then_validate"] = (m["redis.get_then_validate"]
                                                     / m["redis.receive_verified"])
         g["redis_one_pass_vs_get_alone"] = m["redis.get"] / m["redis.receive_verified"]
+        g["redis_one_pass_vs_get_then_validate_touch_due"] = (
+            m["redis.get_then_validate.touch"] / m["redis.receive_verified.touch"])
         if "cold" in row:
             rc = row["cold"]["ratios"]
             g["cold_encache_disk_vs_ecexample"] = rc["encache.disk"]["vs_ecexample"]

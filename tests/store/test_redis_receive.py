@@ -152,13 +152,21 @@ def test_a_push_ahead_of_the_reply_is_left_to_redis_py(store, redis_server):
 
 
 class _PairConn:
-    """A connection whose server is the test: ``_sock`` is one end of a socket pair."""
+    """A connection whose server is the test: ``_sock`` is one end of a socket pair;
+    what the reader sends is kept (``sent``: one list of commands per write)."""
 
     def __init__(self, sock):
         self._sock = sock
+        self.sent: list = []
 
     def send_command(self, *args):
-        pass
+        self.sent.append([args])
+
+    def pack_commands(self, commands):
+        return list(commands)
+
+    def send_packed_command(self, packed):
+        self.sent.append(packed)
 
 
 @pytest.mark.parametrize("cut", [3, 200, 70_000])
@@ -202,3 +210,68 @@ def test_replies_in_both_protocols_and_error_replies():
         value, error, in_step = _receive(_PairConn(ours), b"k", "x", True)
         assert value is None and isinstance(error, kind) and in_step
         ours.close(), theirs.close()
+
+
+def test_a_due_access_time_rides_ahead_of_the_get_in_one_write():
+    """The access-time refresh (``ZADD XX``) goes out in the same write as the ``GET``
+    and its reply is read first, whether it arrives with the value or apart from it;
+    an error reply to it (a read-only replica) costs the touch, not the load; a reply
+    this reader does not take apart (a push) is left to redis-py."""
+    arr = np.random.default_rng(3).integers(0, 255, 70_000, dtype=np.uint8)
+    blob = encode("t", arr, "U8", arr.shape, model="m")
+    value = b"$%d\r\n" % len(blob) + blob + b"\r\n"
+    touch = (b"set", b"t", 12.5)
+    for first in (b":1\r\n", b":0\r\n", b"-READONLY You can't write against a read only "
+                  b"replica.\r\n"):
+        for apart in (False, True):
+            ours, theirs = socket.socketpair()
+            conn = _PairConn(ours)
+            if apart:  # the touch's reply alone on the socket first
+                theirs.sendall(first)
+                t = threading.Timer(0.05, theirs.sendall, (value,))
+                t.start()
+            else:
+                theirs.sendall(first + value)
+            got, error, in_step = _receive(conn, b"k", "t", True, touch)
+            if apart:
+                t.join()
+            assert error is None and in_step
+            buf, meta, offset = got
+            assert bytes(buf) == blob and meta.identifier == "t"
+            assert conn.sent == [[("ZADD", b"set", "XX", "12.5", b"t"), ("GET", b"k")]]
+            ours.close(), theirs.close()
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b":1\r\n$-1\r\n")  # touched nothing (XX), then no such key
+    time.sleep(0.05)
+    assert _receive(_PairConn(ours), b"k", "t", True, touch) == (None, None, True)
+    ours.close(), theirs.close()
+    ours, theirs = socket.socketpair()
+    theirs.sendall(b">2\r\n$10\r\ninvalidate\r\n")
+    with pytest.raises(Unreadable):
+        _receive(_PairConn(ours), b"k", "t", True, touch)
+    ours.close(), theirs.close()
+
+
+def test_loads_refresh_the_access_time_of_live_entries_only(redis_server):
+    """On a real server, a load whose access-time refresh is due moves the entry's LRU
+    clock in the same round trip; a miss adds no member for an absent entry; the pooled
+    connection stays in step over many loads of both kinds."""
+    s = RedisStore(redis_server.url, prefix=f"a-{uuid.uuid4().hex[:12]}:",
+                   access_resolution=0)  # every load is due
+    try:
+        blobs = {f"e{i}": put(s, f"e{i}", 300_000, seed=i) for i in range(3)}
+        r = redis.Redis.from_url(redis_server.url)
+        atime = s._side(b"e0")[1]
+        r.zadd(atime, {b"e0": 1.0}, xx=True)  # long ago
+        before = time.time()
+        assert bytes(s.read_verified("e0")[0]) == blobs["e0"]
+        assert r.zscore(atime, b"e0") >= before
+        for n in range(30):
+            ident = f"e{n % 3}" if n % 2 else f"gone{n}"
+            got = s.read_verified(ident)
+            assert (got is None) if n % 2 == 0 else bytes(got[0]) == blobs[ident]
+        assert r.zscore(atime, b"gone0") is None  # ZADD XX: no phantom members
+        assert r.zcard(atime) == 3
+        r.close()
+    finally:
+        s.close()
