@@ -20,8 +20,9 @@ engine's embedding merge or a device copy reads it: every byte is read). Methods
                   the remote read + checksum, and the write-behind handed to the tier's
                   thread (a fresh, empty tier each round, made untimed)
 
-``write_behind_ms``: the tier thread's time to commit one entry (file write, fsync,
-rename), off the request path; measured by draining the queue after the tier.first round.
+The tiers are built as the connector builds them (``open_store(..., local_tier=)``: the
+tier's copies are not fsynced, see docs/local-tier.md). ``write_behind_ms``: the tier
+thread's time to commit one entry (file write, rename), off the request path; measured by draining the queue after the tier.first round.
 Ratios are of median times within the run (``tier.local / disk`` is the goal: >= 0.9).
 MB = 10^6 bytes.
 
@@ -56,10 +57,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
     import torch
 
     from encache.connectors.lookup import EntryLookup
+    from encache.connectors.store import open_store
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
     from encache.connectors.store.redis import RedisStore
-    from encache.connectors.store.tiered import TieredStore
     from encache.connectors.vllm.metadata import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -109,8 +110,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
                 disk.put(ident, list(parts))
                 remote.put(ident, list(parts))
                 ids.append(ident)
-            warm_tier = TieredStore(RedisStore(redis.url, prefix=prefix),
-                                    DiskStore(root / "tier"))
+            # tiers built as the connector builds them (open_store: copies not fsynced)
+            warm_tier = open_store(redis.url, prefix=prefix, local_tier=str(root / "tier"))
             lk_disk, lk_redis, lk_tier = lookup(disk), lookup(remote), lookup(warm_tier)
             for i in ids:  # fill the tier (remote reads, written behind), verify once
                 lk_tier.load_now(i)
@@ -143,7 +144,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
                     first["store"].close()
                     shutil.rmtree(first["dir"], ignore_errors=True)
                 d = root / f"first-{uuid.uuid4().hex[:6]}"
-                first["store"] = TieredStore(RedisStore(redis.url, prefix=prefix), DiskStore(d))
+                first["store"] = open_store(redis.url, prefix=prefix, local_tier=str(d))
                 first["lk"], first["dir"] = lookup(first["store"]), d
 
             def load(lk, i):
