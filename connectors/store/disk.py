@@ -503,7 +503,8 @@ class DiskStore(Store):
         return None
 
     def contains(self, identifier: str) -> bool:
-        return os.path.isfile(self.entry_path(identifier))
+        # (a string path: a Path object costs more than the stat; a tier asks per load)
+        return os.path.isfile(f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}")
 
     def _entry_dirs(self) -> Iterator[os.DirEntry]:
         try:
