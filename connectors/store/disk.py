@@ -502,6 +502,14 @@ class DiskStore(Store):
                 os.close(fd)
         return None
 
+    def keeps(self, identifier: str) -> bool:
+        """Whether a mapping or buffer of a version of ``identifier`` served lately is kept
+        (no system call; the next load checks its version). Entries this store deletes or
+        evicts are dropped from it at once; one removed by another process stays until
+        that load or the next ``maintain``."""
+        return self._recent is not None and \
+            f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}" in self._recent
+
     def contains(self, identifier: str) -> bool:
         # (a string path: a Path object costs more than the stat; a tier asks per load)
         return os.path.isfile(f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}")

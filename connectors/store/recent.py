@@ -66,6 +66,10 @@ class RecentBuffers:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, path: str) -> bool:
+        """Whether a buffer is held for ``path`` (of some version: :meth:`get` checks)."""
+        return path in self._items
+
     def get(self, path: str, version):
         """``(buffer, touched_ns)`` held for ``path`` if it holds ``version``; else
         ``(None, 0)`` (and a buffer of another version is dropped)."""

@@ -146,7 +146,10 @@ class TieredStore(Store):
         return self._trusted and identifier not in self._suspect
 
     def holds_locally(self, identifier: str) -> bool:
-        return self._serves_local(identifier) and self.tier.contains(identifier)
+        # (a copy served lately is still kept: no stat on a tier hit's path; a copy that
+        # another process removed meanwhile is found missing by the load itself)
+        return self._serves_local(identifier) and (self.tier.keeps(identifier)
+                                                   or self.tier.contains(identifier))
 
     def served_from(self, version) -> str | None:
         return "local" if isinstance(version, LocalVersion) else "remote"
