@@ -51,9 +51,10 @@ Consequences:
   is dead and not yet promoted the map still names it, and a load fails fast (milliseconds,
   never a wait). ``read_verified`` (the one-pass receive on the routed node's socket) that
   fails on a stale route is made again as that ``get``, whose redis-py call re-reads the
-  map and retries on its own as well. A timeout is not retried (it already cost ``socket_timeout``). A listing (a consumer's index refresh) whose walk
-  meets the dead node the stale map still names a primary likewise re-reads the map once
-  and walks the new primaries. Writes and header reads
+  map and retries on its own as well. A timeout is not retried (it already cost
+  ``socket_timeout``). A listing (a consumer's index refresh) whose walk meets the dead
+  node the stale map still names a primary likewise re-reads the map once and walks the
+  new primaries. Writes and header reads
   (``put``/``delete``/``stat``/``contains``: producers, ``precompute``, ``warm``) retry
   for up to ``redirect_wait`` s — a failover quicker than that costs nothing — and are
   reported as failed after it (a second ``precompute`` run writes what is missing).
