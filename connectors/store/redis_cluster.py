@@ -252,7 +252,9 @@ class RedisClusterStore(RedisStore):
         except _STALE_ROUTE:
             # a slot on the move (ASK), a map not re-read yet (MOVED), a primary dead or
             # replaced (connection refused): the load is get()'s, whose redis-py call
-            # follows redirects and re-reads the map itself, then _load's re-read and retry
+            # follows redirects and re-reads the map itself, then _load's re-read and retry;
+            # the access-time refresh sent with the failed GET went nowhere: get() sends it
+            self._touched.pop(identifier, None)
             return Store.read_verified(self, identifier, checksum)
 
     def _connection_pool(self, key: bytes):

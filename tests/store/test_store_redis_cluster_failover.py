@@ -110,8 +110,11 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):
     # node not yet told of the promotion, as a consumer's index refresh can): its own
     # re-read is then rate-limited, and redis-py's GET re-reads the map and retries
     by_verified._next_reroute = time.monotonic() + 60
+    before = time.time()
     got = by_verified.read_verified(on_victim[0])
     assert got is not None and bytes(got[0]) == blobs[on_victim[0]] and got[4] is True
+    member = on_victim[0].encode()  # its access time refreshed on the new primary
+    assert c.client().zscore(by_verified._side(member)[1], member) >= before
     got = no_retries.read_entry(on_victim[2])
     assert got is not None and bytes(got[0]) == blobs[on_victim[2]]
     assert no_retries.route_refreshes == 1  # (its own re-read made the hit)
