@@ -176,6 +176,11 @@ class DiskStore(Store):
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE
 
+    def _entry_file(self, identifier: str) -> str:
+        """:meth:`entry_path` as a string, built without a ``Path`` (the serving path: a
+        ``Path`` costs more than the ``stat`` it is for; names never hold "/")."""
+        return f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
+
     # -- entries ---------------------------------------------------------------------
     def get(self, identifier: str):
         """The entry's bytes in a fresh writable buffer (a uint8 numpy array), or None."""
@@ -214,7 +219,7 @@ class DiskStore(Store):
         section 1, rows ``readinto.fresh`` and ``onepass.fresh``). ``checksum(version)`` is
         asked once the file is open;
         a version that needs no checksum gets header and size checks only."""
-        path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
+        path = self._entry_file(identifier)
         try:
             fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -263,7 +268,7 @@ class DiskStore(Store):
             if version is None:
                 out.extend(Store.unchanged(self, [(identifier, version, meta)]))
                 continue
-            path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"
+            path = self._entry_file(identifier)
             try:
                 out.append(file_version(os.stat(path)) == tuple(version))
             except (FileNotFoundError, NotADirectoryError):
@@ -271,7 +276,7 @@ class DiskStore(Store):
         return out
 
     def _open_entry(self, identifier: str, mapped: bool):
-        path = f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}"  # names never hold "/"
+        path = self._entry_file(identifier)
         recent = self._recent if mapped else None
         if recent is not None and len(recent):
             # a version served recently: one stat, no open / map / read (recent.py)
@@ -378,7 +383,7 @@ class DiskStore(Store):
     def delete(self, identifier: str) -> bool:
         directory = self.root / to_name(identifier)
         if self._recent is not None:
-            self._recent.discard(f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}")
+            self._recent.discard(self._entry_file(identifier))
         try:
             os.unlink(directory / ENTRY_FILE)  # atomic: readers see all or nothing
             existed = True
@@ -507,12 +512,10 @@ class DiskStore(Store):
         (no system call; the next load checks its version). Entries this store deletes or
         evicts are dropped from it at once; one removed by another process stays until
         that load or the next ``maintain``."""
-        return self._recent is not None and \
-            f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}" in self._recent
+        return self._recent is not None and self._entry_file(identifier) in self._recent
 
     def contains(self, identifier: str) -> bool:
-        # (a string path: a Path object costs more than the stat; a tier asks per load)
-        return os.path.isfile(f"{self._root_str}/{name_for(identifier)}/{ENTRY_FILE}")
+        return os.path.isfile(self._entry_file(identifier))  # (a tier asks per load)
 
     def _entry_dirs(self) -> Iterator[os.DirEntry]:
         try:
