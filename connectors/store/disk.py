@@ -91,6 +91,9 @@ IN_FLIGHT_S = 10.0
 class DiskStore(Store):
     backend = "disk"
     local = True
+    #: the class of the versions the serving path hands out (a local tier's store serves
+    #: ``tiered.LocalVersion``: the tier tells its copies from the shared store's by it)
+    version_type: type[ServedVersion] = ServedVersion
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
@@ -226,10 +229,16 @@ class DiskStore(Store):
             return None
         try:
             st = os.fstat(fd)
-            version = ServedVersion.of(st)
+            version = self.version_type.of(st)
             hashing = checksum(version)
             if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes):
-                return self._validated_read(identifier, version, hashing, checksum)
+                # mapped (or kept) and validated over the mapping, from this open file
+                got = self._serve_open(fd, st, path, version, self.mapped_loads)
+                if got is None:
+                    return None
+                buf, version = got
+                meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
+                return buf, version, meta, offset, hashing
             buf = uninitialized(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          identifier=identifier, verify=hashing)
@@ -245,20 +254,8 @@ class DiskStore(Store):
         if now - st.st_atime_ns > self.access_resolution_s * 1e9:
             with contextlib.suppress(OSError):
                 os.utime(fd, ns=(now, st.st_mtime_ns))
-                version = ServedVersion.of(st, os.fstat(fd))
+                version = self.version_type.of(st, os.fstat(fd))
         return version
-
-    def _validated_read(self, identifier: str, version, hashing: bool, checksum):
-        """:meth:`read_verified` through :meth:`read_entry` (mapped, or a kept buffer),
-        then a validation pass (asked again if the file was replaced meanwhile)."""
-        got = self._open_entry(identifier, mapped=self.mapped_loads)
-        if got is None:
-            return None
-        buf, found = got
-        if found != version:
-            hashing = checksum(found)
-        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
-        return buf, found, meta, offset, hashing
 
     def unchanged(self, entries) -> list[bool]:
         """One ``stat`` per entry: its file version is the one held (``version``, as
@@ -285,7 +282,7 @@ class DiskStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 recent.discard(path)
                 return None
-            version = ServedVersion.of(st)
+            version = self.version_type.of(st)
             buf, touched = recent.get(path, version)
             if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
                     <= self.access_resolution_s * 1e9):
@@ -298,27 +295,34 @@ class DiskStore(Store):
             return None
         try:
             st = os.fstat(fd)
-            size = st.st_size
-            version = ServedVersion.of(st)
-            buf = recent.get(path, version)[0] if recent is not None else None
-            if buf is None:  # (else only the access time was due: refreshed below)
-                if mapped and size >= self.map_min_bytes:
-                    buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-                else:
-                    buf = uninitialized(size)
-                    view, got = memoryview(buf), 0
-                    while got < size:
-                        n = os.readv(fd, [view[got:]])
-                        if n == 0:  # shrank under us: impossible for renamed-in files; a miss
-                            return None
-                        got += n
-            now = time.time_ns()
-            version = self._touch(fd, st, version, now)
-            if recent is not None:
-                recent.put(path, version, buf, now)
-            return buf, version
+            return self._serve_open(fd, st, path, self.version_type.of(st), mapped)
         finally:
             os.close(fd)
+
+    def _serve_open(self, fd: int, st: os.stat_result, path: str, version, mapped: bool):
+        """``(buffer, version)`` of the open entry file ``fd`` (``st``, ``version``: its
+        ``fstat``): the buffer kept for this version, else a new mapping (``mapped``, from
+        ``map_min_bytes``) or a read into a fresh buffer; the access time refreshed when
+        due, the buffer kept (recent.py). None if the file shrank under the read."""
+        recent = self._recent if mapped else None
+        size = st.st_size
+        buf = recent.get(path, version)[0] if recent is not None else None
+        if buf is None:  # (else only the access time was due: refreshed below)
+            if mapped and size >= self.map_min_bytes:
+                buf = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            else:
+                buf = uninitialized(size)
+                view, got = memoryview(buf), 0
+                while got < size:
+                    n = os.readv(fd, [view[got:]])
+                    if n == 0:  # shrank under us: impossible for renamed-in files; a miss
+                        return None
+                    got += n
+        now = time.time_ns()
+        version = self._touch(fd, st, version, now)
+        if recent is not None:
+            recent.put(path, version, buf, now)
+        return buf, version
 
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False,
             on_written=None) -> int:

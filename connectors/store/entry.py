@@ -224,13 +224,13 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
     info = header[TENSOR_KEY]
     try:
         dtype = info["dtype"]
-        shape = tuple(int(s) for s in info["shape"])
-        begin, end = (int(x) for x in info["data_offsets"])
+        shape = tuple(map(int, info["shape"]))
+        begin, end = map(int, info["data_offsets"])
     except (KeyError, TypeError, ValueError):
         raise CorruptEntry("bad-header", "malformed tensor description") from None
     if dtype not in DTYPE_SIZES:
         raise CorruptEntry("bad-header", f"unknown dtype {dtype!r}")
-    if any(s < 0 for s in shape) or not 0 <= begin <= end:
+    if (shape and min(shape) < 0) or not 0 <= begin <= end:
         raise CorruptEntry("bad-header", "negative shape or offsets")
     if prod(shape) * DTYPE_SIZES[dtype] != end - begin:
         raise CorruptEntry("wrong-shape", f"shape {shape} {dtype} != {end - begin} bytes")
@@ -255,7 +255,8 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         created=created, checksum=md.get("checksum") or None, format_version=_intern(fmt),
         encoder_config=sys.intern(str(md.get("encoder_config") or "")),
         lora_digest=str(md.get("lora_digest") or ""),
-        extra={k: v for k, v in md.items() if k not in _KNOWN_METADATA} or _NO_EXTRA,
+        extra=(_NO_EXTRA if md.keys() <= _KNOWN_METADATA
+               else {k: v for k, v in md.items() if k not in _KNOWN_METADATA}),
     )
     return meta, start + begin
 

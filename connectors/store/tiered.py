@@ -63,14 +63,8 @@ _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 class LocalVersion(ServedVersion):
-    """The version of a copy read from the local tier (the tier file's version)."""
-
-    @classmethod
-    def of_version(cls, version: ServedVersion) -> LocalVersion:
-        v = cls(version)
-        v.ctime_ns = getattr(version, "ctime_ns", 0)
-        v.touched_ctime_ns = getattr(version, "touched_ctime_ns", v.ctime_ns)
-        return v
+    """The version of a copy read from the local tier (the tier file's version): the tier's
+    store makes these itself (``DiskStore.version_type``), so a tier hit copies nothing."""
 
 
 class TieredStore(Store):
@@ -88,6 +82,7 @@ class TieredStore(Store):
         if local.read_only:
             raise StoreError(f"the local tier {local.root} is not writable")
         self.remote, self.tier = remote, local
+        local.version_type = LocalVersion  # its loads say they were served by the tier
         self.backend = remote.backend
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
@@ -142,38 +137,36 @@ class TieredStore(Store):
                            full_check_s=self.full_check_s)
 
     # -- which copy to serve -----------------------------------------------------------
-    def _serves_local(self, identifier: str) -> bool:
-        return self._trusted and identifier not in self._suspect
-
     def holds_locally(self, identifier: str) -> bool:
         # (a copy served lately is still kept: no stat on a tier hit's path; a copy that
         # another process removed meanwhile is found missing by the load itself)
-        return self._serves_local(identifier) and (self.tier.keeps(identifier)
-                                                   or self.tier.contains(identifier))
+        if not self._trusted or identifier in self._suspect:  # not servable from the tier
+            return False
+        tier = self.tier
+        return tier.keeps(identifier) or tier.contains(identifier)
 
     def served_from(self, version) -> str | None:
         return "local" if isinstance(version, LocalVersion) else "remote"
 
-    def _local(self, read, identifier: str):
-        """A local read, or None (absent, or the tier's disk failing: the remote serves)."""
-        if not self._serves_local(identifier):
-            return None
-        try:
-            got = read()
-        except (OSError, StoreError, CorruptEntry) as e:  # a bad tier copy is a tier miss
-            log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root,
-                        identifier, e)
-            with contextlib.suppress(OSError, StoreError):
-                self.tier.delete(identifier)
-            return None
-        if got is not None:
-            self.stats["local_reads"] += 1
-        return got
+    def _bad_copy(self, identifier: str, error: Exception) -> None:
+        """A tier copy that cannot be read is a tier miss: dropped, the remote serves."""
+        log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root, identifier,
+                    error)
+        with contextlib.suppress(OSError, StoreError):
+            self.tier.delete(identifier)
 
+    # (read_entry and read_verified: the tier's copy when it may be served, else the
+    # remote's, written behind into the tier; the local branch is spelled out in both, as
+    # a tier hit's whole cost is a few calls)
     def read_entry(self, identifier: str):
-        got = self._local(lambda: self.tier.read_entry(identifier), identifier)
-        if got is not None:
-            return got[0], LocalVersion.of_version(got[1])
+        if self._trusted and identifier not in self._suspect:
+            try:
+                got = self.tier.read_entry(identifier)
+            except (OSError, StoreError, CorruptEntry) as e:
+                got = self._bad_copy(identifier, e)
+            if got is not None:
+                self.stats["local_reads"] += 1
+                return got
         epoch = self._epoch
         got = self.remote.read_entry(identifier)
         if got is not None:
@@ -182,10 +175,14 @@ class TieredStore(Store):
         return got
 
     def read_verified(self, identifier: str, checksum=lambda version: True):
-        got = self._local(lambda: self.tier.read_verified(identifier, checksum), identifier)
-        if got is not None:
-            blob, version, meta, offset, hashed = got
-            return blob, LocalVersion.of_version(version), meta, offset, hashed
+        if self._trusted and identifier not in self._suspect:
+            try:
+                got = self.tier.read_verified(identifier, checksum)
+            except (OSError, StoreError, CorruptEntry) as e:
+                got = self._bad_copy(identifier, e)
+            if got is not None:
+                self.stats["local_reads"] += 1
+                return got
         epoch = self._epoch
         got = self.remote.read_verified(identifier, checksum)
         if got is not None:

@@ -59,3 +59,46 @@ def test_malformed_blobs(blob, reason):
     with pytest.raises(CorruptEntry) as e:
         decode(blob)
     assert e.value.reason == reason
+
+
+def _with_tensor(blob: bytes, **info) -> bytes:
+    """``blob`` with its tensor description's fields replaced (``None``: removed)."""
+    n = struct.unpack_from("<Q", blob)[0]
+    header = json.loads(blob[8:8 + n])
+    for k, v in info.items():
+        if v is None:
+            header["ec_cache"].pop(k)
+        else:
+            header["ec_cache"][k] = v
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
+
+
+@pytest.mark.parametrize("info, reason", [
+    ({"shape": [-4, -4]}, "bad-header"), ({"shape": ["a", 4]}, "bad-header"),
+    ({"shape": None}, "bad-header"), ({"shape": 16}, "bad-header"),
+    ({"shape": [4, 3]}, "wrong-shape"), ({"data_offsets": [0]}, "bad-header"),
+    ({"data_offsets": [0, 32, 64]}, "bad-header"), ({"data_offsets": [32, 0]}, "bad-header"),
+    ({"dtype": "F12"}, "bad-header"), ({"shape": [8, 4], "data_offsets": [0, 64]}, "truncated"),
+])
+def test_malformed_tensor_descriptions(info, reason):
+    arr = np.ones((4, 4), np.float16)
+    b = _with_tensor(encode("x", arr.view(np.uint8), "F16", arr.shape), **info)
+    with pytest.raises(CorruptEntry) as e:
+        decode(b)
+    assert e.value.reason == reason
+
+
+def test_unknown_metadata_is_kept_and_a_scalar_shape_is_allowed():
+    data = np.ones(1, np.float32).tobytes()
+    b = encode("x", data, "F32", ())
+    meta, view = decode(b)
+    assert meta.shape == () and meta.extra == {} and view.nbytes == 4
+    n = struct.unpack_from("<Q", b)[0]
+    header = json.loads(b[8:8 + n])
+    header["__metadata__"]["note"] = "kept"
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    meta = decode(struct.pack("<Q", len(raw)) + raw + b[8 + n:])[0]
+    assert meta.extra == {"note": "kept"} and meta.identifier == "x"

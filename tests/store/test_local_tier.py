@@ -12,6 +12,7 @@ a sync checked it.
 
 from __future__ import annotations
 
+import os
 import logging
 import subprocess
 import sys
@@ -117,6 +118,14 @@ def test_remote_hit_is_written_behind_then_served_locally(pair):
     assert data == b and tier.served_from(version) == "local"
     assert tier.stats["local_reads"] == 1 and tier.holds_locally("a")
     assert tier.info().extra["local_tier"]["entries"] == 1
+    # both load paths say "local", with the tier file's version and change time (what the
+    # verified log binds a record to)
+    st = os.stat(tier.tier.entry_path("a"))
+    for got in (tier.read_entry("a"), tier.read_verified("a")):
+        version = got[1]
+        assert tier.served_from(version) == "local"
+        assert tuple(version) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        assert version.ctime_ns == st.st_ctime_ns
 
 
 def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkeypatch):
