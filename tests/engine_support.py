@@ -79,10 +79,16 @@ def conversation(path) -> list[dict]:
         {"type": "text", "text": "What is on this page?"}]}]
 
 
-def chat_texts(llm, paths, max_tokens: int = 6) -> list[str]:
+#: engine arguments of the LoRA tests (an adapter that reaches the vision tower)
+LORA_KW = dict(enable_lora=True, enable_tower_connector_lora=True, max_lora_rank=8)
+
+
+def chat_texts(llm, paths, max_tokens: int = 6, lora=None) -> list[str]:
+    """Greedy replies to one single-image chat per path (``lora``: a ``LoRARequest``)."""
     from vllm import SamplingParams
     outs = llm.chat([conversation(p) for p in paths],
-                    SamplingParams(max_tokens=max_tokens, temperature=0), use_tqdm=False)
+                    SamplingParams(max_tokens=max_tokens, temperature=0), use_tqdm=False,
+                    lora_request=lora)
     return [o.outputs[0].text for o in outs]
 
 

@@ -3,14 +3,15 @@
 ``put_entry(store, ident)`` encodes a float16 tensor with encache's codec
 (:func:`encache.connectors.store.encode`), stores it under ``ident`` and returns the
 entry's bytes. A module whose entries have another shape binds its defaults once, e.g.
-``put = functools.partial(put_entry, rows=4, fill=0.0)``.
+``put = functools.partial(put_entry, rows=4, fill=0.0)``. ``big_blob`` is an entry's bytes
+of a chosen size (not stored), for stores' large-value paths.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from encache.connectors.store import encode
+from encache.connectors.store import encode, encode_parts
 
 
 def put_entry(store, ident: str, rows: int = 64, seed: int = 0, *, width: int = 8,
@@ -33,3 +34,9 @@ def put_entry(store, ident: str, rows: int = 64, seed: int = 0, *, width: int = 
     b = encode(ident, array.view(np.uint8), "F16", array.shape, model=model, **meta)
     store.put(ident, b)
     return b
+
+
+def big_blob(identifier: str, nbytes: int, seed: int = 0) -> bytes:
+    """The bytes of an entry of ``nbytes`` random uint8 values (drawn from ``seed``)."""
+    arr = np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
+    return b"".join(encode_parts(identifier, arr, "U8", arr.shape, model="m"))

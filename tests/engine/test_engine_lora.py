@@ -10,18 +10,10 @@ from __future__ import annotations
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import (PRECOMPUTE_KW, EncoderCounter, consumer_config, conversation,
+from engine_support import (LORA_KW, PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config,
                             make_llm, shutdown)
 
 pytestmark = pytest.mark.engine
-LORA_KW = dict(enable_lora=True, enable_tower_connector_lora=True, max_lora_rank=8)
-
-
-def texts(llm, paths, lora=None):
-    from vllm import SamplingParams
-    outs = llm.chat([conversation(p) for p in paths], SamplingParams(max_tokens=6, temperature=0),
-                    use_tqdm=False, lora_request=lora)
-    return [o.outputs[0].text for o in outs]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +25,7 @@ def setup(tiny_lora_model, tmp_path_factory):
     paths = make_corpus(str(root / "corpus"), pages=3, seed=11)
     lora = LoRARequest("adA", 1, adapter)
     ref = make_llm(model, **LORA_KW)
-    reference = {"lora": texts(ref, paths, lora), "base": texts(ref, paths)}
+    reference = {"lora": chat_texts(ref, paths, lora=lora), "base": chat_texts(ref, paths)}
     shutdown(ref)
     return model, adapter, root, paths, lora, reference
 
@@ -61,10 +53,10 @@ def test_precompute_with_lora_then_consume(setup):
     llm = make_llm(model, consumer_config(store_path), **LORA_KW)
     try:
         counter.reset()
-        assert texts(llm, paths, lora) == reference["lora"]
+        assert chat_texts(llm, paths, lora=lora) == reference["lora"]
         assert counter.items == 0, "LoRA entries must be loaded, not re-encoded"
         counter.reset()
-        assert texts(llm, paths) == reference["base"]  # no adapter: other identifiers
+        assert chat_texts(llm, paths) == reference["base"]  # no adapter: other identifiers
         assert counter.items == 3
     finally:
         shutdown(llm)

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from encache.cli.app import app
 from encache.connectors.store.lora_stamp import adapter_digest
 from encache.connectors.store import open_store
-from engine_support import PRECOMPUTE_KW, EncoderCounter, consumer_config, make_llm, shutdown
-from test_engine_lora import LORA_KW, texts
+from engine_support import (LORA_KW, PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config,
+                            make_llm, shutdown)
 
 pytestmark = pytest.mark.engine
 KW = dict(PRECOMPUTE_KW, engine_args=dict(PRECOMPUTE_KW["engine_args"], max_lora_rank=8))
@@ -66,16 +66,16 @@ def test_retrained_adapter_under_the_old_name(two_adapters):
     # a reference engine with B and no cache, then a consumer serving B under "adA"
     lora_b = LoRARequest("adA", 1, adapter_b)
     ref = make_llm(model, **LORA_KW)
-    reference = texts(ref, old, lora_b)
+    reference = chat_texts(ref, old, lora=lora_b)
     shutdown(ref)
     counter = EncoderCounter()
     llm = make_llm(model, consumer_config(store_path), **LORA_KW)
     try:
         counter.reset()
-        assert texts(llm, old, lora_b) == reference  # B's output, not A's embeddings
+        assert chat_texts(llm, old, lora=lora_b) == reference  # B's output, not A's embeddings
         assert counter.items == 3, "entries made with another adapter must be re-encoded"
         counter.reset()
-        texts(llm, new, lora_b)
+        chat_texts(llm, new, lora=lora_b)
         assert counter.items == 0, "entries made with the served adapter are loaded"
     finally:
         shutdown(llm)

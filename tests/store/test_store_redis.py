@@ -13,6 +13,7 @@ import pytest
 from encache.connectors.store import LockBusy, StoreError, decode, encode_parts, open_store
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.redis import RedisStore
+from entries import big_blob
 from redis_fixture import free_port
 from store_contract import StoreContract, blob
 
@@ -39,11 +40,6 @@ def store(redis_server):
     s = RedisStore(redis_server.url, prefix=fresh_prefix())
     yield s
     s.close()
-
-
-def big_blob(identifier: str, nbytes: int, seed: int = 0) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
-    return b"".join(encode_parts(identifier, arr, "U8", arr.shape, model="m"))
 
 
 # -- URLs, layout ---------------------------------------------------------------------------
