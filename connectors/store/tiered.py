@@ -163,7 +163,8 @@ class TieredStore(Store):
             try:
                 got = self.tier.read_entry(identifier)
             except (OSError, StoreError, CorruptEntry) as e:
-                got = self._bad_copy(identifier, e)
+                self._bad_copy(identifier, e)
+                got = None
             if got is not None:
                 self.stats["local_reads"] += 1
                 return got
@@ -179,7 +180,8 @@ class TieredStore(Store):
             try:
                 got = self.tier.read_verified(identifier, checksum)
             except (OSError, StoreError, CorruptEntry) as e:
-                got = self._bad_copy(identifier, e)
+                self._bad_copy(identifier, e)
+                got = None
             if got is not None:
                 self.stats["local_reads"] += 1
                 return got

@@ -12,8 +12,8 @@ a sync checked it.
 
 from __future__ import annotations
 
-import os
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -126,6 +126,25 @@ def test_remote_hit_is_written_behind_then_served_locally(pair):
         assert tier.served_from(version) == "local"
         assert tuple(version) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         assert version.ctime_ns == st.st_ctime_ns
+
+
+def test_a_corrupt_local_copy_is_dropped_and_the_shared_store_serves(pair, caplog):
+    tier, other = pair
+    b = blob("c", n=4096)
+    other.put("c", b)
+    load(tier, "c")  # written behind
+    path = tier.tier.entry_path("c")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # bit rot in the tier's copy (same size)
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        got = tier.read_verified("c")
+    assert tier.served_from(got[1]) == "remote"
+    assert bytes(memoryview(got[0]).cast("B")) == b
+    assert "cannot read c" in caplog.text
+    tier.flush()  # the remote read is written behind again: a good copy
+    data, version = load(tier, "c")
+    assert data == b and tier.served_from(version) == "local"
 
 
 def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkeypatch):
