@@ -167,13 +167,28 @@ def chat(base: str, model: str, paths, *, max_tokens: int = 2, top_logprobs: int
         body.update(logprobs=True, top_logprobs=top_logprobs)
     if mm_processor_kwargs:
         body["mm_processor_kwargs"] = mm_processor_kwargs
+    return post_chat_ok(base, body)
+
+
+def post_chat(base: str, body: dict, timeout: float = 300) -> tuple[int, dict | str]:
+    """POST ``body`` to the server's chat completions: ``(status, reply)``, the reply
+    parsed on success, the server's text on an HTTP error."""
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:  # show the server's reason
-        raise AssertionError(f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def post_chat_ok(base: str, body: dict) -> dict:
+    """:func:`post_chat` that must succeed: the reply, or an AssertionError with the
+    server's reason."""
+    status, reply = post_chat(base, body)
+    if status != 200:
+        raise AssertionError(f"HTTP {status}: {str(reply)[:500]}")
+    return reply
 
 
 def first_token_logprobs(reply: dict) -> dict[str, float]:

@@ -18,9 +18,7 @@ does not run its tower either, and PD still loads them.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,7 +27,7 @@ from encache.connectors.store import open_store
 from engine_support import PRECOMPUTE_KW, consumer_config, data_url
 from redis_fixture import RedisServer
 from served_support import (assert_logprobs_close, counter_deltas, draw_images,
-                            first_token_logprobs, start_server, wide_model)
+                            first_token_logprobs, post_chat_ok, start_server, wide_model)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 
@@ -37,14 +35,6 @@ MAX_LEN = 512
 NEW = 12  # images only the encoder sees first
 PRE = 4  # images precomputed before the servers start
 CONCURRENT = 8  # clients doing the proxy's flow at the same time
-
-
-def post(base: str, body: dict) -> dict:
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        assert r.status == 200
-        return json.loads(r.read())
 
 
 def request(model: str, path: str) -> dict:
@@ -104,7 +94,7 @@ def epd(tmp_path_factory, redis_cluster):
 
 def reference(epd, path: str) -> dict:
     if path not in epd["reference"]:
-        reply = post(epd["servers"]["plain"].base, request(epd["model"], path))
+        reply = post_chat_ok(epd["servers"]["plain"].base, request(epd["model"], path))
         epd["reference"][path] = first_token_logprobs(reply)
     return epd["reference"][path]
 
@@ -118,8 +108,8 @@ def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
     replies = []
     for path in epd["paths"][:NEW]:
         body = request(epd["model"], path)
-        post(e.base, encoder_part(body))  # the proxy waits for the encoder's 200...
-        replies.append((path, post(pd.base, body)))  # ...then forwards at once
+        post_chat_ok(e.base, encoder_part(body))  # the proxy waits for the encoder's 200...
+        replies.append((path, post_chat_ok(pd.base, body)))  # ...then forwards at once
     assert e.encoder_log.count() - e_runs == NEW  # the encoder encoded each image once
     assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
     deltas = counter_deltas(store, before, keys=("hits", "misses", "saves", "save_timeouts",
@@ -152,8 +142,8 @@ def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, backend, tmp_
 
     def flow(path):
         body = request(epd["model"], path)
-        post(e.base, encoder_part(body))
-        return path, post(pd.base, body)
+        post_chat_ok(e.base, encoder_part(body))
+        return path, post_chat_ok(pd.base, body)
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
         replies = list(pool.map(flow, images.values()))
@@ -173,8 +163,8 @@ def test_an_encoder_does_not_encode_what_the_store_holds(epd):
     e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
     for path in epd["paths"][NEW:]:
         body = request(epd["model"], path)
-        post(e.base, encoder_part(body))
-        reply = post(pd.base, body)
+        post_chat_ok(e.base, encoder_part(body))
+        reply = post_chat_ok(pd.base, body)
         assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
     assert e.encoder_log.count() == e_runs, "the encoder re-encoded stored images"
     assert pd.encoder_log.count() == pd_runs

@@ -27,6 +27,7 @@ from served_support import (
     counter_deltas,
     draw_images,
     first_token_logprobs,
+    post_chat,
     served_request,
     start_server,
     stored_tensor,
@@ -172,21 +173,11 @@ def grid_thw(path: str) -> list[int]:
 def metadata_only_request(server, uuid: str, grid: list[int]) -> tuple[int, dict | str]:
     """What vLLM 0.33's proxy sends PD for one image: an ``image_embeds`` reference with
     the item's placeholder metadata and its ``uuid``, no pixels. (status, reply)."""
-    import urllib.error
-    import urllib.request
-
     part = {"type": "image_embeds", "image_embeds": {"image_grid_thw": grid}, "uuid": uuid}
     body = {"model": server.model, "max_tokens": 1, "temperature": 0, "logprobs": True,
             "top_logprobs": 5, "messages": [{"role": "user", "content": [
                 part, {"type": "text", "text": "What is on this page?"}]}]}
-    req = urllib.request.Request(server.base + "/v1/chat/completions",
-                                 data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
+    return post_chat(server.base, body, timeout=120)
 
 
 def test_metadata_only_items_load_from_the_store_or_fail_their_request_alone(qwen):
