@@ -66,15 +66,15 @@ GENERATION_MAX = 64 * 1024  # .encache/generation restarts from empty past this 
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
-# Below this a read() into a fresh buffer beats mapping: setting up and tearing down a
-# mapping and faulting its pages in costs more than the copy for small entries
-# (benchmarks/load.json: read 0.69x vs mapped 0.49x readinto at 0.25 MB, even at 2.75 MB,
-# mapped ahead at 10 MB -- each figure including the engine's copy of the tensor).
+# Below this a read() into a fresh buffer beats mapping when nothing is kept: setting up
+# and tearing down a mapping and faulting its pages in costs more than the copy for small
+# entries (benchmarks/load.json, rows encache.repeat.noreuse and encache.repeat.mmap at
+# 0.25 MB; level at 2.75 MB; mapping ahead at 10 MB; each with the engine's copy).
 MMAP_MIN_BYTES = 1 << 20
 # ... unless the store keeps the buffers it serves (recent.py, the default): a kept read
 # buffer is fresh anonymous memory each first load (a page fault per 4 KiB, never reused),
-# so mapping wins from 64 KiB (first loads with the copy at 0.25 MB: mapped 0.41-0.45x vs
-# read 0.10-0.14x readinto; 16 KiB: equal; repeat loads equal), and the kept memory is
+# so mapping wins from 64 KiB (first loads with the copy at 0.25 MB measured several times
+# faster mapped than read; level at 16 KiB; repeat loads level), and the kept memory is
 # page cache, not the process's own
 MMAP_MIN_BYTES_KEPT = 64 << 10
 # Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
