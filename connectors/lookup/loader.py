@@ -237,8 +237,16 @@ class Loader:
         (:meth:`_reads_bytes`): read and checked by
         ``Store.read_verified`` (one pass where the entry is read or received; a mapped
         entry is hashed over its mapping).
+        A version validated here before (a store that reads every load: ``load_mode:
+        read``, a network filesystem) is read with header checks only, as :meth:`_load`
+        serves one: the checksum runs once per stored version.
         ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""
+        known = []  # the version was validated here before
+
         def checksum(version) -> bool:
+            if self.verified.find(identifier, version) is not None:
+                known.append(version)
+                return False
             hashing = needs_checksum(self.verified, identifier, version)
             if inline and hashing and version is not None and version[2] > INLINE_VERIFY_MAX:
                 raise _Deferred
@@ -251,7 +259,8 @@ class Loader:
         if got is None:
             return None
         blob, version, meta, offset, hashed = got
-        validated(self.verified, identifier, version, meta, offset, hashed, self.metrics)
+        if not (known and known[-1] == version):  # (else remembered and counted already)
+            validated(self.verified, identifier, version, meta, offset, hashed, self.metrics)
         return blob, meta, offset, version
 
     def _load(self, identifier: str, inline: bool):

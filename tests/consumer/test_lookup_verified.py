@@ -33,6 +33,27 @@ def test_checksum_runs_once_per_stored_version(tmp_path, counted):
         lk.close()
 
 
+@pytest.mark.parametrize("load_mode", ["read", "mmap"])
+def test_a_store_that_reads_every_load_hashes_each_version_once(tmp_path, counted, load_mode):
+    """``load_mode: read`` (and a network filesystem) reads the bytes on every load; a
+    version validated here before is read with header checks only, as a mapped one."""
+    store = DiskStore(tmp_path, load_mode=load_mode, reuse_buffers=False)
+    put(store, "r", seed=1)
+    lk = make(store)
+    try:
+        first = tensor_bytes(lk.load_now("r"))
+        for _ in range(3):
+            assert tensor_bytes(lk.load_now("r")) == first
+        assert [v for v in counted if v] == [True]  # one checksum pass
+        assert lk.take_interval().get("checksums") == 1
+        time.sleep(0.02)
+        put(store, "r", seed=2)  # a new version: hashed again
+        assert tensor_bytes(lk.load_now("r")) != first
+        assert [v for v in counted if v] == [True, True]
+    finally:
+        lk.close()
+
+
 def test_in_place_corruption_of_a_verified_file_is_caught(tmp_path):
     """A write into the file changes its version (mtime/ctime), so the next load hashes
     it again and the flipped byte makes it a miss."""
