@@ -148,49 +148,36 @@ class TieredStore(Store):
     def served_from(self, version) -> str | None:
         return "local" if isinstance(version, LocalVersion) else "remote"
 
-    def _bad_copy(self, identifier: str, error: Exception) -> None:
-        """A tier copy that cannot be read is a tier miss: dropped, the remote serves."""
-        log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root, identifier,
-                    error)
-        with contextlib.suppress(OSError, StoreError):
-            self.tier.delete(identifier)
-
-    # (read_entry and read_verified: the tier's copy when it may be served, else the
-    # remote's, written behind into the tier; the local branch is spelled out in both, as
-    # a tier hit's whole cost is a few calls)
-    def read_entry(self, identifier: str):
+    def _read(self, identifier: str, local, remote, *args):
+        """``local(identifier, *args)`` from the tier when its copy may be served, else
+        ``remote(...)``, written behind into the tier. A tier copy that cannot be read is
+        a tier miss: dropped, the remote serves. (Bound methods, no lambda: a tier hit's
+        whole cost is a few calls.)"""
         if self._trusted and identifier not in self._suspect:
             try:
-                got = self.tier.read_entry(identifier)
+                got = local(identifier, *args)
             except (OSError, StoreError, CorruptEntry) as e:
-                self._bad_copy(identifier, e)
+                log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root,
+                            identifier, e)
+                with contextlib.suppress(OSError, StoreError):
+                    self.tier.delete(identifier)
                 got = None
             if got is not None:
                 self.stats["local_reads"] += 1
                 return got
         epoch = self._epoch
-        got = self.remote.read_entry(identifier)
+        got = remote(identifier, *args)
         if got is not None:
             self.stats["remote_reads"] += 1
             self._write_behind(identifier, got[0], epoch)
         return got
+
+    def read_entry(self, identifier: str):
+        return self._read(identifier, self.tier.read_entry, self.remote.read_entry)
 
     def read_verified(self, identifier: str, checksum=lambda version: True):
-        if self._trusted and identifier not in self._suspect:
-            try:
-                got = self.tier.read_verified(identifier, checksum)
-            except (OSError, StoreError, CorruptEntry) as e:
-                self._bad_copy(identifier, e)
-                got = None
-            if got is not None:
-                self.stats["local_reads"] += 1
-                return got
-        epoch = self._epoch
-        got = self.remote.read_verified(identifier, checksum)
-        if got is not None:
-            self.stats["remote_reads"] += 1
-            self._write_behind(identifier, got[0], epoch)
-        return got
+        return self._read(identifier, self.tier.read_verified, self.remote.read_verified,
+                          checksum)
 
     def get(self, identifier: str):
         return self.remote.get(identifier)
