@@ -176,6 +176,30 @@ class LocalCluster:
                 return total
         return 0
 
+    def wait_agreed_primary(self, node: RedisServer, timeout: float = 30.0) -> None:
+        """Until every live node's own view (CLUSTER NODES) names ``node`` a primary that
+        serves slots: a client that re-reads the slot map from any node then routes to it
+        (right after a failover some nodes' gossip still names the dead primary)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            agreed = True
+            for n in self.nodes:
+                if not n.alive:
+                    continue
+                for line in self.cli(n, "cluster", "nodes").strip().splitlines():
+                    f = line.split()
+                    if self._by_addr(f[1].split("@")[0]) is node:
+                        if "master" not in f[2].split(",") or not f[8:]:
+                            agreed = False
+                        break
+                else:
+                    agreed = False
+            if agreed:
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the nodes do not agree that {node.port} is a primary")
+            time.sleep(0.1)
+
     def replica_of(self, primary: RedisServer) -> RedisServer | None:
         pid = self.node_id(primary)
         for r in self._cluster_nodes():

@@ -200,6 +200,7 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
         assert time.monotonic() < deadline, "the promoted replica never served"
         time.sleep(0.2)
     promoted = time.monotonic() - t0
+    cluster.wait_agreed_primary(replica)  # any node the consumer re-reads the map from
     # the consumer's own cluster client still routes that node's slots to the dead node: its
     # first load of each re-reads the slot map and retries at once (a hit, not a miss)
     wait_consumer_sees(llm, [idents[p] for p in on_victim[1:]],  # its index refresh probes
