@@ -191,6 +191,30 @@ def post_chat_ok(base: str, body: dict) -> dict:
     return reply
 
 
+def image_request(model: str, path: str) -> dict:
+    """A one-image chat request (one token, top-5 logprobs): what a client sends the EPD
+    proxy."""
+    return {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
+            "top_logprobs": 5, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(path)}},
+                {"type": "text", "text": "What is on this page?"}]}]}
+
+
+def encoder_part(body: dict) -> dict:
+    """What vLLM's EPD proxy sends the encoder instance: the request's media items, no
+    text."""
+    content = [c for m in body["messages"] for c in m["content"] if c["type"] == "image_url"]
+    return {"model": body["model"], "max_tokens": 1,
+            "messages": [{"role": "user", "content": content}]}
+
+
+def proxy_flow(encoder: Server, pd: Server, body: dict) -> dict:
+    """What vLLM's EPD proxy does with one request: the media to the encoder, wait for its
+    200, then the original request to PD at once (no sleep); PD's reply."""
+    post_chat_ok(encoder.base, encoder_part(body))
+    return post_chat_ok(pd.base, body)
+
+
 def first_token_logprobs(reply: dict) -> dict[str, float]:
     """{token: logprob} of the first generated token's top alternatives."""
     first = reply["choices"][0]["logprobs"]["content"][0]
@@ -326,12 +350,22 @@ def served_request(server: Server, store: str, paths, **kw) -> tuple[dict, dict,
     return first_token_logprobs(reply), deltas, server.encoder_log.count() - before_items
 
 
+def _built(name: str, *args: str) -> str:
+    path = ROOT / ".models" / name
+    if not (path / "encache_tiny_model.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
+                        *args], check=True, capture_output=True)
+    return str(path)
+
+
 def wide_model() -> str:
     """The tiny LLaVA with Gemma-3-sized entries: 256 image tokens x 2688 fp32 = 2.75 MB
     (built by scripts/setup; built here if missing)."""
-    path = ROOT / ".models" / "tiny-llava-2688"
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        "--image-size", "128", "--patch", "8", "--text-hidden", "2688"],
-                       check=True, capture_output=True)
-    return str(path)
+    return _built("tiny-llava-2688", "--image-size", "128", "--patch", "8", "--text-hidden", "2688")
+
+
+def crops_model() -> str:
+    """The tiny LLaVA with entries of four Gemma-3-sized crops: 1024 image tokens x 2688
+    fp32 = 11 MB per image (built by scripts/setup; built here if missing)."""
+    return _built("tiny-llava-epd-crops", "--image-size", "256", "--patch", "8",
+                  "--text-hidden", "2688")

@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import PRECOMPUTE_KW, consumer_config, data_url
+from engine_support import PRECOMPUTE_KW, consumer_config
 from redis_fixture import RedisServer
 from served_support import (assert_logprobs_close, counter_deltas, draw_images,
-                            first_token_logprobs, post_chat_ok, start_server, wide_model)
+                            first_token_logprobs, image_request, post_chat_ok, proxy_flow,
+                            start_server, wide_model)
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 
@@ -35,20 +36,6 @@ MAX_LEN = 512
 NEW = 12  # images only the encoder sees first
 PRE = 4  # images precomputed before the servers start
 CONCURRENT = 8  # clients doing the proxy's flow at the same time
-
-
-def request(model: str, path: str) -> dict:
-    return {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
-            "top_logprobs": 5, "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": data_url(path)}},
-                {"type": "text", "text": "What is on this page?"}]}]}
-
-
-def encoder_part(body: dict) -> dict:
-    """What the proxy sends the encoder: the media items, no text."""
-    content = [c for m in body["messages"] for c in m["content"] if c["type"] == "image_url"]
-    return {"model": body["model"], "max_tokens": 1,
-            "messages": [{"role": "user", "content": content}]}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +81,7 @@ def epd(tmp_path_factory, redis_cluster):
 
 def reference(epd, path: str) -> dict:
     if path not in epd["reference"]:
-        reply = post_chat_ok(epd["servers"]["plain"].base, request(epd["model"], path))
+        reply = post_chat_ok(epd["servers"]["plain"].base, image_request(epd["model"], path))
         epd["reference"][path] = first_token_logprobs(reply)
     return epd["reference"][path]
 
@@ -107,9 +94,7 @@ def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
     e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
     replies = []
     for path in epd["paths"][:NEW]:
-        body = request(epd["model"], path)
-        post_chat_ok(e.base, encoder_part(body))  # the proxy waits for the encoder's 200...
-        replies.append((path, post_chat_ok(pd.base, body)))  # ...then forwards at once
+        replies.append((path, proxy_flow(e, pd, image_request(epd["model"], path))))
     assert e.encoder_log.count() - e_runs == NEW  # the encoder encoded each image once
     assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
     deltas = counter_deltas(store, before, keys=("hits", "misses", "saves", "save_timeouts",
@@ -141,9 +126,7 @@ def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, backend, tmp_
     e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
 
     def flow(path):
-        body = request(epd["model"], path)
-        post_chat_ok(e.base, encoder_part(body))
-        return path, post_chat_ok(pd.base, body)
+        return path, proxy_flow(e, pd, image_request(epd["model"], path))
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
         replies = list(pool.map(flow, images.values()))
@@ -162,9 +145,7 @@ def test_an_encoder_does_not_encode_what_the_store_holds(epd):
     before = open_store(store).read_counters()
     e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
     for path in epd["paths"][NEW:]:
-        body = request(epd["model"], path)
-        post_chat_ok(e.base, encoder_part(body))
-        reply = post_chat_ok(pd.base, body)
+        reply = proxy_flow(e, pd, image_request(epd["model"], path))
         assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
     assert e.encoder_log.count() == e_runs, "the encoder re-encoded stored images"
     assert pd.encoder_log.count() == pd_runs

@@ -1,0 +1,99 @@
+"""Encoder disaggregation through real servers at the entry sizes around Gemma 3's.
+
+``test_epd.py`` runs the proxy's flow at 2.75 MB per entry on a disk store, Redis and a
+Redis Cluster. Here the same flow runs on a disk store at the two sizes around it: 4 KB
+(the tiny LLaVA: 16 image tokens x 64 fp32, where a write is over before anyone could
+look) and 11 MB (1024 image tokens x 2688 fp32, four Gemma-3-sized crops in one entry:
+the encoder's write takes long enough that PD's load meets it still in flight). The disk
+store is where size matters: its encoder hands a written temp file to PD before the
+commit, so a PD load can overlap the write. A Redis ``SET`` is acknowledged whole before
+the encoder's request finishes, whatever its size.
+
+For each size an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run as
+``python -m vllm.entrypoints.openai.api_server`` with worker processes; all four start
+together. Shown: every PD item is a hit, the PD tower never runs, the encoder encodes each
+image once, and every stored entry holds exactly the tensor the encoder's tower computed
+(the probe's dump); sequentially and with four clients at once.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from encache.connectors.store import open_store
+from encache.connectors.vllm.hashing import identify_file
+from engine_support import consumer_config
+from served_support import (counter_deltas, crops_model, draw_images, image_request, proxy_flow,
+                            start_server, stored_tensor)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+SIZES = {  # name: (model builder, image tokens x width, max_model_len)
+    "4KB": (None, (16, 64), 256),
+    "11MB": (crops_model, (1024, 2688), 1536),
+}
+NEW = 6  # images sent one after another
+CONCURRENT = 4  # clients doing the proxy's flow at the same time
+
+
+@pytest.fixture(scope="module")
+def sized(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("epd-sizes")
+    out = {}
+    try:
+        for name, (build, shape, max_len) in SIZES.items():
+            model = build() if build else tiny_model
+            store = str(root / name / "store")
+            e = start_server(model, consumer_config(store, role="ec_producer"), root / name,
+                             max_model_len=max_len, probe=f"e-{name}", dump=True)
+            out[name] = {"model": model, "store": store, "shape": shape, "e": e}
+            out[name]["pd"] = start_server(model, consumer_config(store), root / name,
+                                           max_model_len=max_len, probe=f"pd-{name}")
+        for s in out.values():
+            s["e"].wait_ready()
+            s["pd"].wait_ready()
+        yield out
+    finally:
+        for s in out.values():
+            for key in ("e", "pd"):
+                if key in s:
+                    s[key].stop()
+
+
+def assert_pd_found_every_entry(s: dict, paths: list[str], clients: int) -> None:
+    """The proxy's flow for every image of ``paths``, ``clients`` at a time: the encoder
+    encoded each image once, PD's tower never ran, every PD item was a store hit, and
+    every image's stored entry has the size's shape and holds what the encoder's tower
+    computed for it (bit for bit: fp32, stored as computed)."""
+    e, pd = s["e"], s["pd"]
+    before = open_store(s["store"]).read_counters()
+    e_items, pd_runs = len(e.encoder_log.items()), pd.encoder_log.count()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda p: proxy_flow(e, pd, image_request(s["model"], p)), paths))
+    assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
+    encoded = e.encoder_log.items()[e_items:]
+    assert len(encoded) == len(paths)
+    deltas = counter_deltas(s["store"], before, keys=("hits", "misses", "save_timeouts"))
+    assert deltas == {"hits": len(paths), "misses": 0, "save_timeouts": 0}, deltas
+    computed = [torch.load(f) for _, f in encoded]
+    for path in paths:
+        entry = stored_tensor(s["store"], identify_file(path, s["model"]).identifier)
+        assert entry is not None and tuple(entry.shape) == s["shape"], (path, entry)
+        assert any(t.shape == entry.shape and torch.equal(t, entry) for t in computed), path
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_every_pd_item_finds_what_the_encoder_just_wrote(sized, size, tmp_path):
+    paths = draw_images(tmp_path / "img", {f"s{i}": (300 + 8 * i, 220 + 4 * i)
+                                           for i in range(NEW)}, seed=41)
+    assert_pd_found_every_entry(sized[size], list(paths.values()), clients=1)
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_concurrent_proxy_flows_at_size(sized, size, tmp_path):
+    paths = draw_images(tmp_path / "img", {f"c{i}": (280 + 8 * i, 240 + 4 * i)
+                                           for i in range(CONCURRENT)}, seed=43)
+    assert_pd_found_every_entry(sized[size], list(paths.values()), clients=CONCURRENT)
