@@ -2,12 +2,11 @@
 
 ``test_epd.py`` runs the proxy's flow at 2.75 MB per entry on a disk store, Redis and a
 Redis Cluster. Here the same flow runs on a disk store at the two sizes around it: 4 KB
-(the tiny LLaVA: 16 image tokens x 64 fp32, where a write is over before anyone could
-look) and 11 MB (1024 image tokens x 2688 fp32, four Gemma-3-sized crops in one entry:
-the encoder's write takes long enough that PD's load meets it still in flight). The disk
-store is where size matters: its encoder hands a written temp file to PD before the
-commit, so a PD load can overlap the write. A Redis ``SET`` is acknowledged whole before
-the encoder's request finishes, whatever its size.
+(the tiny LLaVA: 16 image tokens x 64 fp32) and 11 MB (1024 image tokens x 2688 fp32,
+four Gemma-3-sized crops in one entry). The disk store is where size matters: the
+encoder's request finishes once an entry's bytes are in its temp file, before the commit,
+so PD may find the write in flight and must read it whole, never part of it. A Redis
+``SET`` is acknowledged whole before the encoder's request finishes, whatever its size.
 
 For each size an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run as
 ``python -m vllm.entrypoints.openai.api_server`` with worker processes; all four start
