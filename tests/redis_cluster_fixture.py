@@ -129,18 +129,22 @@ class LocalCluster:
                              capture_output=True, text=True, timeout=timeout)
         return out.stdout
 
+    def _view(self, node: RedisServer) -> list[dict]:
+        """``node``'s own CLUSTER NODES, one dict per node it knows (empty if it answers
+        nothing)."""
+        rows = []
+        for line in self.cli(node, "cluster", "nodes").strip().splitlines():
+            f = line.split()
+            rows.append({"id": f[0], "addr": f[1].split("@")[0], "flags": f[2].split(","),
+                         "master": f[3], "slots": f[8:]})
+        return rows
+
     def _cluster_nodes(self) -> list[dict]:
         for n in self.nodes:
-            if not n.alive:
-                continue
-            text = self.cli(n, "cluster", "nodes")
-            if text.strip():
-                rows = []
-                for line in text.strip().splitlines():
-                    f = line.split()
-                    rows.append({"id": f[0], "addr": f[1].split("@")[0], "flags": f[2].split(","),
-                                 "master": f[3], "slots": f[8:]})
-                return rows
+            if n.alive:
+                rows = self._view(n)
+                if rows:
+                    return rows
         raise RuntimeError("no live cluster node")
 
     def _by_addr(self, addr: str) -> RedisServer | None:
@@ -186,13 +190,8 @@ class LocalCluster:
             for n in self.nodes:
                 if not n.alive:
                     continue
-                for line in self.cli(n, "cluster", "nodes").strip().splitlines():
-                    f = line.split()
-                    if self._by_addr(f[1].split("@")[0]) is node:
-                        if "master" not in f[2].split(",") or not f[8:]:
-                            agreed = False
-                        break
-                else:
+                row = next((r for r in self._view(n) if self._by_addr(r["addr"]) is node), None)
+                if row is None or "master" not in row["flags"] or not row["slots"]:
                     agreed = False
             if agreed:
                 return
