@@ -65,7 +65,7 @@ class EntryWriter:
     def submit(self, identifier: str, data_fn: Callable[[], tuple[object, str, tuple]],
                nbytes: int, **meta) -> Future:
         """Queue one entry. ``data_fn`` returns ``(buffer, dtype_code, shape)`` when run
-        in the writer thread (e.g. a device-to-host copy happens there, not in the step).
+        in the writer thread (e.g. it waits there for the device-to-host copy the step queued).
         The future's result is True once every reader can have the entry (written, or
         already there; on a ``supports_in_flight`` store: its bytes written, its commit
         under way), False when the write failed (counted and logged here, also when it

@@ -1,9 +1,10 @@
 """EncacheWorkerConnector: the worker-side half of :class:`EncacheConnector`.
 
 A consumer's worker turns the step's :class:`~.metadata.LoadItem` list into tensors in
-vLLM's encoder cache (``start_load_caches``): a view over the staged buffer, no copy on
-CPU, or for a pinned file the worker opens itself (another process). No store I/O is
-left on this path, so it cannot fail for a stored entry's sake.
+vLLM's encoder cache (``start_load_caches``): on CPU a view over the staged buffer (no
+copy), or over a pinned file the worker opens itself (another process); on an accelerator one pass into
+page-locked staging and an asynchronous device copy (:mod:`.device_copy`). No store I/O
+is left on this path, so it cannot fail for a stored entry's sake.
 
 A producer's worker hands each encoder output to a background writer
 (:class:`~encache.connectors.writer.EntryWriter`) with the stamps that make it a valid
@@ -28,7 +29,9 @@ import torch
 from ..store.keys import split_lora
 from ..writer import EntryWriter
 from .config import ConnectorConfig
-from .metadata import DTYPE_CODES, TORCH_DTYPES, EncacheConnectorMetadata, LoadItem, open_pinned
+from .device_copy import DeviceCopier
+from .metadata import (DTYPE_BYTES, DTYPE_CODES, TORCH_DTYPES, EncacheConnectorMetadata, LoadItem,
+                       open_pinned)
 
 log = logging.getLogger("encache.connector")
 
@@ -36,6 +39,7 @@ log = logging.getLogger("encache.connector")
 class EncacheWorkerConnector:
     _warned_dtype = False  # one warning per worker when stored dtypes are cast
     _device: torch.device | None = None
+    _copier: DeviceCopier | None = None  # host/accelerator copies (device_copy)
 
     def __init__(self, vllm_config, config: ConnectorConfig, store, *, is_producer: bool,
                  encoder_config: str):
@@ -76,6 +80,23 @@ class EncacheWorkerConnector:
         numel = 1
         for s in item.shape:
             numel *= s
+        cast_to = None
+        if dtype.is_floating_point and self.model_dtype is not None and dtype != self.model_dtype:
+            if not self._warned_dtype:  # hits, but not what this engine's tower computes
+                self._warned_dtype = True
+                log.warning("encache: entries stored as %s are cast to this engine's %s: outputs "
+                            "differ slightly from encoding here; precompute with --dtype %s",
+                            dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
+            cast_to = self.model_dtype
+        device = self._target_device()
+        if device.type != "cpu":  # one pass into page-locked staging, then an async copy
+            copier = self._device_copier(device)
+            nbytes = numel * DTYPE_BYTES[item.dtype]
+            if item.blob is None:  # a pinned disk entry: read it here (another process)
+                buf = copier.from_file(item.ref, item.offset, nbytes)
+            else:
+                buf = copier.from_buffer(item.blob, item.offset, nbytes)
+            return copier.to_device(buf, dtype, tuple(item.shape), cast_to)
         blob = item.blob
         if blob is None:  # a pinned disk entry: read it here (another process)
             item.blob = blob = open_pinned(item.ref, self._mmap_min())
@@ -87,17 +108,12 @@ class EncacheWorkerConnector:
         else:  # writable: a copy-on-write mapping or a buffer read into
             t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
         t = t.view(item.shape)
-        if t.is_floating_point() and self.model_dtype is not None and t.dtype != self.model_dtype:
-            if not self._warned_dtype:  # hits, but not what this engine's tower computes
-                self._warned_dtype = True
-                log.warning("encache: entries stored as %s are cast to this engine's %s: outputs "
-                            "differ slightly from encoding here; precompute with --dtype %s",
-                            t.dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
-            t = t.to(self.model_dtype)
-        device = self._target_device()
-        if device.type != "cpu":
-            t = t.to(device, non_blocking=False)
-        return t
+        return t if cast_to is None else t.to(cast_to)
+
+    def _device_copier(self, device: torch.device) -> DeviceCopier:
+        if self._copier is None or self._copier.device != device:
+            self._copier = DeviceCopier(device)
+        return self._copier
 
     def _mmap_min(self) -> int:
         from ..store.disk import MMAP_MIN_BYTES
@@ -136,9 +152,14 @@ class EncacheWorkerConnector:
             self.writer.warn.warning("dtype", "encache: cannot store dtype %s", tensor.dtype)
             return
 
-        def data():  # runs in the writer thread: device->host copy and byte view
-            host = tensor.to("cpu").contiguous()
-            return host.reshape(-1).view(torch.uint8).numpy(), code, tuple(host.shape)
+        # a device tensor: its host copy queued on this step's stream (device_copy)
+        host, copied = self._device_copier(tensor.device).to_host(tensor)
+
+        def data():  # runs in the writer thread: the copy's end, then a byte view
+            if copied is not None:
+                copied.synchronize()
+            flat = host.contiguous()
+            return flat.reshape(-1).view(torch.uint8).numpy(), code, tuple(flat.shape)
 
         from vllm import __version__ as vllm_version
         lora_name = split_lora(mm_hash)[0]

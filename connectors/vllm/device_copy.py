@@ -1,0 +1,123 @@
+"""Entries across the host/accelerator boundary, through page-locked memory, in stream order.
+
+**Loads.** 
+On a CPU engine the worker gives vLLM a view over the staged bytes (no copy). On a GPU the
+entry must reach device memory, and a copy from pageable memory (an mmap, a bytes object)
+makes the driver bounce it through its own small pinned buffer while the step waits.
+:class:`DeviceCopier` instead puts the bytes once into page-locked host memory -- read
+straight from the scheduler's pinned file descriptor for a disk entry in another process,
+copied from the staged buffer otherwise -- and queues the host-to-device copy with
+``non_blocking=True`` on the current stream, the stream vLLM's model runner runs the step's
+kernels on, so they see the copy done.
+
+The staging memory comes from torch's caching host allocator (``pin_memory=True``): it
+keeps freed page-locked blocks for reuse, and a non-blocking copy records an event on its
+block, which is not handed out again before that copy has finished. So there is no buffer
+pool here to alias an engine-owned tensor. When page-locked memory cannot be had (no
+accelerator allocator, a locked-memory limit), pageable memory is used with a synchronous
+copy, and the log says so once.
+
+**Saves.** A producer's encoder output lives on the device, computed on vLLM's own stream
+(a dedicated, non-blocking one on CUDA), and the entry is written by a writer thread
+whose current stream is another: a plain ``.cpu()`` there could copy the bytes before the
+tower's kernels have finished. :meth:`DeviceCopier.to_host` therefore queues the copy into
+page-locked memory on the step's stream, where the step calls ``save_caches``, and hands
+the writer an event to wait on before it reads the bytes; the step does not wait.
+
+Not measured: no GPU here or in CI. The tests run this path on the CPU (pageable staging,
+and the page-locked request failing as it does on a CPU-only torch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import torch
+
+from ..store.files import file_version
+
+log = logging.getLogger("encache.connector")
+
+
+class DeviceCopier:
+    """Copies entries' bytes to ``device`` through page-locked staging (see the module)."""
+
+    def __init__(self, device: torch.device, *, pin: bool | None = None):
+        self.device = device
+        #: stage in page-locked memory; None: when the device is an accelerator
+        self.pin = device.type != "cpu" if pin is None else pin
+        self.stats = {"pinned": 0, "pageable": 0}
+
+    def staging(self, nbytes: int) -> torch.Tensor:
+        """A host buffer of ``nbytes`` for one entry: page-locked while that can be had."""
+        if self.pin:
+            try:
+                buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                self.stats["pinned"] += 1
+                return buf
+            except RuntimeError as e:
+                self.pin = False
+                log.warning("encache: no page-locked host memory for loads to %s (%s): entries "
+                            "are copied from pageable memory, synchronously", self.device,
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+        self.stats["pageable"] += 1
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def from_buffer(self, blob, offset: int, nbytes: int) -> torch.Tensor:
+        """Staging filled from a buffer holding the entry (staged bytes, a received frame)."""
+        buf = self.staging(nbytes)
+        with warnings.catch_warnings():  # a read-only source is only read
+            warnings.simplefilter("ignore", UserWarning)
+            src = torch.frombuffer(blob, dtype=torch.uint8, count=nbytes, offset=offset)
+        buf.copy_(src)
+        return buf
+
+    def from_file(self, ref, offset: int, nbytes: int) -> torch.Tensor:
+        """Staging filled by reading a pinned entry (:func:`~.metadata.pin_entry`'s ref)
+        straight into it: one pass from the page cache, no mapping, no bounce."""
+        pid, fd, version, path = ref
+        try:
+            f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
+        except OSError:
+            f = os.open(path, os.O_RDONLY)
+        try:
+            if file_version(os.fstat(f)) != tuple(version):
+                raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
+            buf = self.staging(nbytes)
+            view, got = memoryview(buf.numpy()), 0
+            while got < nbytes:
+                n = os.preadv(f, [view[got:]], offset + got)
+                if n == 0:
+                    raise RuntimeError(f"encache: pinned entry {path} is shorter than verified")
+                got += n
+            return buf
+        finally:
+            os.close(f)
+
+    def to_host(self, tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
+        """``(host tensor, event or None)``: a device tensor's copy queued on the current
+        stream (the step's), into page-locked staging; the bytes are there once the event
+        has completed (``event.synchronize()``, from any thread). A CPU tensor is returned
+        as is; a device without CUDA events is copied synchronously, here."""
+        if tensor.device.type == "cpu":
+            return tensor, None
+        if tensor.device.type != "cuda":
+            return tensor.to("cpu"), None
+        nbytes = tensor.numel() * tensor.element_size()
+        host = self.staging(nbytes).view(tensor.dtype).view(tensor.shape)
+        host.copy_(tensor, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
+
+    def to_device(self, buf: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...],
+                  cast_to: torch.dtype | None = None) -> torch.Tensor:
+        """The staged bytes as a ``dtype`` tensor of ``shape`` on the device (cast there to
+        ``cast_to`` when given: the stored bytes cross, not a widened copy)."""
+        t = buf.view(dtype).view(shape)
+        t = t.to(self.device, non_blocking=buf.is_pinned())
+        if cast_to is not None and t.dtype != cast_to:
+            t = t.to(cast_to)
+        return t

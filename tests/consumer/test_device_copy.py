@@ -1,0 +1,145 @@
+"""Loads onto an accelerator (:mod:`encache.connectors.vllm.device_copy`): the entry's
+bytes go once into page-locked staging -- read from the scheduler's pinned file, or copied
+from the staged buffer -- then to the device. No GPU here: the CPU runs the same reads and
+views (pageable staging; the page-locked request fails as on any CPU-only torch), a
+``meta`` device runs the worker's accelerator branch, and the CUDA test is skipped."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from encache.connectors.lookup import EntryLookup
+from encache.connectors.store import encode
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.vllm.device_copy import DeviceCopier
+from encache.connectors.vllm.metadata import LoadItem, pin_entry
+from encache.connectors.vllm.worker import EncacheWorkerConnector
+
+SHAPE = (256, 5376)  # one Gemma 3 image, fp16: 2.75 MB
+
+
+@pytest.fixture
+def entry(tmp_path):
+    """A Gemma-3-sized entry staged by the lookup and pinned as the scheduler pins it:
+    (LoadItem with bytes, LoadItem with only the pinned file, the stored array, store)."""
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float16)
+    store.put("g", encode("g", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
+    st = lk.load_now("g")
+    fd, ref = pin_entry(store, "g", st.version)
+    assert st.offset > 0  # the tensor starts after the header: offsets are exercised
+    try:
+        yield (LoadItem("g", st.blob, st.offset, st.meta.dtype, st.meta.shape),
+               LoadItem("g", None, st.offset, st.meta.dtype, st.meta.shape, ref), arr, store)
+    finally:
+        os.close(fd)
+        lk.close()
+
+
+def test_staging_from_the_pinned_file_and_from_bytes_is_the_entry(entry):
+    staged, pinned, arr, _ = entry
+    copier = DeviceCopier(torch.device("cpu"))
+    assert copier.pin is False  # a CPU target stages in pageable memory
+    for buf in (copier.from_file(pinned.ref, pinned.offset, arr.nbytes),
+                copier.from_buffer(staged.blob, staged.offset, arr.nbytes),
+                copier.from_buffer(bytes(memoryview(staged.blob)), staged.offset, arr.nbytes)):
+        t = copier.to_device(buf, torch.float16, SHAPE)
+        assert t.dtype == torch.float16 and tuple(t.shape) == SHAPE
+        assert torch.equal(t, torch.from_numpy(arr))
+    # cast after the copy: the stored bytes cross, the engine gets its dtype
+    t = copier.to_device(copier.from_file(pinned.ref, pinned.offset, arr.nbytes),
+                         torch.float16, SHAPE, torch.float32)
+    assert t.dtype == torch.float32 and torch.equal(t, torch.from_numpy(arr.astype(np.float32)))
+
+
+def test_no_page_locked_memory_falls_back_to_pageable_once(entry, caplog):
+    """pin requested where no allocator can give it (a CPU-only torch, as here, or a
+    locked-memory limit): pageable staging, one warning, the same tensor."""
+    staged, pinned, arr, _ = entry
+    copier = DeviceCopier(torch.device("cpu"), pin=True)
+    with caplog.at_level(logging.WARNING, logger="encache.connector"):
+        a = copier.to_device(copier.from_file(pinned.ref, pinned.offset, arr.nbytes),
+                             torch.float16, SHAPE)
+        b = copier.to_device(copier.from_buffer(staged.blob, staged.offset, arr.nbytes),
+                             torch.float16, SHAPE)
+    if torch.cuda.is_available():  # pragma: no cover - a GPU host pins
+        pytest.skip("page-locked memory is available here")
+    assert copier.pin is False and copier.stats == {"pinned": 0, "pageable": 2}
+    assert len([r for r in caplog.records if "page-locked" in r.getMessage()]) == 1
+    assert torch.equal(a, torch.from_numpy(arr)) and torch.equal(b, torch.from_numpy(arr))
+
+
+def test_a_changed_pinned_file_is_refused(entry):
+    _, pinned, arr, _ = entry
+    pid, fd, version, path = pinned.ref
+    stale = (pid, fd, (version[0], version[1] + 1, *version[2:]), path)
+    with pytest.raises(RuntimeError, match="changed under the worker"):
+        DeviceCopier(torch.device("cpu")).from_file(stale, pinned.offset, arr.nbytes)
+
+
+def _worker(device: str, model_dtype=torch.float16) -> EncacheWorkerConnector:
+    w = object.__new__(EncacheWorkerConnector)
+    w.model_dtype = model_dtype
+    w._device = torch.device(device)
+    return w
+
+
+@pytest.mark.parametrize("model_dtype", [torch.float16, torch.float32])
+def test_the_worker_takes_the_staging_path_for_a_non_cpu_device(entry, model_dtype):
+    """``meta`` stands for an accelerator: the worker stages both item kinds and copies
+    them to the device, cast there to the engine's dtype; the CPU path is unchanged."""
+    staged, pinned, arr, _ = entry
+    w = _worker("meta", model_dtype)
+    for item in (staged, pinned):
+        t = w._to_tensor(item)
+        assert t.device.type == "meta" and t.dtype == model_dtype and tuple(t.shape) == SHAPE
+    assert w._copier.stats["pageable"] == 2 and w._copier.pin is False  # no pinning on CPU torch
+    cpu = _worker("cpu", model_dtype)._to_tensor(staged)
+    assert torch.equal(cpu, torch.from_numpy(arr).to(model_dtype))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here or in CI")
+def test_cuda_loads_are_pinned_and_asynchronous(entry):  # pragma: no cover - needs a GPU
+    staged, pinned, arr, _ = entry
+    w = _worker("cuda:0")
+    for item in (staged, pinned):
+        t = w._to_tensor(item)
+        torch.cuda.current_stream().synchronize()
+        assert t.is_cuda and torch.equal(t.cpu(), torch.from_numpy(arr))
+    assert w._copier.stats["pinned"] == 2 and w._copier.stats["pageable"] == 0
+
+
+def test_a_cpu_output_is_saved_as_is():
+    t = torch.arange(12, dtype=torch.float32).view(3, 4)
+    host, copied = DeviceCopier(torch.device("cpu")).to_host(t)
+    assert host is t and copied is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here or in CI")
+def test_cuda_outputs_reach_the_writer_after_the_step_stream_computed_them():  # pragma: no cover
+    """vLLM computes on a dedicated non-blocking stream; the host copy is queued there and
+    a writer thread waits on its event: it reads the finished output, not a partial one."""
+    import threading
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):  # long enough that an unordered copy would race it
+            x = x @ x / 4096
+        host, copied = DeviceCopier(x.device).to_host(x)
+    got = {}
+
+    def writer():
+        copied.synchronize()
+        got["bytes"] = host.clone()
+    th = threading.Thread(target=writer)
+    th.start()
+    th.join()
+    assert host.is_pinned()
+    assert torch.equal(got["bytes"], x.cpu())
