@@ -3,9 +3,11 @@
 For each entry size an encoder instance (``ec_producer``, encode-only) and a prefill/decode
 instance (``ec_consumer``) run as real ``python -m vllm.entrypoints.openai.api_server``
 processes, one pair per variant, each pair alone on the machine in turn (four servers at
-once on 2 cores measured mostly their contention): encache with its defaults, encache
-with ``fsync: false``, and ECExampleConnector, each pair sharing a disk store (encache)
-or a ``shared_storage_path`` (ECExample) that starts as the same precomputed copy. A
+once on 2 cores measured mostly their contention): encache with its defaults on a disk
+store, encache with ``fsync: false``, encache on a password-protected Redis and on a
+Redis Cluster (3 primaries + 3 replicas; both started here on loopback), and
+ECExampleConnector, each pair sharing a disk store (encache), a Redis key prefix, or a
+``shared_storage_path`` (ECExample) that starts with the same images precomputed. A
 client does what vLLM's EPD proxy does: the request's images to the encoder, wait for its
 200, then the original request to PD at once. Every variant gets the same images in the
 same order, after one untimed warm-up request.
@@ -81,7 +83,8 @@ def bodies(model: str, path: str) -> tuple[dict, dict]:
             "messages": [{"role": "user", "content": [image]}]}, full
 
 
-VARIANTS = ("encache", "encache-nofsync", "ecexample")
+VARIANTS = ("encache", "encache-nofsync", "encache-redis", "encache-cluster", "ecexample")
+SHARED = {"encache-redis": "redis", "encache-cluster": "cluster"}  # variant -> its server
 
 
 def configs(kind: str, store: str) -> dict:
@@ -129,7 +132,7 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
     return {k: summary(v, 1e3) for k, v in times.items()}
 
 
-def run_size(name: str, n: int, root: Path) -> dict:
+def run_size(name: str, n: int, root: Path, urls: dict[str, str]) -> dict:
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from engine_support import PRECOMPUTE_KW
     from served_support import draw_images, start_server
@@ -156,9 +159,15 @@ def run_size(name: str, n: int, root: Path) -> dict:
     shutil.copytree(stores["encache"], fresh)
     out = {"online": {}, "mixed": {}}
     for kind in VARIANTS:
-        store = str(work / f"store-{kind}")
-        shutil.copytree(fresh, store, ignore=None if kind != "ecexample"
-                        else shutil.ignore_patterns(".encache"))
+        if kind in SHARED:  # a key prefix of its own, the same images precomputed into it
+            store = f"{urls[SHARED[kind]]}?prefix=epd-{name}:"
+            s = precompute_corpus(str(pre_dir), PrecomputeOptions(model=model, store=store,
+                                                                  **pre))
+            assert s.encoded == len(precomputed), s
+        else:
+            store = str(work / f"store-{kind}")
+            shutil.copytree(fresh, store, ignore=None if kind != "ecexample"
+                            else shutil.ignore_patterns(".encache"))
         cfg = configs(kind, store)
         # one pair at a time: the other variants' servers do not compete for the CPU
         e = start_server(model, cfg["ec_producer"], work, max_model_len=max_len,
@@ -223,14 +232,16 @@ def plot(results: dict, filename: str) -> None:
     import matplotlib.pyplot as plt
 
     sizes = [r["size"] for r in results["sizes"]]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for ax, (key, title) in zip(axes, (("pd_hit_ratio", "PD hit ratio (online)"),
                                        ("encoder_ms", "encoder latency p50, ms (online)"),
                                        ("pd_ttft_ms", "PD time to first token p50, ms"))):
-        for off, k in ((-0.27, "encache"), (0.0, "encache-nofsync"), (0.27, "ecexample")):
+        width = 0.8 / len(VARIANTS)
+        for j, k in enumerate(VARIANTS):
             vals = [r["online"][k][key] if key == "pd_hit_ratio" else r["online"][k][key]["p50"]
                     for r in results["sizes"]]
-            ax.bar([i + off for i in range(len(sizes))], vals, width=0.27, label=k)
+            off = (j - (len(VARIANTS) - 1) / 2) * width
+            ax.bar([i + off for i in range(len(sizes))], vals, width=width, label=k)
         ax.set_xticks(range(len(sizes)), sizes)
         ax.set_title(title)
         ax.legend()
@@ -249,17 +260,29 @@ def main(argv=None) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # servers as users run them
     code0 = code_state()
     root = Path(tempfile.mkdtemp(prefix="epd-bench-", dir=ROOT / ".venv"))
+    from redis_cluster_fixture import LocalCluster
+    from redis_fixture import RedisServer
+    redis = RedisServer(password="epd-bench")
+    cluster = None
     results = {"benchmark": "epd", "machine": machine(),
                "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
                           "servers": "python -m vllm.entrypoints.openai.api_server, worker "
                                      "processes, --enforce-eager, fp32, one encoder + one PD "
-                                     "per variant, one pair on the machine at a time"},
+                                     "per variant, one pair on the machine at a time",
+                          "redis": "redis-server on loopback, password; Redis Cluster: 3 "
+                                   "primaries + 3 replicas on loopback, the consumer's URL "
+                                   "naming 6 nodes"},
                "sizes": []}
     try:
+        cluster = LocalCluster(3, 1)
+        urls = {"redis": redis.url_for(db=0), "cluster": cluster.url_for(nodes=6)}
         for name in a.sizes.split(","):
-            results["sizes"].append(run_size(name, a.requests, root))
+            results["sizes"].append(run_size(name, a.requests, root, urls))
             print(f"[epd] {name} done", file=sys.stderr)
     finally:
+        if cluster is not None:
+            cluster.stop()
+        redis.stop()
         shutil.rmtree(root, ignore_errors=True)
     finish_run(results, a.out, code0, plot)
     print(report(results))
