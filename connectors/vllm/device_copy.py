@@ -36,7 +36,7 @@ import warnings
 
 import torch
 
-from ..store.files import file_version
+from .metadata import open_ref
 
 log = logging.getLogger("encache.connector")
 
@@ -77,20 +77,15 @@ class DeviceCopier:
     def from_file(self, ref, offset: int, nbytes: int) -> torch.Tensor:
         """Staging filled by reading a pinned entry (:func:`~.metadata.pin_entry`'s ref)
         straight into it: one pass from the page cache, no mapping, no bounce."""
-        pid, fd, version, path = ref
+        f, _ = open_ref(ref)
         try:
-            f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
-        except OSError:
-            f = os.open(path, os.O_RDONLY)
-        try:
-            if file_version(os.fstat(f)) != tuple(version):
-                raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
             buf = self.staging(nbytes)
             view, got = memoryview(buf.numpy()), 0
             while got < nbytes:
                 n = os.preadv(f, [view[got:]], offset + got)
                 if n == 0:
-                    raise RuntimeError(f"encache: pinned entry {path} is shorter than verified")
+                    raise RuntimeError(f"encache: pinned entry {ref[3]} is shorter than "
+                                       "verified")
                 got += n
             return buf
         finally:

@@ -88,14 +88,12 @@ def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:
     return LoadItem(identifier, None, offset, dtype, shape, ref)
 
 
-def open_pinned(ref, mmap_min: int):
-    """A worker process's view of an entry the scheduler verified and pinned: opened
-    through the scheduler's own descriptor (``/proc/<pid>/fd/<n>``), so the very inode it
-    verified is read even if the entry was replaced or purged since; the version is
-    checked again (no checksum: the scheduler hashed this exact version). Falls back to
-    the entry's path when /proc is not reachable, with the same version check."""
-    import mmap
-
+def open_ref(ref) -> tuple[int, os.stat_result]:
+    """``(fd, stat)`` of an entry the scheduler verified and pinned, opened through the
+    scheduler's own descriptor (``/proc/<pid>/fd/<n>``), so the very inode it verified is
+    read even if the entry was replaced or purged since; the version is checked again (no
+    checksum: the scheduler hashed this exact version). Falls back to the entry's path
+    when /proc is not reachable, with the same version check. The caller closes ``fd``."""
     pid, fd, version, path = ref
     try:
         f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
@@ -105,6 +103,20 @@ def open_pinned(ref, mmap_min: int):
         st = os.fstat(f)
         if file_version(st) != tuple(version):
             raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
+    except BaseException:
+        os.close(f)
+        raise
+    return f, st
+
+
+def open_pinned(ref, mmap_min: int):
+    """A worker process's view of a pinned entry (:func:`open_ref`): a copy-on-write
+    mapping, or for a small one a buffer read into."""
+    import mmap
+
+    path = ref[3]
+    f, st = open_ref(ref)
+    try:
         if st.st_size >= mmap_min:
             return mmap.mmap(f, st.st_size, access=mmap.ACCESS_COPY)
         buf = bytearray(st.st_size)
