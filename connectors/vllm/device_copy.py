@@ -1,9 +1,9 @@
 """Entries across the host/accelerator boundary, through page-locked memory, in stream order.
 
-**Loads.** 
-On a CPU engine the worker gives vLLM a view over the staged bytes (no copy). On a GPU the
-entry must reach device memory, and a copy from pageable memory (an mmap, a bytes object)
-makes the driver bounce it through its own small pinned buffer while the step waits.
+**Loads.** On a CPU engine the worker gives vLLM a view over the staged bytes (no copy).
+On a GPU the entry must reach device memory, and a copy from pageable memory (an mmap, a
+bytes object) makes the driver bounce it through its own small pinned buffer while the
+step waits.
 :class:`DeviceCopier` instead puts the bytes once into page-locked host memory -- read
 straight from the scheduler's pinned file descriptor for a disk entry in another process,
 copied from the staged buffer otherwise -- and queues the host-to-device copy with

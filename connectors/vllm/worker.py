@@ -2,9 +2,10 @@
 
 A consumer's worker turns the step's :class:`~.metadata.LoadItem` list into tensors in
 vLLM's encoder cache (``start_load_caches``): on CPU a view over the staged buffer (no
-copy), or over a pinned file the worker opens itself (another process); on an accelerator one pass into
-page-locked staging and an asynchronous device copy (:mod:`.device_copy`). No store I/O
-is left on this path, so it cannot fail for a stored entry's sake.
+copy), or over a pinned file the worker opens itself (another process); on an
+accelerator one pass into page-locked staging and an asynchronous device copy
+(:mod:`.device_copy`). No store I/O is left on this path, so it cannot fail for a stored
+entry's sake.
 
 A producer's worker hands each encoder output to a background writer
 (:class:`~encache.connectors.writer.EntryWriter`) with the stamps that make it a valid
@@ -152,8 +153,9 @@ class EncacheWorkerConnector:
             self.writer.warn.warning("dtype", "encache: cannot store dtype %s", tensor.dtype)
             return
 
-        # a device tensor: its host copy queued on this step's stream (device_copy)
-        host, copied = self._device_copier(tensor.device).to_host(tensor)
+        host, copied = tensor, None
+        if tensor.device.type != "cpu":  # its host copy queued on this step's stream
+            host, copied = self._device_copier(tensor.device).to_host(tensor)
 
         def data():  # runs in the writer thread: the copy's end, then a byte view
             if copied is not None:
