@@ -6,6 +6,12 @@ servers together and wait for them once (:meth:`Server.wait_ready`); :func:`api_
 is the one-server context manager. ``probe=DIR`` puts :mod:`encoder_probe` on the
 server's ``PYTHONPATH``: every vision-encoder run in any of its processes is logged
 (:class:`EncoderLog`), and with ``dump=True`` every encoded item's output is saved.
+
+Each server's worker gets a core of its own in turn (:func:`next_core`), as an operator
+runs several vLLM CPU servers on one host: left to ``VLLM_CPU_OMP_THREADS_BIND=auto``,
+every server binds its worker to the same first core, and vLLM's worker busy-waits
+(``sched_yield``) for a second after each step, so servers started together slow each
+other down by up to that second per request (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,17 @@ from engine_support import ROOT, data_url
 
 PROBE_DIR = Path(__file__).resolve().parent / "encoder_probe"
 START_TIMEOUT = 300  # the machine is shared: a server may take minutes to come up
+_started = 0  # servers started by this process: the next one's core
+
+
+def next_core() -> str:
+    """The core for the next server's worker (``VLLM_CPU_OMP_THREADS_BIND``): this
+    process's allowed CPUs in turn, from the last (vLLM's auto binding takes the first), so
+    an encoder and its PD instance started one after the other run on different cores."""
+    global _started
+    cpus = sorted(os.sched_getaffinity(0), reverse=True)
+    _started += 1
+    return str(cpus[(_started - 1) % len(cpus)])
 
 
 def free_port() -> int:
@@ -130,6 +147,7 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     if store_config is not None:
         cmd += ["--ec-transfer-config", json.dumps(store_config)]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", next_core())
     encoder_log = None
     if probe:
         probe_root = root / f"probe-{probe}"

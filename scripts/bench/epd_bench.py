@@ -3,7 +3,10 @@
 For each entry size an encoder instance (``ec_producer``, encode-only) and a prefill/decode
 instance (``ec_consumer``) run as real ``python -m vllm.entrypoints.openai.api_server``
 processes, one pair per variant, each pair alone on the machine in turn (four servers at
-once on 2 cores measured mostly their contention): encache with its defaults on a disk
+once on 2 cores measured mostly their contention), the encoder's worker and PD's bound to
+different cores (``VLLM_CPU_OMP_THREADS_BIND``, as ``served_support.start_server`` assigns
+them: with vLLM's auto binding both take the first core, where each worker's one-second
+busy-wait after a step slowed the other's requests): encache with its defaults on a disk
 store, encache with ``fsync: false``, encache on a password-protected Redis and on a
 Redis Cluster (3 primaries + 3 replicas; both started here on loopback), and
 ECExampleConnector, each pair sharing a disk store (encache), a Redis key prefix, or a
@@ -268,7 +271,9 @@ def main(argv=None) -> int:
                "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
                           "servers": "python -m vllm.entrypoints.openai.api_server, worker "
                                      "processes, --enforce-eager, fp32, one encoder + one PD "
-                                     "per variant, one pair on the machine at a time",
+                                     "per variant, one pair on the machine at a time, the "
+                                     "encoder's worker on the last core, PD's on the first "
+                                     "(VLLM_CPU_OMP_THREADS_BIND)",
                           "redis": "redis-server on loopback, password; Redis Cluster: 3 "
                                    "primaries + 3 replicas on loopback, the consumer's URL "
                                    "naming 6 nodes"},
