@@ -11,7 +11,7 @@ Each server's worker gets a core of its own in turn (:func:`next_core`), as an o
 runs several vLLM CPU servers on one host: left to ``VLLM_CPU_OMP_THREADS_BIND=auto``,
 every server binds its worker to the same first core, and vLLM's worker busy-waits
 (``sched_yield``) for a second after each step, so servers started together slow each
-other down by up to that second per request (docs/limits.md).
+other down by up to that second per request (docs/epd.md, *One host*).
 """
 
 from __future__ import annotations
