@@ -11,6 +11,7 @@ with its ``supports_*`` flag) or inherits the default, and both must honour the 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.store import CorruptEntry, decode, encode, encode_parts
+from encache.connectors.store.files import file_version
 
 
 def blob(identifier: str, n: int = 64, seed: int = 0, **meta) -> bytes:
@@ -287,7 +289,7 @@ class StoreContract:
         if not store.supports_in_flight:
             other.put("f1", blob("f1"))
             assert not store.in_flight("f1") and store.contains("f1")
-            assert store.read_in_flight("f1") is None
+            assert store.read_in_flight("f1") is None and store.in_flight_paths("f1") == []
             return
         seen = []
 
@@ -297,11 +299,17 @@ class StoreContract:
             got = store.read_in_flight("f1")  # the whole entry, checked, before the commit
             seen.append((store.in_flight("f1"), store.contains("f1"),
                          got is not None and bytes(got[0]) == data))
+            if store.supports_entry_path:  # the temp file, already the committed version
+                paths = store.in_flight_paths("f1")
+                seen.append([file_version(os.stat(p)) for p in paths] == [tuple(got[1])])
 
         other.put("f1", data, on_written=written)
-        assert seen == [(True, False, True)]
+        assert seen == [(True, False, True)] + [True] * store.supports_entry_path
         assert not store.in_flight("f1") and store.contains("f1")
-        assert store.read_in_flight("f1") is None
+        assert store.read_in_flight("f1") is None and store.in_flight_paths("f1") == []
+        if store.supports_entry_path:  # the commit kept the version
+            assert file_version(os.stat(store.entry_path("f1"))) == tuple(
+                store.read_entry("f1")[1])
 
     def test_get_many_keeps_order_and_misses(self, store):
         blobs = {i: blob(i, seed=n) for n, i in enumerate(("a", "b", "c"))}

@@ -44,9 +44,11 @@ backend:
                             from the moment its bytes are written until its commit, and
                             ``put(on_written=...)`` says when that moment comes: a writer may
                             report the entry landed then; a reader that finds it in flight
-                            reads its bytes (``read_in_flight()``, checked in full) or waits
-                            for the commit (disk on a local filesystem: the commit then runs
-                            off the encoder's request and off PD's); default: never in flight
+                            reads its bytes (``read_in_flight()``, checked in full; with
+                            ``supports_entry_path``, ``in_flight_paths()`` names the files) or
+                            waits for the commit (disk on a local filesystem: the commit then
+                            runs off the encoder's request and off PD's); default: never in
+                            flight
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -246,6 +248,13 @@ class Store(ABC):
         backends): ``(buffer, version, meta, offset)`` checked in full (checksum), the
         version the committed entry will have; None while none is whole. Default: None."""
         return None
+
+    def in_flight_paths(self, identifier: str) -> list[str]:
+        """The files of writes of ``identifier`` in flight, newest first
+        (``supports_in_flight`` backends with ``supports_entry_path``): a reader that
+        verified one's bytes may hand that file on, since its commit (a rename) keeps the
+        inode and so the version. Default: none."""
+        return []
 
     def holds_locally(self, identifier: str) -> bool:
         """A copy of ``identifier`` this node may serve without reaching the store (a

@@ -479,6 +479,11 @@ class DiskStore(Store):
         its rename (local filesystems)."""
         return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
 
+    def in_flight_paths(self, identifier: str) -> list[str]:
+        if not self.supports_in_flight:
+            return []
+        return [path for _, path in sorted(self._fresh_temp_files(identifier), reverse=True)]
+
     def read_in_flight(self, identifier: str):
         """The bytes of a write in flight once all are written, checked in full
         (header, size, checksum): ``(buffer, version, meta, offset)``, or None (no fresh
@@ -487,9 +492,7 @@ class DiskStore(Store):
         the rename keeps the inode; the hash faults the pages in), else read into a
         private buffer and checked in the same pass. The version is the temp file's,
         which its rename keeps: committed, the entry is that same version."""
-        if not self.supports_in_flight:
-            return None
-        for _, path in sorted(self._fresh_temp_files(identifier), reverse=True):  # newest first
+        for path in self.in_flight_paths(identifier):  # newest first
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:  # committed or given up meanwhile

@@ -67,21 +67,28 @@ class LoadItem:
 def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
     """Scheduler side: open a verified disk entry and check it is still that version;
     ``(fd, ref)`` for a :class:`LoadItem`, or None (replaced, purged: ship the bytes).
+    A version verified from a write still in flight (EPD: PD loads what the encoder wrote
+    before its commit) is pinned through that write's temp file: the commit renames it,
+    keeping the inode, so the worker reads the verified bytes either way (shipping them
+    in the step's metadata instead delays PD's step: docs/performance.md, EPD).
     The caller keeps ``fd`` open until the workers have read it."""
+    if version is None:
+        return None
+    version = tuple(version)
     path = str(store.entry_path(identifier))
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-    except OSError:
+    # the committed file; else a write's temp file; else the file again (renamed meanwhile)
+    for candidate in (path, *store.in_flight_paths(identifier), path):
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if file_version(os.fstat(fd)) == version:
+                return fd, (os.getpid(), fd, version, path)
+        except OSError:
+            pass
         os.close(fd)
-        return None
-    if version is None or file_version(st) != tuple(version):
-        os.close(fd)
-        return None
-    return fd, (os.getpid(), fd, tuple(version), path)
+    return None
 
 
 def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:

@@ -109,6 +109,46 @@ def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
         lk.close()
 
 
+def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
+    """EPD: PD verifies the encoder's entry from its temp file before the commit; the
+    scheduler pins that file (not the bytes into the step's metadata), and a worker
+    process reads the verified bytes after the commit renamed it."""
+    import multiprocessing as mp
+
+    from encache.connectors.vllm.metadata import pin_entry
+
+    store = DiskStore(tmp_path)
+    arr = np.random.default_rng(2).standard_normal((1024, 1024)).astype(np.float16)
+    pinned = []
+
+    def written():  # the bytes are written, the commit (fsync, rename) not yet
+        assert store.in_flight("q") and not store.contains("q")
+        buf, version, meta, offset = store.read_in_flight("q")
+        pinned.append((pin_entry(store, "q", version), version, offset, meta))
+
+    store.put("q", encode("q", arr.view(np.uint8), "F16", arr.shape, model="m"),
+              on_written=written)
+    (got, version, offset, meta), = pinned
+    assert got is not None, "an in-flight version must be pinned, not shipped as bytes"
+    fd, ref = got
+    try:
+        assert store.contains("q") and not store.in_flight("q")  # committed since
+        data = pickle.dumps(LoadItem("q", None, offset, meta.dtype, meta.shape, ref),
+                            protocol=5)
+        assert len(data) < 1024
+        ctx = mp.get_context("fork")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_load, args=(data, child))
+        proc.start()
+        assert parent.recv() == arr.tobytes()
+        proc.join(30)
+        again = pin_entry(store, "q", version)  # the committed file: the same version
+        assert again is not None
+        os.close(again[0])
+    finally:
+        os.close(fd)
+
+
 def test_worker_loads_setting_is_checked():
     from encache.connectors.vllm.config import ConnectorConfig
     assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
