@@ -25,9 +25,18 @@ from the encoder probe), encoder request latency and PD time to first token (a
 4 images were precomputed into the store beforehand (both connectors read the same
 safetensors layout). The producer's per-request overhead is broken down in-process at
 each size: checksum + header (``encode_parts``), the write (``DiskStore.put`` with and
-without fsync), against ECExample's ``save_file``. JSON + PNG in benchmarks/epd.*.
+without fsync), against ECExample's ``save_file``.
 
-    .venv/bin/python scripts/bench/epd_bench.py [--requests 24] [--sizes small,gemma,crops]
+The *paired* section compares encache (disk, defaults) with ECExample where one pair at a
+time cannot: two server processes of the same model differ by several percent in how
+fast they run it, and the machine drifts between variants. Both pairs are up at once,
+every image goes to both with the order alternating and a quiet pause before each, and
+the figures are per-image ratios; inside the servers a probe (``epd_probe/``) times each
+request's connector calls and its vision tower, so the connector's own cost is stated
+apart from the model's. JSON + PNG in benchmarks/epd.*.
+
+    .venv/bin/python scripts/bench/epd_bench.py [--requests 12] [--sizes small,gemma,crops]
+        [--sections sequential,paired] [--paired-requests 24]
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_common import (ROOT, code_state, finish_run, machine,  # noqa: E402
-                            set_engine_env, summary, table)
+                            pct, set_engine_env, summary, table)
 
 SIZES = {  # name: (label, build args, image tokens, max_model_len)
     "small": ("4 KB", [], 16, 256),
@@ -209,24 +218,192 @@ def run_size(name: str, n: int, root: Path, urls: dict[str, str]) -> dict:
                                                       work)}
 
 
+PAIRED = ("encache", "ecexample")  # the encoder-cost comparison (issue #23 item 5)
+SETTLE_S = 1.5  # > a vLLM CPU worker's one-second busy-wait after a step
+CALL_PROBE = Path(__file__).resolve().parent / "epd_probe"
+
+
+def _start_timed(model: str, config: dict, work: Path, tag: str, max_len: int):
+    """A server with the call probe (``epd_probe``: its connector's calls and the tower
+    timed, ``calls-<tag>.jsonl``) and the tests' encoder probe (tower runs)."""
+    from served_support import EncoderLog, start_server
+
+    probe = work / f"probe-{tag}"
+    probe.mkdir(parents=True)
+    env = {"PYTHONPATH": os.pathsep.join([str(CALL_PROBE),
+                                          *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "ENCACHE_BENCH_CALL_LOG": str(probe / "calls.jsonl"),
+           "ENCACHE_TEST_ENCODER_LOG": str(probe / "encoder.jsonl")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        server = start_server(model, config, work, max_model_len=max_len)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server.encoder_log = EncoderLog(probe / "encoder.jsonl")
+    server.call_log = probe / "calls.jsonl"
+    return server
+
+
+def _calls_within(server, windows: list[tuple[float, float]]) -> list[dict[str, float]]:
+    """Per request window: ms spent in each timed function (calls starting inside it),
+    and ``handoff``: from the scheduler's first ``build_connector_meta`` to the worker's
+    first ``execute_model`` after it (the step's metadata reaching the worker)."""
+    calls = [json.loads(line) for line in server.call_log.read_text().splitlines()]
+    out = []
+    for t0, t1 in windows:
+        spent: dict[str, float] = {}
+        within = [c for c in calls if t0 <= c["t0"] <= t1]
+        for c in within:
+            if not c["f"].endswith(".execute_model"):
+                spent[c["f"]] = spent.get(c["f"], 0.0) + c["dt"] * 1e3
+        built = [c["t0"] for c in within if c["f"].endswith(".build_connector_meta")]
+        ran = [c["t0"] for c in within if c["f"].endswith(".execute_model")
+               and built and c["t0"] >= built[0]]
+        if built and ran:
+            spent["handoff"] = (min(ran) - built[0]) * 1e3
+        out.append(spent)
+    return out
+
+
+def _split(spent: list[dict[str, float]]) -> dict:
+    """The connector's share, the metadata hand-off and the tower's, p50 / p99 over
+    requests, and the connector's per call."""
+    connector = [sum(v for f, v in s.items() if "Connector." in f) for s in spent]
+    tower = [s.get("GPUModelRunner._execute_mm_encoder", 0.0) for s in spent]
+    calls = sorted({f for s in spent for f in s if "Connector." in f})
+    return {"connector_ms": summary(connector), "tower_ms": summary(tower),
+            "handoff_ms": summary([s["handoff"] for s in spent if "handoff" in s]),
+            "connector_calls_ms_p50": {f.split(".", 1)[1]: pct([s.get(f, 0.0) for s in spent],
+                                                                50) for f in calls}}
+
+
+def run_paired(name: str, n: int, root: Path) -> dict:
+    """Encoder latency, encache's defaults vs ECExample, paired per image: both variants'
+    encoder + PD servers up at once (encoders on one core, PDs on the other), every image
+    sent to both, the order alternating per image and ``SETTLE_S`` of quiet before each
+    request pair, so both see the same machine; the figure is the median per-image ratio.
+    Inside the servers, each request's time in the connector's calls and in the vision
+    tower is measured too (``epd_probe``): what the connector itself costs, apart from
+    how fast each server process happens to run the same model."""
+    from served_support import draw_images
+
+    _, _, _, max_len = SIZES[name]
+    model = model_for(name)
+    work = root / f"paired-{name}"
+    imgs = draw_images(work / "img", {**{f"p{k}": (170 + 3 * k, 140 + k) for k in range(n)},
+                                      "warm": (150, 150)}, seed=47)
+    servers = {}
+    windows = {k: {"e": [], "pd": []} for k in PAIRED}
+    try:
+        for kind in PAIRED:  # empty stores: every image is new to both
+            cfg = configs(kind, str(work / f"store-{kind}"))
+            servers[kind] = tuple(_start_timed(model, cfg[role], work, f"{kind}-{role}", max_len)
+                                  for role in ("ec_producer", "ec_consumer"))
+        for e, pd in servers.values():
+            e.wait_ready()
+            pd.wait_ready()
+        for e, pd in servers.values():  # first requests pay one-time costs
+            for _ in range(2):
+                warm = bodies(model, imgs["warm"])
+                post(e.base, warm[0])
+                post(pd.base, warm[1])
+        res = {k: {"encoder_s": [], "pd_s": [], "pd_tower_idle": 0} for k in PAIRED}
+        runs0 = {k: servers[k][0].encoder_log.count() for k in PAIRED}
+        for k in range(n):
+            enc_body, full = bodies(model, imgs[f"p{k}"])
+            for kind in (PAIRED if k % 2 == 0 else PAIRED[::-1]):
+                e, pd = servers[kind]
+                time.sleep(SETTLE_S)
+                before = pd.encoder_log.count()
+                t0 = time.perf_counter()
+                res[kind]["encoder_s"].append(post(e.base, enc_body))
+                t1 = time.perf_counter()
+                res[kind]["pd_s"].append(post(pd.base, full))
+                windows[kind]["e"].append((t0, t1))
+                windows[kind]["pd"].append((t1, time.perf_counter()))
+                res[kind]["pd_tower_idle"] += pd.encoder_log.count() == before
+    finally:
+        for pair in servers.values():
+            for s in pair:
+                s.stop()
+    out = {"requests": n, "order": "alternating per image", "settle_s": SETTLE_S}
+    for kind in PAIRED:
+        r = res[kind]
+        e, pd = servers[kind]
+        out[kind] = {"pd_hit_ratio": r["pd_tower_idle"] / n,
+                     "encoder_tower_runs": e.encoder_log.count() - runs0[kind],
+                     "encoder_ms": summary(r["encoder_s"], 1e3),
+                     "pd_ttft_ms": summary(r["pd_s"], 1e3),
+                     "inside_encoder": _split(_calls_within(e, windows[kind]["e"])),
+                     "inside_pd": _split(_calls_within(pd, windows[kind]["pd"]))}
+    a, b = res["encache"], res["ecexample"]
+    for key in ("encoder_s", "pd_s"):
+        ratios = [x / y for x, y in zip(a[key], b[key])]
+        out[f"{key[:-2]}_ratio"] = {  # encache / ECExample per image: < 1 is encache faster
+            **{q: pct(ratios, p) for q, p in (("p25", 25), ("p50", 50), ("p75", 75))},
+            "encache_faster": sum(x < 1 for x in ratios), "of": n}
+    return out
+
+
 def report(results: dict) -> str:
+    parts = []
     rows = []
     for r in results["sizes"]:
-        for phase in ("online", "mixed"):
+        for phase in ("online", "mixed") if "online" in r else ():
             for k in VARIANTS:
                 v = r[phase][k]
                 rows.append([r["size"], phase, k, f"{v['pd_hit_ratio']:.2f}",
                              f"{v['encoder_ms']['p50']:.1f} / {v['encoder_ms']['p99']:.1f}",
                              f"{v['pd_ttft_ms']['p50']:.1f} / {v['pd_ttft_ms']['p99']:.1f}",
                              str(v["encoder_tower_runs"])])
-    text = table(rows, ["size", "workload", "connector", "PD hits", "encoder ms p50/p99",
-                        "PD TTFT ms p50/p99", "encoder tower runs"])
+    if rows:
+        parts.append("one pair at a time\n" + table(
+            rows, ["size", "workload", "connector", "PD hits", "encoder ms p50/p99",
+                   "PD TTFT ms p50/p99", "encoder tower runs"]))
     rows = []
     for r in results["sizes"]:
-        for k, v in r["producer_overhead_ms"].items():
+        if "paired" not in r:
+            continue
+        v = r["paired"]
+        for key, ms in (("encoder_ratio", "encoder_ms"), ("pd_ratio", "pd_ttft_ms")):
+            q = v[key]
+            rows.append([r["size"], ms.split("_")[0], f"{v['encache'][ms]['p50']:.1f}",
+                         f"{v['ecexample'][ms]['p50']:.1f}",
+                         f"{q['p50']:.3f} ({q['p25']:.3f}-{q['p75']:.3f})",
+                         f"{q['encache_faster']}/{q['of']}",
+                         f"{v['encache']['pd_hit_ratio']:.2f} / "
+                         f"{v['ecexample']['pd_hit_ratio']:.2f}"])
+    if rows:
+        parts.append("paired per image, both pairs up, order alternating\n" + table(
+            rows, ["size", "latency", "encache ms p50", "ECExample ms p50",
+                   "encache/ECExample per image p50 (p25-p75)", "encache faster",
+                   "PD hits (encache / ECExample)"]))
+    rows = []
+    for r in results["sizes"]:
+        v = r.get("paired")
+        for side, label in (("inside_encoder", "encoder"), ("inside_pd", "PD")) if v else ():
+            a, b = v["encache"][side], v["ecexample"][side]
+            rows.append([r["size"], label,
+                         f"{a['connector_ms']['p50']:.2f} / {a['connector_ms']['p99']:.2f}",
+                         f"{b['connector_ms']['p50']:.2f} / {b['connector_ms']['p99']:.2f}",
+                         f"{a['handoff_ms'].get('p50', 0):.2f} / "
+                         f"{b['handoff_ms'].get('p50', 0):.2f}",
+                         f"{a['tower_ms']['p50']:.1f} / {b['tower_ms']['p50']:.1f}"])
+    if rows:
+        parts.append("inside the servers, per request (paired run), encache vs ECExample\n"
+                     + table(rows, ["size", "server", "encache connector ms p50/p99",
+                                    "ECExample connector ms p50/p99",
+                                    "metadata hand-off ms p50", "tower ms p50"]))
+    rows = []
+    for r in results["sizes"]:
+        for k, v in r.get("producer_overhead_ms", {}).items():
             rows.append([r["size"], k, f"{v['p50']:.3f}", f"{v['p99']:.3f}"])
-    return text + "\n\nproducer per-item write cost (in-process)\n" + table(
-        rows, ["size", "step", "ms p50", "ms p99"])
+    if rows:
+        parts.append("producer per-item write cost (in-process)\n" + table(
+            rows, ["size", "step", "ms p50", "ms p99"]))
+    return "\n\n".join(parts)
 
 
 def plot(results: dict, filename: str) -> None:
@@ -234,20 +411,37 @@ def plot(results: dict, filename: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [r["size"] for r in results["sizes"]]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-    for ax, (key, title) in zip(axes, (("pd_hit_ratio", "PD hit ratio (online)"),
-                                       ("encoder_ms", "encoder latency p50, ms (online)"),
-                                       ("pd_ttft_ms", "PD time to first token p50, ms"))):
-        width = 0.8 / len(VARIANTS)
-        for j, k in enumerate(VARIANTS):
-            vals = [r["online"][k][key] if key == "pd_hit_ratio" else r["online"][k][key]["p50"]
-                    for r in results["sizes"]]
-            off = (j - (len(VARIANTS) - 1) / 2) * width
-            ax.bar([i + off for i in range(len(sizes))], vals, width=width, label=k)
-        ax.set_xticks(range(len(sizes)), sizes)
-        ax.set_title(title)
-        ax.legend()
+    seq = [r for r in results["sizes"] if "online" in r]
+    paired = [r for r in results["sizes"] if "paired" in r]
+    panels = [(key, title) for key, title in (
+        ("pd_hit_ratio", "PD hit ratio (online, one pair at a time)"),
+        ("encoder_ms", "encoder latency p50, ms (online, one pair at a time)"),
+        ("pd_ttft_ms", "PD time to first token p50, ms (one pair at a time)")) if seq]
+    panels += [("paired", "encache / ECExample per image, paired\n(median, p25-p75)")] * bool(
+        paired)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
+        if key == "paired":
+            labels = [r["size"] for r in paired]
+            for j, (rk, name) in enumerate((("encoder_ratio", "encoder latency"),
+                                            ("pd_ratio", "PD time to first token"))):
+                qs = [r["paired"][rk] for r in paired]
+                xs = [i + (j - 0.5) * 0.35 for i in range(len(labels))]
+                ax.bar(xs, [q["p50"] for q in qs], width=0.35, label=name,
+                       yerr=[[q["p50"] - q["p25"] for q in qs],
+                             [q["p75"] - q["p50"] for q in qs]], capsize=4)
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_xticks(range(len(labels)), labels)
+        else:
+            width = 0.8 / len(VARIANTS)
+            for j, k in enumerate(VARIANTS):
+                vals = [r["online"][k][key] if key == "pd_hit_ratio"
+                        else r["online"][k][key]["p50"] for r in seq]
+                off = (j - (len(VARIANTS) - 1) / 2) * width
+                ax.bar([i + off for i in range(len(seq))], vals, width=width, label=k)
+            ax.set_xticks(range(len(seq)), [r["size"] for r in seq])
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
     fig.suptitle("EPD on one CPU host: encoder -> store -> PD (scripts/bench/epd_bench.py)")
     fig.tight_layout()
     fig.savefig(ROOT / "benchmarks" / filename, dpi=110)
@@ -257,8 +451,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=12, help="images per workload and size")
     p.add_argument("--sizes", default="small,gemma,crops")
+    p.add_argument("--sections", default="sequential,paired",
+                   help="sequential: every variant, one pair at a time; paired: encache vs "
+                        "ECExample, both pairs up, per image")
+    p.add_argument("--paired-requests", type=int, default=24, help="images per size, paired")
     p.add_argument("--out", default="epd")
     a = p.parse_args(argv)
+    sections = set(a.sections.split(","))
+    if not sections or sections - {"sequential", "paired"}:
+        p.error(f"--sections: sequential and/or paired, not {a.sections!r}")
     set_engine_env()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # servers as users run them
     code0 = code_state()
@@ -269,6 +470,7 @@ def main(argv=None) -> int:
     cluster = None
     results = {"benchmark": "epd", "machine": machine(),
                "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
+                          "sections": a.sections, "paired_requests": a.paired_requests,
                           "servers": "python -m vllm.entrypoints.openai.api_server, worker "
                                      "processes, --enforce-eager, fp32, one encoder + one PD "
                                      "per variant, one pair on the machine at a time, the "
@@ -282,7 +484,11 @@ def main(argv=None) -> int:
         cluster = LocalCluster(3, 1)
         urls = {"redis": redis.url_for(db=0), "cluster": cluster.url_for(nodes=6)}
         for name in a.sizes.split(","):
-            results["sizes"].append(run_size(name, a.requests, root, urls))
+            entry = ({"size": SIZES[name][0]} if "sequential" not in sections
+                     else run_size(name, a.requests, root, urls))
+            if "paired" in sections:
+                entry["paired"] = run_paired(name, a.paired_requests, root)
+            results["sizes"].append(entry)
             print(f"[epd] {name} done", file=sys.stderr)
     finally:
         if cluster is not None:
