@@ -10,17 +10,16 @@ calls took -- encache's and ECExampleConnector's, the same methods vLLM calls on
 request path -- how much the vision tower (``_execute_mm_encoder``), and when the
 worker's step starts (``execute_model``) after the scheduler built its metadata.
 
-With ``ENCACHE_TEST_ENCODER_LOG`` set it also loads the tests' encoder probe
-(``tests/encoder_probe``: which requests ran the tower), which a second ``sitecustomize``
-on the path would otherwise shadow. Nothing here runs unless a variable is set.
+It runs the tests' encoder probe (``tests/encoder_probe``: which requests ran the tower,
+when its variables are set), which a second ``sitecustomize`` on the path would otherwise
+shadow, and installs its own patches through that probe's import hook. Nothing is
+patched unless a variable is set.
 """
 
 import functools
-import importlib.abc
 import json
 import os
 import runpy
-import sys
 import time
 
 _LOG = os.environ.get("ENCACHE_BENCH_CALL_LOG")
@@ -56,33 +55,16 @@ def _timed(cls, name: str) -> None:
     setattr(cls, name, call)
 
 
+def _patch(module) -> None:
+    cls_name, methods = TARGETS[module.__name__]
+    cls = getattr(module, cls_name)
+    for method in methods:
+        _timed(cls, method)
+
+
+# the tests' encoder probe: its own patches when its variables are set, and the hook
+_tests_probe = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                           "..", "..", "tests", "encoder_probe",
+                                           "sitecustomize.py"))
 if _LOG:
-    class _PostImportHook(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name not in TARGETS:
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-            exec_module = spec.loader.exec_module
-
-            def exec_and_patch(module):
-                exec_module(module)
-                cls_name, methods = TARGETS[name]
-                cls = getattr(module, cls_name)
-                for method in methods:
-                    _timed(cls, method)
-
-            spec.loader.exec_module = exec_and_patch
-            return spec
-
-    sys.meta_path.insert(0, _PostImportHook())
-
-if os.environ.get("ENCACHE_TEST_ENCODER_LOG"):
-    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
-                                "tests", "encoder_probe", "sitecustomize.py"))
+    _tests_probe["patch_on_import"]({name: _patch for name in TARGETS})
