@@ -76,8 +76,13 @@ def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
         return None
     version = tuple(version)
     path = str(store.entry_path(identifier))
-    # the committed file; else a write's temp file; else the file again (renamed meanwhile)
-    for candidate in (path, *store.in_flight_paths(identifier), path):
+
+    def candidates():  # the committed file; else a write's temp file (listed only then);
+        yield path     # else the committed file again (renamed meanwhile)
+        yield from store.in_flight_paths(identifier)
+        yield path
+
+    for candidate in candidates():
         try:
             fd = os.open(candidate, os.O_RDONLY)
         except OSError:
