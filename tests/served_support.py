@@ -134,10 +134,11 @@ class Server:
 
 def start_server(model: str, store_config: dict | None, root: Path, *extra_args: str,
                  max_model_len: int = 256, images: int | dict = 1, probe: str | None = None,
-                 dump: bool = False) -> Server:
+                 dump: bool = False, extra_env: dict | None = None) -> Server:
     """Start ``api_server`` (with the encache connector when ``store_config``); returns at
     once (:meth:`Server.wait_ready`). ``images``: the image limit per prompt, or the whole
-    ``--limit-mm-per-prompt`` dict."""
+    ``--limit-mm-per-prompt`` dict; ``extra_env``: variables for the server beside this
+    process's."""
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--host", "127.0.0.1", "--max-model-len", str(max_model_len),
            "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
@@ -146,7 +147,8 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
            json.dumps(images if isinstance(images, dict) else {"image": images}), *extra_args]
     if store_config is not None:
         cmd += ["--ec-transfer-config", json.dumps(store_config)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})}
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", next_core())
     encoder_log = None
     if probe:

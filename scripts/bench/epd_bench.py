@@ -225,22 +225,16 @@ CALL_PROBE = Path(__file__).resolve().parent / "epd_probe"
 
 def _start_timed(model: str, config: dict, work: Path, tag: str, max_len: int):
     """A server with the call probe (``epd_probe``: its connector's calls and the tower
-    timed, ``calls-<tag>.jsonl``) and the tests' encoder probe (tower runs)."""
+    timed, ``probe-<tag>/calls.jsonl``) and the tests' encoder probe (tower runs)."""
     from served_support import EncoderLog, start_server
 
     probe = work / f"probe-{tag}"
     probe.mkdir(parents=True)
-    env = {"PYTHONPATH": os.pathsep.join([str(CALL_PROBE),
-                                          *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "ENCACHE_BENCH_CALL_LOG": str(probe / "calls.jsonl"),
-           "ENCACHE_TEST_ENCODER_LOG": str(probe / "encoder.jsonl")}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        server = start_server(model, config, work, max_model_len=max_len)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    server = start_server(model, config, work, max_model_len=max_len, extra_env={
+        "PYTHONPATH": os.pathsep.join([str(CALL_PROBE),
+                                       *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "ENCACHE_BENCH_CALL_LOG": str(probe / "calls.jsonl"),
+        "ENCACHE_TEST_ENCODER_LOG": str(probe / "encoder.jsonl")})
     server.encoder_log = EncoderLog(probe / "encoder.jsonl")
     server.call_log = probe / "calls.jsonl"
     return server
@@ -466,8 +460,7 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="epd-bench-", dir=ROOT / ".venv"))
     from redis_cluster_fixture import LocalCluster
     from redis_fixture import RedisServer
-    redis = RedisServer(password="epd-bench")
-    cluster = None
+    redis = cluster = None  # the one-pair-at-a-time section's shared stores
     results = {"benchmark": "epd", "machine": machine(),
                "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
                           "sections": a.sections, "paired_requests": a.paired_requests,
@@ -481,8 +474,11 @@ def main(argv=None) -> int:
                                    "naming 6 nodes"},
                "sizes": []}
     try:
-        cluster = LocalCluster(3, 1)
-        urls = {"redis": redis.url_for(db=0), "cluster": cluster.url_for(nodes=6)}
+        urls = {}
+        if "sequential" in sections:
+            redis = RedisServer(password="epd-bench")
+            cluster = LocalCluster(3, 1)
+            urls = {"redis": redis.url_for(db=0), "cluster": cluster.url_for(nodes=6)}
         for name in a.sizes.split(","):
             entry = ({"size": SIZES[name][0]} if "sequential" not in sections
                      else run_size(name, a.requests, root, urls))
@@ -491,9 +487,9 @@ def main(argv=None) -> int:
             results["sizes"].append(entry)
             print(f"[epd] {name} done", file=sys.stderr)
     finally:
-        if cluster is not None:
-            cluster.stop()
-        redis.stop()
+        for server in (cluster, redis):
+            if server is not None:
+                server.stop()
         shutil.rmtree(root, ignore_errors=True)
     finish_run(results, a.out, code0, plot)
     print(report(results))
