@@ -8,8 +8,10 @@ serving. ``flush()`` waits for everything submitted so far (precompute, shutdown
 ``wait()`` for given submissions (an encoder instance's step: its request must not finish
 before its entries are readable, see :mod:`encache.connectors.vllm.worker`). On a store
 with in-flight writes (``supports_in_flight``: disk on a local filesystem) an entry is
-readable once its bytes are written: a reader that finds it in flight reads them (checked
-in full) or waits for the commit, so the fsync does not hold the encoder's request.
+readable once its write is visible (its temp file created): a reader that finds it in
+flight waits for its bytes and reads them (checked in full) or the commit, so neither the
+copy into the file nor the fsync holds the encoder's request. The bytes are written while
+the engine answers and the proxy forwards the request; PD waits only for what is left.
 
 The commit itself (fsync, rename, the journal and verified-log records) is then held for
 up to ``COMMIT_HOLD_S``, while no other write waits for a thread: it would otherwise run
@@ -67,8 +69,8 @@ class EntryWriter:
         """Queue one entry. ``data_fn`` returns ``(buffer, dtype_code, shape)`` when run
         in the writer thread (e.g. it waits there for the device-to-host copy the step queued).
         The future's result is True once every reader can have the entry (written, or
-        already there; on a ``supports_in_flight`` store: its bytes written, its commit
-        under way), False when the write failed (counted and logged here, also when it
+        already there; on a ``supports_in_flight`` store: its write visible, its bytes
+        and commit under way), False when the write failed (counted and logged here, also when it
         fails after the future said True). :meth:`flush` waits for the commits."""
         landed: Future = Future()
         with self._cond:
@@ -81,8 +83,8 @@ class EntryWriter:
         return landed
 
     def _hold_commit(self) -> None:
-        """After an entry landed: let the step's answer go out before its commit runs
-        (``COMMIT_HOLD_S`` at most; not while a write waits for a thread)."""
+        """After an entry's bytes are written: let the step's answer go out before its
+        commit runs (``COMMIT_HOLD_S`` at most; not while a write waits for a thread)."""
         with self._cond:  # more writes pending than threads: one waits for a thread
             self._cond.wait_for(lambda: self._pending > self._threads or self._flushing,
                                 COMMIT_HOLD_S)
@@ -106,9 +108,8 @@ class EntryWriter:
             if not landed.done():
                 landed.set_result(ok)
 
-        def readable() -> None:  # the bytes are written (in flight); the commit follows
+        def visible() -> None:  # readers wait for the bytes now (in flight)
             land(True)
-            self._hold_commit()
 
         try:
             if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
@@ -119,7 +120,7 @@ class EntryWriter:
             parts = encode_parts(identifier, data, dtype, shape, **meta)
             if self.store.supports_in_flight:
                 written = self.store.put(identifier, parts, encoded_here=True,
-                                         on_written=readable)
+                                         on_visible=visible, on_written=self._hold_commit)
             else:
                 written = self.store.put(identifier, parts, encoded_here=True)
             self.count("saves")

@@ -279,11 +279,11 @@ class StoreContract:
         other.put("j4", blob("j4"))
         assert store.changes_since(cursor2)[1] == {"j4"}
 
-    def test_in_flight_lasts_from_the_bytes_to_the_commit(self, store):
+    def test_in_flight_lasts_from_visible_to_the_commit(self, store):
         """``supports_in_flight``: another handle sees a write as in flight from
-        ``on_written`` until the commit (and can read its bytes), then the entry; an
-        absent or committed entry is not in flight. Without it: never in flight, and
-        ``put`` commits before returning."""
+        ``on_visible`` (no bytes to read yet) through ``on_written`` (its bytes readable,
+        checked) until the commit, then the entry; an absent or committed entry is not in
+        flight. Without it: never in flight, and ``put`` commits before returning."""
         other = self.make_store(store)
         assert not store.in_flight("f1") and store.read_in_flight("f1") is None
         if not store.supports_in_flight:
@@ -295,6 +295,12 @@ class StoreContract:
 
         data = blob("f1")
 
+        def visible():  # before any byte: in flight, nothing whole to read, not stored
+            seen.append((store.in_flight("f1"), store.contains("f1"),
+                         store.read_in_flight("f1")))
+            if store.supports_entry_path:
+                seen.append(len(store.in_flight_paths("f1")))
+
         def written():
             got = store.read_in_flight("f1")  # the whole entry, checked, before the commit
             seen.append((store.in_flight("f1"), store.contains("f1"),
@@ -303,8 +309,9 @@ class StoreContract:
                 paths = store.in_flight_paths("f1")
                 seen.append([file_version(os.stat(p)) for p in paths] == [tuple(got[1])])
 
-        other.put("f1", data, on_written=written)
-        assert seen == [(True, False, True)] + [True] * store.supports_entry_path
+        other.put("f1", data, on_visible=visible, on_written=written)
+        assert seen == ([(True, False, None)] + [1] * store.supports_entry_path
+                        + [(True, False, True)] + [True] * store.supports_entry_path)
         assert not store.in_flight("f1") and store.contains("f1")
         assert store.read_in_flight("f1") is None and store.in_flight_paths("f1") == []
         if store.supports_entry_path:  # the commit kept the version

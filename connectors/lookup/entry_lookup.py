@@ -245,7 +245,7 @@ class EntryLookup:
 
     def _write_in_flight(self, identifier: str, now: float) -> bool:
         """An encoder's write of ``identifier`` is under way (``Store.in_flight``; EPD:
-        the encoder's request finished before its fsync and rename): load it like a
+        the encoder's request finished once its write was visible): load it like a
         stored entry (its bytes once whole, or the committed entry), rather than encode
         it again."""
         if not self.store.supports_in_flight or self.misses.is_rejected(identifier, now) \

@@ -153,13 +153,13 @@ class Loader:
 
     def waits_for_commit(self, identifier: str, now: float) -> bool:
         """Whether an in-flight write of ``identifier`` is worth waiting for: not when
-        a wait for it ran out lately (a writer killed between its bytes and its commit
-        leaves a temp file that looks in flight for a while)."""
+        a wait for it ran out lately (a writer killed before its commit leaves a temp file
+        that looks in flight for a while)."""
         return self._uncommitted.get(identifier, 0) <= now  # one dict read: atomic
 
     def _in_flight_load(self, identifier: str):
         """A write of ``identifier`` was in flight (``Store.in_flight``; EPD: the encoder
-        answered before its fsync and rename): ``(blob, meta, offset, version)`` of its
+        answered once its write was visible): ``(blob, meta, offset, version)`` of its
         bytes from the temp file once all are written (checked in full), or None once it
         is committed, gone, or not whole within ``load_timeout_s`` (the caller then loads
         the stored entry as usual). Counted as ``in_flight_loads``."""

@@ -41,14 +41,14 @@ backend:
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
 ``supports_in_flight``      a write is visible to every reader as in flight (``in_flight()``)
-                            from the moment its bytes are written until its commit, and
-                            ``put(on_written=...)`` says when that moment comes: a writer may
+                            from before its first byte until its commit, and
+                            ``put(on_visible=...)`` says when that moment comes: a writer may
                             report the entry landed then; a reader that finds it in flight
-                            reads its bytes (``read_in_flight()``, checked in full; with
-                            ``supports_entry_path``, ``in_flight_paths()`` names the files) or
-                            waits for the commit (disk on a local filesystem: the commit then
-                            runs off the encoder's request and off PD's); default: never in
-                            flight
+                            reads its bytes once all are written (``read_in_flight()``,
+                            checked in full; with ``supports_entry_path``,
+                            ``in_flight_paths()`` names the files) or waits for the commit
+                            (disk on a local filesystem: the write then runs off the
+                            encoder's request); default: never in flight
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -237,7 +237,7 @@ class Store(ABC):
         return None
 
     def in_flight(self, identifier: str) -> bool:
-        """A write of ``identifier`` is between its first byte and its commit
+        """A write of ``identifier`` is under way: visible, not yet committed
         (``supports_in_flight`` backends): a reader that wants it reads the bytes once
         whole (:meth:`read_in_flight`) or waits for the commit, rather than taking it for
         absent. Default: False."""
@@ -269,9 +269,10 @@ class Store(ABC):
         computed their checksum in this process), so a store with a verified log
         (``supports_verified_log``) records the written version as verified. Never set
         for bytes copied from elsewhere. Returns the number of bytes written.
-        ``supports_in_flight`` backends also take ``on_written``, called once the bytes
-        are written and :meth:`in_flight` shows the write; the commit follows its return
-        (it may block to hold the commit back).
+        ``supports_in_flight`` backends also take ``on_visible``, called once
+        :meth:`in_flight` shows the write (before its bytes), and ``on_written``, called
+        once the bytes are written; the commit follows its return (it may block to hold
+        the commit back).
         """
 
     @abstractmethod

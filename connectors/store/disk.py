@@ -325,11 +325,13 @@ class DiskStore(Store):
         return buf, version
 
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False,
-            on_written=None) -> int:
-        """``on_written`` (``supports_in_flight``): called once the bytes are in the temp
-        file, before the commit (its fsync when ``fsync`` is on, and the rename);
-        :meth:`in_flight` is True from then until the commit. It may block: the commit
-        follows its return (a writer holds it while the engine answers the request)."""
+            on_visible=None, on_written=None) -> int:
+        """``on_visible`` (``supports_in_flight``): called once the temp file exists,
+        before any byte is in it; :meth:`in_flight` is True from then until the commit
+        (a reader waits for the bytes). ``on_written``: called once the bytes are in the
+        temp file, before the commit (its fsync when ``fsync`` is on, and the rename). It
+        may block: the commit follows its return (a writer holds it while the engine
+        answers the request)."""
         parts = byte_views(parts)
         total = sum(p.nbytes for p in parts)
         directory = self.root / to_name(identifier)
@@ -346,6 +348,8 @@ class DiskStore(Store):
         written = None
         try:
             with os.fdopen(fd, "wb") as f:
+                if on_visible is not None and self.supports_in_flight:
+                    on_visible()  # in flight: readers wait for the bytes
                 for p in parts:
                     f.write(p)
                 f.flush()
@@ -475,7 +479,7 @@ class DiskStore(Store):
         return found
 
     def in_flight(self, identifier: str) -> bool:
-        """A fresh temp file in the entry's directory: a write between its bytes and
+        """A fresh temp file in the entry's directory: a write between its creation and
         its rename (local filesystems)."""
         return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
 

@@ -12,10 +12,11 @@ A producer's worker hands each encoder output to a background writer
 entry for consumers (model id, vLLM version, hash algorithm, encoder config, LoRA
 adapter digest learned from the scheduler's metadata). The writes of one step run in
 parallel while the step goes on; at the step's end (vLLM calls ``get_finished`` before
-the step's output leaves the worker) the worker waits until they are in the store, at
-most ``save_wait_s``. So an encoder instance's request finishes only once its entries
-are readable: a prefill/decode instance that the EPD proxy sends the request to next
-finds them (read-after-write). A write that fails or is late is logged here, on the
+the step's output leaves the worker) the worker waits until they are readable, at most
+``save_wait_s``: stored, or on a local disk visible as in flight (a reader waits for the
+bytes, which are written while the answer goes out). So an encoder instance's request
+finishes only once its entries are readable: a prefill/decode instance that the EPD proxy
+sends the request to next finds them (read-after-write). A write that fails or is late is logged here, on the
 encoder, and counted (``save_errors``, ``save_timeouts``).
 """
 

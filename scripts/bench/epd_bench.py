@@ -121,7 +121,9 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
     t = torch.randn(*shape)
     stores = {fs: open_store(str(root / f"ov-{fs}"), fsync=fs) for fs in (True, False)}
     times = {"encode_parts (checksum + header)": [], "put, fsync": [],
-             "put, fsync: until it lands": [], "put, no fsync": [], "ECExample save_file": []}
+             "put, fsync: until it lands (visible)": [],
+             "put, fsync: until its bytes are written": [],
+             "put, no fsync": [], "ECExample save_file": []}
     for i in range(reps):
         host = t.to("cpu").contiguous()
         data = host.reshape(-1).view(torch.uint8).numpy()
@@ -129,13 +131,15 @@ def producer_overhead(shape: tuple[int, int], root: Path, reps: int = 30) -> dic
         parts = encode_parts(f"id{i}", data, "F32", tuple(host.shape), model="m")
         times["encode_parts (checksum + header)"].append(time.perf_counter() - t0)
         for fs, key in ((True, "put, fsync"), (False, "put, no fsync")):
-            landed = []  # the writer reports the entry when its bytes are written
+            marks = []  # the writer reports the entry when its write is visible
             t0 = time.perf_counter()
             stores[fs].put(f"id{i}", parts, encoded_here=True,
-                           on_written=lambda: landed.append(time.perf_counter()))
+                           on_visible=lambda: marks.append(time.perf_counter()),
+                           on_written=lambda: marks.append(time.perf_counter()))
             times[key].append(time.perf_counter() - t0)
             if fs:
-                times["put, fsync: until it lands"].append(landed[0] - t0)
+                times["put, fsync: until it lands (visible)"].append(marks[0] - t0)
+                times["put, fsync: until its bytes are written"].append(marks[1] - t0)
         d = root / "ov-ex" / f"id{i}"
         t0 = time.perf_counter()
         d.mkdir(parents=True, exist_ok=True)

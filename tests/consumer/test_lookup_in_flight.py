@@ -1,13 +1,13 @@
 """A write in flight (EPD on a local disk store): the encoder's request finishes once the
-entry's bytes are written, before their fsync and the rename that commits them (held
-while the engine answers the request); a
-consumer that looks the entry up in between reads those bytes (checked in full) or waits
-for the commit, instead of encoding the image again.
+entry's write is visible (its temp file created), before its bytes, their fsync and the
+rename that commits them (held while the engine answers the request); a consumer that
+looks the entry up in between waits for those bytes and reads them (checked in full), or
+the commit, instead of encoding the image again.
 
 Real files, a real ``EntryWriter`` and lookup at a Gemma-3-sized entry (256 x 2688
-fp32, 2.75 MB). The writer's fsync is held until the test lets it go, so the window
-between "written" and "committed" (1.7 ms at this size here, more on a busy disk) lasts
-as long as the test needs.
+fp32, 2.75 MB). The writer's bytes or fsync are held until the test lets them go, so the
+window between "visible" and "committed" (a few ms at this size here, more on a busy
+disk) lasts as long as the test needs.
 """
 
 from __future__ import annotations
@@ -58,11 +58,51 @@ def save(writer: EntryWriter, identifier: str):
                          ARR.nbytes, model="m")
 
 
-def test_a_write_lands_when_written_and_a_reader_loads_it_before_its_commit(tmp_path,
-                                                                           held_fsync):
-    """The fsync is held: the entry is not committed, yet the writer reports it landed
-    and a consumer loads its bytes from the temp file (checked in full), then keeps that
-    copy through the commit (the same version)."""
+class SlowBytes(DiskStore):
+    """A disk store whose writes stop between becoming visible and their first byte
+    until ``release`` is set (a write that takes its time: a busy disk, a busy CPU)."""
+    release: threading.Event
+
+    def put(self, identifier, parts, *, on_visible=None, **kw):
+        def visible():
+            on_visible()
+            assert self.release.wait(30)
+        return super().put(identifier, parts, on_visible=visible, **kw)
+
+
+def test_a_write_lands_when_visible_and_a_reader_waits_for_its_bytes(tmp_path):
+    """The writer reports the entry landed once its temp file exists, before any byte
+    is in it; a consumer that looks it up then waits (no miss, no torn read) and loads
+    the bytes once whole, checked in full."""
+    store = SlowBytes(tmp_path)
+    store.release = threading.Event()
+    writer = EntryWriter(store)
+    reader = DiskStore(tmp_path)
+    lk = make(reader)
+    try:
+        landed = save(writer, "img")
+        assert landed.result(timeout=30) is True  # the encoder's request may finish now
+        assert reader.in_flight("img") and reader.read_in_flight("img") is None
+        assert lk.request("img") is State.PENDING  # waits for the bytes
+        time.sleep(0.3)
+        assert lk.request("img") is State.PENDING and not lk.is_ready("img")
+        store.release.set()
+        lk.wait(["img"], 10)
+        assert lk.request("img") is State.READY
+        assert tensor_bytes(lk.get_staged("img")) == ARR.tobytes()
+        assert lk.metrics.pending("in_flight_loads") == 1
+        assert writer.flush(30) and not writer.errors
+        assert reader.contains("img") and not reader.in_flight("img")
+    finally:
+        store.release.set()
+        writer.close()
+        lk.close()
+
+
+def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync):
+    """The fsync is held: the entry is not committed, yet a consumer loads its bytes
+    from the temp file (checked in full), then keeps that copy through the commit (the
+    same version)."""
     entered, release = held_fsync
     writer = EntryWriter(DiskStore(tmp_path))
     reader = DiskStore(tmp_path)
@@ -174,7 +214,7 @@ def test_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
 
 
 def test_a_killed_writers_temp_file_is_waited_for_once_then_not(tmp_path):
-    """A writer SIGKILLed between its bytes and its commit leaves a temp file: a fresh
+    """A writer SIGKILLed before its commit leaves a temp file (whole or not): a fresh
     one is waited for up to ``load_timeout_s`` once, then the item is a miss (encoded)
     without another wait; an old one is not in flight at all."""
     from encache.connectors.store.keys import to_name
@@ -199,7 +239,7 @@ def test_a_killed_writers_temp_file_is_waited_for_once_then_not(tmp_path):
 
 
 def test_a_write_that_fails_after_it_landed_is_said_on_the_writer_side(tmp_path, monkeypatch):
-    """The request finished when the bytes were written; the commit then fails (the
+    """The request finished when the write was visible; the commit then fails (the
     fsync raises): counted and logged on the encoder, nothing visible, readers stop
     waiting (the temp file is gone)."""
     def failing(fd):
@@ -222,18 +262,23 @@ def test_a_write_that_fails_after_it_landed_is_said_on_the_writer_side(tmp_path,
 
 def test_a_lookup_right_after_landing_never_misses(tmp_path):
     """The proxy's timing, many times over with real fsyncs: the moment a write lands
-    (the encoder's answer), a consumer looks its entry up -- before, during or after the
-    commit, never a miss."""
+    (the encoder's answer), a consumer looks its entry up -- before, during or after its
+    bytes and its commit, never a miss, and what it loads is the entry."""
     writer = EntryWriter(DiskStore(tmp_path), threads=2)
     lk = make(DiskStore(tmp_path))
     small = ARR[:16]  # 172 KB: many rounds, commits a fraction of a millisecond away
     try:
         for i in range(300):
-            landed = writer.submit(f"n{i}", lambda: (small.view(np.uint8), "F32", small.shape),
-                                   small.nbytes, model="m")
+            arr = ARR if i % 20 == 0 else small  # a Gemma-sized entry now and then
+            landed = writer.submit(f"n{i}", lambda a=arr: (a.view(np.uint8), "F32", a.shape),
+                                   arr.nbytes, model="m")
             assert landed.result(timeout=30) is True
             state = lk.request(f"n{i}", inline=True)
             assert state is not State.MISS, i
+            if i % 20 == 0:
+                lk.wait([f"n{i}"], 10)
+                assert lk.request(f"n{i}") is State.READY, i
+                assert tensor_bytes(lk.get_staged(f"n{i}")) == arr.tobytes()
         assert writer.flush(30) and not writer.errors
     finally:
         writer.close()
