@@ -267,7 +267,9 @@ def _calls_within(server, windows: list[tuple[float, float]]) -> list[dict[str, 
 
 def _split(spent: list[dict[str, float]]) -> dict:
     """The connector's share, the metadata hand-off and the tower's, p50 / p99 over
-    requests, and the connector's per call."""
+    requests, and the connector's per call. ``tower_ms`` is vLLM's
+    ``_execute_mm_encoder``, which calls ``save_caches`` from inside (ECExample's
+    ``save_file`` is in it; encache's ``save_caches`` only queues the write)."""
     connector = [sum(v for f, v in s.items() if "Connector." in f) for s in spent]
     tower = [s.get("GPUModelRunner._execute_mm_encoder", 0.0) for s in spent]
     calls = sorted({f for s in spent for f in s if "Connector." in f})
@@ -393,7 +395,8 @@ def report(results: dict) -> str:
         parts.append("inside the servers, per request (paired run), encache vs ECExample\n"
                      + table(rows, ["size", "server", "encache connector ms p50/p99",
                                     "ECExample connector ms p50/p99",
-                                    "metadata hand-off ms p50", "tower ms p50"]))
+                                    "metadata hand-off ms p50",
+                                    "tower + save_caches ms p50"]))
     rows = []
     for r in results["sizes"]:
         for k, v in r.get("producer_overhead_ms", {}).items():
