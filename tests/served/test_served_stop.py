@@ -9,44 +9,19 @@ are in ``encache stats`` afterwards — with the connector's default settings (n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from engine_support import PRECOMPUTE_KW
-from served_support import chat, free_port
+from served_support import start_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-
-def start_server(model: str, config: dict, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-           "--dtype", "float32", "--enforce-eager", "--max-num-seqs", "4",
-           "--max-num-batched-tokens", "256", "--limit-mm-per-prompt", '{"image": 1}',
-           "--ec-transfer-config", json.dumps(config)]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_LOGGING_LEVEL="WARNING")
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2)
-            return proc, base
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                pytest.fail("server did not start:\n" + log_path.read_text()[-3000:])
-            time.sleep(1)
 
 
 def stats_json(store: str) -> dict:
@@ -58,20 +33,19 @@ def stats_json(store: str) -> dict:
     return json.loads(r.stdout)
 
 
-def _serve_then_sigterm(model: str, config: dict, files, log_path: Path) -> None:
-    proc, base = start_server(model, config, log_path)
+def _serve_then_sigterm(model: str, config: dict, files, root: Path) -> None:
+    server = start_server(model, config, root).wait_ready()
     try:
         for path in files:
-            assert chat(base, model, path)["choices"][0]["message"]["content"] is not None
+            assert server.chat(path)["choices"][0]["message"]["content"] is not None
         # stop it at once, as systemd/docker/Ctrl-C do: SIGTERM to the server process only;
         # the server then SIGKILLs its engine core (--shutdown-timeout 0)
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(60)
+        os.kill(server.proc.pid, signal.SIGTERM)
+        server.proc.wait(60)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything left of the group
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGKILL)  # anything left of the group
+        server.stop()
     time.sleep(0.5)
 
 
@@ -92,7 +66,7 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     # as after a reboot: the precompute's record of what it wrote is gone
     shutil.rmtree(Path(store, ".encache", "verified"))
     config = build_config(store, "ec_consumer", {})  # the defaults users run
-    _serve_then_sigterm(tiny_model, config, files, tmp_path / "server.log")
+    _serve_then_sigterm(tiny_model, config, files, tmp_path)
     s = stats_json(store)
     assert (s["hits"], s["misses"]) == (4, 0), s
     assert s["bytes_loaded"] > 0 and s["load_seconds"] > 0
@@ -102,7 +76,7 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     left = list(Path(store, ".encache", "counters").glob("*.cnt"))
     assert all(f"-{os.getpid()}-" in p.name for p in left), left
 
-    _serve_then_sigterm(tiny_model, config, files, tmp_path / "server2.log")
+    _serve_then_sigterm(tiny_model, config, files, tmp_path)
     again = stats_json(store)
     assert (again["hits"], again["misses"]) == (8, 0), again
     assert again["checksums"] == s["checksums"], "the restarted server hashed entries again"
