@@ -70,8 +70,8 @@ class EntryWriter:
         in the writer thread (e.g. it waits there for the device-to-host copy the step queued).
         The future's result is True once every reader can have the entry (written, or
         already there; on a ``supports_in_flight`` store: its write visible, its bytes
-        and commit under way), False when the write failed (counted and logged here, also when it
-        fails after the future said True). :meth:`flush` waits for the commits."""
+        and commit under way), False when the write failed (counted and logged here, also
+        when it fails after the future said True). :meth:`flush` waits for the commits."""
         landed: Future = Future()
         with self._cond:
             while self._pending and self._pending_bytes + nbytes > self.max_pending_bytes:

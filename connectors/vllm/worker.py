@@ -16,8 +16,8 @@ the step's output leaves the worker) the worker waits until they are readable, a
 ``save_wait_s``: stored, or on a local disk visible as in flight (a reader waits for the
 bytes, which are written while the answer goes out). So an encoder instance's request
 finishes only once its entries are readable: a prefill/decode instance that the EPD proxy
-sends the request to next finds them (read-after-write). A write that fails or is late is logged here, on the
-encoder, and counted (``save_errors``, ``save_timeouts``).
+sends the request to next finds them (read-after-write). A write that fails or is late
+is logged here, on the encoder, and counted (``save_errors``, ``save_timeouts``).
 """
 
 from __future__ import annotations

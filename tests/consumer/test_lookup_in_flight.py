@@ -65,7 +65,8 @@ class SlowBytes(DiskStore):
 
     def put(self, identifier, parts, *, on_visible=None, **kw):
         def visible():
-            on_visible()
+            if on_visible is not None:
+                on_visible()
             assert self.release.wait(30)
         return super().put(identifier, parts, on_visible=visible, **kw)
 
