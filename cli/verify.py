@@ -80,8 +80,8 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt = None,
         grace: Annotated[Optional[float], typer.Option(
             "--grace", metavar="AGE", parser=parse_age,
-            help="Temp files younger than AGE are left alone (a writer may be using "
-                 "them). Default 1h.")] = None,
+            help="Temp files younger than AGE are left alone, and any a running writer "
+                 "holds. Default 1h.")] = None,
         threads: Annotated[Optional[int], typer.Option(
             "--threads", "-j", min=1, metavar="N", help="Reader threads.")] = None,
         json_: JsonOpt = False,

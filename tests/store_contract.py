@@ -298,8 +298,9 @@ class StoreContract:
         def visible():  # before any byte: in flight, nothing whole to read, not stored
             seen.append((store.in_flight("f1"), store.contains("f1"),
                          store.read_in_flight("f1")))
-            if store.supports_entry_path:
+            if store.supports_entry_path:  # its temp file, never a stray while written
                 seen.append(len(store.in_flight_paths("f1")))
+                assert store.stray_files(older_than=0.0) == []
 
         def written():
             got = store.read_in_flight("f1")  # the whole entry, checked, before the commit

@@ -153,8 +153,8 @@ class Loader:
 
     def waits_for_commit(self, identifier: str, now: float) -> bool:
         """Whether an in-flight write of ``identifier`` is worth waiting for: not when
-        a wait for it ran out lately (a writer killed before its commit leaves a temp file
-        that looks in flight for a while)."""
+        a wait for it ran out lately (a writer that lives but does not finish: a stopped
+        or hung process; a killed writer's write is not in flight at all)."""
         return self._uncommitted.get(identifier, 0) <= now  # one dict read: atomic
 
     def _in_flight_load(self, identifier: str):

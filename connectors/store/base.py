@@ -41,7 +41,8 @@ backend:
                             (``verified_log.py``) so a restarted consumer need not hash them
                             again; default: None (verification is remembered in memory only)
 ``supports_in_flight``      a write is visible to every reader as in flight (``in_flight()``)
-                            from before its first byte until its commit, and
+                            from before its first byte until its commit, while its writer
+                            lives (a killed writer's is not in flight), and
                             ``put(on_visible=...)`` says when that moment comes: a writer may
                             report the entry landed then; a reader that finds it in flight
                             reads its bytes once all are written (``read_in_flight()``,

@@ -84,8 +84,30 @@ MMAP_MIN_BYTES_KEPT = 64 << 10
 LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs",
                                "overlay", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs"})
 _HEAD_READ = 4096
-# A temp file older than this is a killed writer's leftover, not a write in flight
+# A temp file older than this is not waited for even while its writer lives (a stuck
+# write); one whose writer is gone is never in flight (``writer_alive``)
 IN_FLIGHT_S = 10.0
+
+
+def writer_alive(path: str) -> bool:
+    """Whether the process writing the temp file ``path`` still holds it open. A writer
+    takes an exclusive ``flock`` on its temp file before anyone can be told of it and
+    keeps it to its commit; the kernel drops it when the writer's file is closed,
+    however the process ends (SIGKILL included). So a temp file nobody holds is a dead
+    writer's leftover: not waited for, and a stray for ``encache verify --repair`` at
+    once. False as well when the file is gone (committed or removed meanwhile)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    else:
+        return False  # (closing the descriptor releases the probe's shared lock)
+    finally:
+        os.close(fd)
 
 
 class DiskStore(Store):
@@ -340,6 +362,8 @@ class DiskStore(Store):
             try:
                 directory.mkdir(exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+                with contextlib.suppress(OSError):  # held to the commit: writer_alive
+                    fcntl.flock(fd, fcntl.LOCK_EX)
                 break
             except FileNotFoundError:
                 if attempt == 2:
@@ -463,7 +487,8 @@ class DiskStore(Store):
 
     def _fresh_temp_files(self, identifier: str) -> list[tuple[int, str]]:
         """``(mtime_ns, path)`` of the temp files in the entry's directory younger than
-        ``IN_FLIGHT_S``: writes in flight (one ``scandir`` of that directory)."""
+        ``IN_FLIGHT_S`` whose writer holds them (:func:`writer_alive`): writes in flight
+        (one ``scandir`` of that directory, a probe per temp file found)."""
         directory = os.path.join(self._root_str, to_name(identifier))
         now, found = time.time(), []
         try:
@@ -472,15 +497,16 @@ class DiskStore(Store):
                     if e.name.startswith(TEMP_PREFIX):
                         with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
                             st = e.stat()
-                            if now - st.st_mtime < IN_FLIGHT_S:
+                            if now - st.st_mtime < IN_FLIGHT_S and writer_alive(e.path):
                                 found.append((st.st_mtime_ns, e.path))
         except (FileNotFoundError, NotADirectoryError):
             pass
         return found
 
     def in_flight(self, identifier: str) -> bool:
-        """A fresh temp file in the entry's directory: a write between its creation and
-        its rename (local filesystems)."""
+        """A fresh temp file in the entry's directory that its writer holds: a write
+        between its creation and its rename (local filesystems); a killed writer's is
+        not."""
         return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
 
     def in_flight_paths(self, identifier: str) -> list[str]:
@@ -511,7 +537,7 @@ class DiskStore(Store):
                         buf = uninitialized(st.st_size)
                         meta, offset = read_verified(lambda view: os.readv(fd, [view]),
                                                      st.st_size, buf, identifier=identifier)
-                except CorruptEntry:  # still being written (or a killed writer's)
+                except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, ServedVersion.of(st), meta, offset
             finally:
@@ -667,7 +693,9 @@ class DiskStore(Store):
 
     # -- maintenance helpers (verify --repair, capacity) ---------------------------------
     def stray_files(self, older_than: float = 0.0) -> list[Path]:
-        """Leftover temp files and empty entry directories (never visible to readers)."""
+        """Leftover temp files and empty entry directories (never visible to readers):
+        temp files at least ``older_than`` seconds old whose writer is gone (one a
+        running writer holds is not a stray, however old: a slow write)."""
         found, now = [], time.time()
         for d in self._entry_dirs():
             try:
@@ -680,7 +708,7 @@ class DiskStore(Store):
                 p = os.path.join(d.path, n)
                 if n.startswith(TEMP_PREFIX):
                     with contextlib.suppress(OSError):
-                        if now - os.stat(p).st_mtime >= older_than:
+                        if now - os.stat(p).st_mtime >= older_than and not writer_alive(p):
                             found.append(Path(p))
         return found
 

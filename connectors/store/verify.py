@@ -40,7 +40,7 @@ from .keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
 from .scanning import batched
 
-DEFAULT_GRACE = 3600.0  # temp files younger than this may belong to a running writer
+DEFAULT_GRACE = 3600.0  # temp files younger than this are not strays (nor any a writer holds)
 CHUNK = 64  # entries per unit of work on the reader threads
 
 
@@ -188,8 +188,8 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
     """Read every entry of ``store`` and check it; returns a :class:`VerifyReport`.
 
     ``model``: also flag entries made for another model; ``threads``: reader threads
-    (they overlap I/O and hashing); ``grace``: stray temp files younger than this many
-    seconds are left out (a writer may still be using them); ``repair``: then remove what
+    (they overlap I/O and hashing); ``grace``: temp files younger than this many
+    seconds are left out (and any a running writer holds: ``DiskStore.stray_files``); ``repair``: then remove what
     was found (:func:`repair_store`; ``quarantine`` on disk stores), the outcome in
     ``report.repair``; ``display_url``: the store name in the report (default
     ``store.url``); ``progress(done)``: entries checked so far.

@@ -12,8 +12,12 @@ disk) lasts as long as the test needs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -146,16 +150,23 @@ def test_a_partly_written_entry_is_not_read_before_it_is_whole(tmp_path):
     d = tmp_path / to_name("part")
     d.mkdir()
     tmp = d / (TEMP_PREFIX + "w")
-    for cut in (0, 5, len(header) - 1, len(header) + 1000, len(whole) - 1):
-        tmp.write_bytes(whole[:cut])
-        assert store.in_flight("part") and store.read_in_flight("part") is None, cut
-    bad = bytearray(whole)
-    bad[-3] ^= 0xFF
-    tmp.write_bytes(bytes(bad))
-    assert store.read_in_flight("part") is None
-    tmp.write_bytes(whole)
-    buf, version, meta, offset = store.read_in_flight("part")
-    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == ARR.tobytes()
+    tmp.write_bytes(b"")
+    held = os.open(tmp, os.O_RDONLY)  # the writer's hold on its temp file (writer_alive)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        for cut in (0, 5, len(header) - 1, len(header) + 1000, len(whole) - 1):
+            tmp.write_bytes(whole[:cut])
+            assert store.in_flight("part") and store.read_in_flight("part") is None, cut
+        bad = bytearray(whole)
+        bad[-3] ^= 0xFF
+        tmp.write_bytes(bytes(bad))
+        assert store.read_in_flight("part") is None
+        tmp.write_bytes(whole)
+        buf, version, meta, offset = store.read_in_flight("part")
+        assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == ARR.tobytes()
+    finally:
+        os.close(held)
+    assert not store.in_flight("part")  # nobody holds it now: a dead writer's leftover
 
 
 @pytest.mark.parametrize("fsync", [True, False])
@@ -214,29 +225,87 @@ def test_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
     assert not nfs.in_flight("x")
 
 
-def test_a_killed_writers_temp_file_is_waited_for_once_then_not(tmp_path):
-    """A writer SIGKILLed before its commit leaves a temp file (whole or not): a fresh
-    one is waited for up to ``load_timeout_s`` once, then the item is a miss (encoded)
-    without another wait; an old one is not in flight at all."""
-    from encache.connectors.store.keys import to_name
+WRITER = r"""
+import sys, time
+import numpy as np
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.entry import encode_parts
+root, ident, stop = sys.argv[1:]
+arr = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
+def hold():
+    print("held", flush=True)
+    time.sleep(120)
+parts = encode_parts(ident, arr.view(np.uint8), "F32", arr.shape, model="m")
+DiskStore(root).put(ident, parts, **{stop: hold})
+"""
 
+
+@pytest.fixture
+def writer_process(tmp_path):
+    """``start(identifier, stop)``: a real process writing a 2.75 MB entry to the disk
+    store at ``tmp_path`` that stops at ``stop`` (``on_visible``: its temp file exists,
+    empty; ``on_written``: its bytes are all there, uncommitted) and stays there."""
+    procs = []
+
+    def start(identifier: str, stop: str):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), identifier, stop],
+                                stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("stop", ["on_visible", "on_written"])
+def test_a_killed_writers_temp_file_is_not_waited_for(tmp_path, writer_process, stop):
+    """An encoder SIGKILLed mid-write (before its bytes, or with them all written but
+    uncommitted) leaves a temp file. While the writer lived, it was in flight; once it is
+    dead, a reader does not wait for it (a client's retry sent to another encoder, or
+    PD, looks the image up at once and encodes it), and ``encache verify --repair``
+    counts it a stray at once."""
     store = DiskStore(tmp_path)
-    d = tmp_path / to_name("killed")
-    d.mkdir()
-    tmp = d / (TEMP_PREFIX + "abc")
-    tmp.write_bytes(b"x" * 4096)
-    lk = make(store, load_timeout_s=0.3)
+    proc = writer_process("k1", stop)
+    assert store.in_flight("k1") and store.stray_files() == []
+    proc.kill()
+    proc.wait()
+    assert not store.in_flight("k1") and store.read_in_flight("k1") is None
+    assert [p.name.startswith(TEMP_PREFIX) for p in store.stray_files()] == [True]
+    lk = make(store, load_timeout_s=5.0)
     try:
-        assert store.in_flight("killed") and store.read_in_flight("killed") is None
-        assert lk.request("killed") is State.PENDING
-        lk.wait(["killed"], 5)
-        time.sleep(0.25)  # past the index's short memory of an absent identifier
-        assert lk.request("killed") is State.MISS  # no second wait
-        old = time.time() - 60
-        os.utime(tmp, (old, old))
-        assert not store.in_flight("killed")
+        t0 = time.monotonic()
+        assert lk.request("k1") is State.MISS
+        assert time.monotonic() - t0 < 1.0
     finally:
         lk.close()
+
+
+def test_a_stuck_writers_temp_file_is_waited_for_once_then_not(tmp_path, writer_process):
+    """A writer that lives but does not finish (a stopped or hung process) keeps its
+    write in flight: a reader waits up to ``load_timeout_s`` once, then the item is a miss
+    (encoded) without another wait. Past ``IN_FLIGHT_S`` it is not in flight at all; it
+    is never a stray while its writer holds it."""
+    store = DiskStore(tmp_path)
+    proc = writer_process("stuck", "on_visible")  # no byte written yet
+    proc.send_signal(signal.SIGSTOP)
+    lk = make(store, load_timeout_s=0.3)
+    try:
+        assert store.in_flight("stuck") and store.read_in_flight("stuck") is None
+        assert lk.request("stuck") is State.PENDING
+        lk.wait(["stuck"], 5)
+        time.sleep(0.25)  # past the index's short memory of an absent identifier
+        assert lk.request("stuck") is State.MISS  # no second wait
+        tmp = store.in_flight_paths("stuck")[0]
+        old = time.time() - 60
+        os.utime(tmp, (old, old))
+        assert not store.in_flight("stuck")
+        assert store.stray_files(older_than=0.0) == []  # its writer still holds it
+    finally:
+        lk.close()
+        proc.send_signal(signal.SIGCONT)
 
 
 def test_a_write_that_fails_after_it_landed_is_said_on_the_writer_side(tmp_path, monkeypatch):

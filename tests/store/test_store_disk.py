@@ -14,6 +14,7 @@ import pytest
 
 from encache.connectors.store import CorruptEntry, decode, open_store
 from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from encache.connectors.store.keys import to_name
 from store_contract import StoreContract, blob
 
 
@@ -132,9 +133,10 @@ def test_sigkill_mid_write_leaves_no_readable_partial_entry(tmp_path):
     store = DiskStore(tmp_path / "s")
     rng = random.Random(0)
     saw_partial_write = False
-    def writing() -> bool:
-        return any(p.name.startswith(".tmp-") and p.stat().st_size > 0
-                   for p in store.stray_files())
+    def writing() -> bool:  # a temp file with bytes in it (a live writer's or not)
+        d = store.root / to_name("victim")
+        return d.is_dir() and any(p.name.startswith(".tmp-") and p.stat().st_size > 0
+                                  for p in d.iterdir())
 
     for attempt in range(4):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(store.root)],
@@ -155,7 +157,10 @@ def test_sigkill_mid_write_leaves_no_readable_partial_entry(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
-        saw_partial_write |= writing()
+        if writing():  # the dead writer's temp file: a stray at once, not in flight
+            saw_partial_write = True
+            assert any(p.name.startswith(".tmp-") for p in store.stray_files())
+            assert not store.in_flight("victim")
         got = store.get("victim")
         if got is not None:  # the last committed version, complete and verified
             meta, data = decode(got, identifier="victim", verify=True)
