@@ -242,6 +242,28 @@ class StoreContract:
             store.read_verified("rv")
         assert store.read_verified("rv", lambda version: False)[4] is False
 
+    def test_read_verified_receives_into_the_callers_buffer(self, store):
+        """``read_verified(into=...)``: an entry the backend receives or reads into
+        memory of its own lands in the buffer ``into(n)`` made (a memfd here, as a
+        consumer with worker processes asks); a mapped or kept copy is served as it is.
+        Either way the entry is whole and checked."""
+        from encache.connectors.store.memfd import SharedBuffer, shared_buffer
+        b = blob("ri", n=4096)
+        store.put("ri", b)
+        made = []
+
+        def into(n):
+            made.append(shared_buffer(n))
+            return made[-1]
+
+        buf, _, meta, offset, hashed = store.read_verified("ri", into=into)
+        assert bytes(buf) == b and hashed and len(made) <= 1
+        assert (buf is made[0]) if made else not isinstance(buf, SharedBuffer)
+        if made:
+            assert len(made[0]) == len(b)
+        if store.backend == "redis" or store.backend == "redis-cluster":
+            assert made, "a received entry goes into the caller's buffer"
+
     def test_unchanged_tells_a_purge_and_a_rewrite(self, store):
         """``unchanged``: a held entry is still the stored version until it is deleted or
         rewritten (by another handle too); a copy of the same bytes and stamps is the same

@@ -50,7 +50,11 @@ class EntryLookup:
                  store_stats_s: float = 30.0, encoder_config: str | None = None,
                  verify_ahead: bool = True,
                  verify_ahead_start_bytes: int = VERIFY_AHEAD_START_BYTES,
-                 model: str | None = None, remember_verified: bool = True):
+                 model: str | None = None, remember_verified: bool = True,
+                 shared_from: int | None = None):
+        """``shared_from``: entries of at least this many bytes that a load receives or
+        reads (Redis, Redis Cluster, a network filesystem) go into shared memory that a
+        worker process maps (``store/memfd.py``); None: private memory."""
         self.store = store
         self.model = model  # the engine's model id: start-up verify-ahead skips other models'
         self.verify_ahead_start_bytes = max(0, int(verify_ahead_start_bytes))
@@ -80,7 +84,7 @@ class EntryLookup:
         self.loader = Loader(store, threads=load_threads, timeout_s=load_timeout_s,
                              index=self.index, verified=self.verified, staging=self.staging,
                              checks=self.checks, misses=self.misses, metrics=self.metrics,
-                             breaker=self.breaker, warn=self.warn)
+                             breaker=self.breaker, warn=self.warn, shared_from=shared_from)
         self._journal_cursor = None  # the store's change journal, read up to here
         self._next_full_check = 0.0  # an incomplete journal: all staged re-checked then
         self._closed = threading.Event()

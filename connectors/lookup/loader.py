@@ -31,7 +31,8 @@ from enum import Enum
 
 from ..ratelimit import RateLimitedLog
 from ..store.base import Store
-from ..store.files import populate, prefault
+from ..store.files import populate, prefault, uninitialized
+from ..store.memfd import shared_buffer
 from ..store.entry import CorruptEntry, EntryMeta, validate_blob
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
@@ -101,8 +102,11 @@ class Loader:
     def __init__(self, store: Store, *, threads: int, timeout_s: float, index: StoreIndex,
                  verified: VerifiedVersions, staging: StagingArea, checks: EntryChecks,
                  misses: MissReasons, metrics: LookupMetrics, breaker: CircuitBreaker,
-                 warn: RateLimitedLog):
+                 warn: RateLimitedLog, shared_from: int | None = None):
         self.store, self.timeout_s = store, timeout_s
+        #: entries of at least this many bytes that a load receives or reads go into
+        #: shared memory a worker process can map (memfd.py); None: private memory
+        self.shared_from = shared_from
         self.index, self.verified, self.staging = index, verified, staging
         self.checks, self.misses, self.metrics = checks, misses, metrics
         self.breaker, self.warn = breaker, warn
@@ -253,7 +257,10 @@ class Loader:
             return hashing
 
         try:
-            got = self.store.read_verified(identifier, checksum)
+            if self.shared_from is None:
+                got = self.store.read_verified(identifier, checksum)
+            else:
+                got = self.store.read_verified(identifier, checksum, into=self._into)
         except _Deferred:
             return DEFER
         if got is None:
@@ -262,6 +269,10 @@ class Loader:
         if not (known and known[-1] == version):  # (else remembered and counted already)
             validated(self.verified, identifier, version, meta, offset, hashed, self.metrics)
         return blob, meta, offset, version
+
+    def _into(self, n: int):
+        """The buffer a load receives an entry of ``n`` bytes into (``shared_from``)."""
+        return shared_buffer(n) if n >= self.shared_from else uninitialized(n)
 
     def _load(self, identifier: str, inline: bool):
         """A load that may reuse an earlier validation of the same stored version (the

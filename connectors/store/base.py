@@ -186,12 +186,16 @@ class Store(ABC):
         blob = self.get(identifier)
         return None if blob is None else (blob, None)
 
-    def read_verified(self, identifier: str, checksum=lambda version: True):
+    def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         """``(buffer, version, meta, offset, checksummed)`` of a whole entry validated on
         the way in, or None if absent. ``checksum(version) -> bool`` says whether this
         stored version's bytes must be hashed (False: a version verified before; header
-        and size are still checked). Raises :class:`~.entry.CorruptEntry` for bad bytes.
-        Default: :meth:`read_entry`, then a validation pass over the buffer."""
+        and size are still checked). ``into(n)``: where a backend receives or reads the
+        entry into memory of its own, it takes that buffer of ``n`` writable bytes from
+        here instead (shared memory a worker process can map: :mod:`.memfd`); a mapped or
+        kept copy is served as it is. Raises :class:`~.entry.CorruptEntry` for bad bytes.
+        Default: :meth:`read_entry`, then a validation pass over the buffer (``into``
+        unused)."""
         from .entry import validate_blob
         got = self.read_entry(identifier)
         if got is None:

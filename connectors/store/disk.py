@@ -230,7 +230,7 @@ class DiskStore(Store):
         """
         return self._open_entry(identifier, mapped=self.mapped_loads)
 
-    def read_verified(self, identifier: str, checksum=lambda version: True):
+    def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         """An entry validated on the way in. Where :meth:`read_entry` would *read* it (not
         mapped: ``load_mode: read``, a network filesystem, an entry under
         ``map_min_bytes``), it is read into a private, uninitialised buffer and checked in
@@ -243,7 +243,8 @@ class DiskStore(Store):
         memory, and its zero-fill page faults cost more than the hash saves (performance.md
         section 1, rows ``readinto.fresh`` and ``onepass.fresh``). ``checksum(version)`` is
         asked once the file is open;
-        a version that needs no checksum gets header and size checks only."""
+        a version that needs no checksum gets header and size checks only. ``into``: the
+        buffer an entry that is read is read into (:meth:`Store.read_verified`)."""
         path = self._entry_file(identifier)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -261,7 +262,7 @@ class DiskStore(Store):
                 buf, version = got
                 meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
                 return buf, version, meta, offset, hashing
-            buf = uninitialized(st.st_size)
+            buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          identifier=identifier, verify=hashing)
             version = self._touch(fd, st, version, time.time_ns())

@@ -350,10 +350,11 @@ class RedisStore(Store):
         return self._pool
 
     @_wrapped
-    def read_verified(self, identifier: str, checksum=lambda version: True):
-        """The entry received from the socket into a buffer of its own and validated as it
-        arrives (:mod:`.redis_receive`: one pass, where ``get`` and a validation take two
-        passes after the parser's copy). Versions are not tracked (None)."""
+    def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
+        """The entry received from the socket into a buffer of its own (``into``'s, when
+        given) and validated as it arrives (:mod:`.redis_receive`: one pass, where ``get``
+        and a validation take two passes after the parser's copy). Versions are not
+        tracked (None)."""
         key = self.key(identifier)
         hashing = checksum(None)
         now = time.time()
@@ -361,7 +362,8 @@ class RedisStore(Store):
         touch = (self._side(ident)[1], ident, now) \
             if self._should_touch(identifier, now) else None  # round trip (XX: live only)
         try:
-            got = receive_verified(self._connection_pool(key), key, identifier, hashing, touch)
+            got = receive_verified(self._connection_pool(key), key, identifier, hashing, touch,
+                                   into)
         except Unreadable:
             return Store.read_verified(self, identifier, checksum)  # through redis-py
         if got is None:

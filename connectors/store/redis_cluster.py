@@ -246,9 +246,9 @@ class RedisClusterStore(RedisStore):
                           (key_slot(_enc(identifier)),))  # (a bucket's slot: its tag's)
 
     @_wrapped
-    def read_verified(self, identifier: str, checksum=lambda version: True):
+    def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         try:
-            return RedisStore.read_verified.__wrapped__(self, identifier, checksum)
+            return RedisStore.read_verified.__wrapped__(self, identifier, checksum, into)
         except _STALE_ROUTE:
             # a slot on the move (ASK), a map not re-read yet (MOVED), a primary dead or
             # replaced (connection refused): the load is get()'s, whose redis-py call

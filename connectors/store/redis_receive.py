@@ -92,7 +92,7 @@ class Unreadable(Exception):
     value): the caller reads the entry through redis-py instead."""
 
 
-def _receive(conn, key: bytes, identifier: str, hashing: bool, touch=None):
+def _receive(conn, key: bytes, identifier: str, hashing: bool, touch=None, into=None):
     """Send the ``GET`` and read its reply (RESP2 or RESP3): ``(value, error, in_step)``.
     ``value`` is ``(buffer, meta, offset)`` or None (no such key); ``error`` the server's
     error reply as redis-py's exception; ``in_step`` False when a read took bytes past
@@ -127,24 +127,26 @@ def _receive(conn, key: bytes, identifier: str, hashing: bool, touch=None):
     if kind != b"$":
         raise Unreadable(f"reply starting {line[:1]!r} to GET")
     size = int(rest)
-    buf = uninitialized(size)
+    buf = uninitialized(size) if into is None else into(size)
     meta, offset = read_verified(reply.readinto, size, buf, identifier=identifier,
                                  verify=hashing)
     return (buf, meta, offset), None, reply.end()
 
 
-def receive_verified(pool, key: bytes, identifier: str, hashing: bool, touch=None):
-    """``GET key`` on a connection of ``pool``, the value received into a new buffer and
-    validated in the same pass (``hashing``: its checksum too). ``(buffer, meta,
-    offset)``, or None when the key does not exist. ``touch``: ``(sorted set, member,
-    score)`` to ``ZADD XX`` in the same round trip (the entry's access time). Raises
+def receive_verified(pool, key: bytes, identifier: str, hashing: bool, touch=None,
+                     into=None):
+    """``GET key`` on a connection of ``pool``, the value received into a new buffer
+    (``into(n)``'s, when given) and validated in the same pass (``hashing``: its checksum
+    too). ``(buffer, meta, offset)``, or None when the key does not exist. ``touch``:
+    ``(sorted set, member, score)`` to ``ZADD XX`` in the same round trip (the entry's
+    access time). Raises
     redis-py's errors (a ``MOVED`` reply as ``MovedError``), :class:`.entry.CorruptEntry`
     and :class:`Unreadable`."""
     conn = pool.get_connection()
     clean = False  # the whole reply, and nothing past it, was read
     try:
         value, error, clean = conn.retry.call_with_retry(
-            lambda: _receive(conn, key, identifier, hashing, touch),
+            lambda: _receive(conn, key, identifier, hashing, touch, into),
             lambda error: conn.disconnect())
         if error is not None:
             raise error

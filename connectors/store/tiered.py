@@ -175,9 +175,9 @@ class TieredStore(Store):
     def read_entry(self, identifier: str):
         return self._read(identifier, self.tier.read_entry, self.remote.read_entry)
 
-    def read_verified(self, identifier: str, checksum=lambda version: True):
+    def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         return self._read(identifier, self.tier.read_verified, self.remote.read_verified,
-                          checksum)
+                          checksum, into)
 
     def get(self, identifier: str):
         return self.remote.get(identifier)

@@ -84,8 +84,8 @@ class DeviceCopier:
             while got < nbytes:
                 n = os.preadv(f, [view[got:]], offset + got)
                 if n == 0:
-                    raise RuntimeError(f"encache: pinned entry {ref[3]} is shorter than "
-                                       "verified")
+                    where = ref[3] or "(shared memory)"
+                    raise RuntimeError(f"encache: pinned entry {where} is shorter than verified")
                 got += n
             return buf
         finally:

@@ -1,12 +1,14 @@
 """What the scheduler ships to the worker each step: load items in the connector metadata.
 
 A :class:`LoadItem` is one verified entry the scheduler staged: its bytes (in-process
-workers get the staged buffer itself, no copy) or, for large disk entries and workers in
+workers get the staged buffer itself, no copy) or, for large entries and workers in
 other processes, a *pinned file* — the scheduler keeps the verified file open and the
 worker opens it through ``/proc/<pid>/fd/<n>`` (:func:`pin_entry`, :func:`open_pinned`),
-so the very inode that was verified is read even if the entry was replaced since. Across
-processes the tensor bytes travel out of band with pickle protocol 5 (vLLM's shared-memory
-queue). Imports torch (dtype tables) and vLLM's metadata base class.
+so the very inode that was verified is read even if the entry was replaced since. An
+entry received from Redis (or read from a network filesystem) is pinned the same way
+through the shared memory it was received into (:func:`pin_shared`). Otherwise the
+tensor bytes travel out of band with pickle protocol 5 (vLLM's shared-memory queue).
+Imports torch (dtype tables) and vLLM's metadata base class.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
 
+from ..store import memfd
 from ..store.files import file_version
 
 TORCH_DTYPES = {
@@ -42,8 +45,9 @@ class LoadItem:
     offset: int
     dtype: str
     shape: tuple[int, ...]
-    #: (scheduler pid, open fd, verified version, path) of a disk entry the scheduler
-    #: pinned: a worker in another process opens it itself instead of receiving the bytes
+    #: (scheduler pid, open fd, verified version, path or None) of an entry the scheduler
+    #: pinned (a disk file, or shared memory: no path): a worker in another process opens
+    #: it itself instead of receiving the bytes
     ref: tuple | None = None
 
     def __reduce_ex__(self, protocol):
@@ -96,6 +100,20 @@ def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
     return None
 
 
+def pin_shared(buf: memfd.SharedBuffer, identifier: str) -> tuple[int, tuple]:
+    """Scheduler side: an entry received into shared memory (:mod:`..store.memfd`),
+    sealed (its size fixed) and pinned as :func:`pin_entry` pins a file: ``(fd, ref)``,
+    the caller keeps ``fd`` open until the workers have read it. The staged buffer may
+    be evicted meanwhile: the duplicate descriptor keeps the memory."""
+    memfd.seal(buf)
+    fd = os.dup(buf.fd)
+    try:
+        return fd, (os.getpid(), fd, file_version(os.fstat(fd)), None)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:
     return LoadItem(identifier, None, offset, dtype, shape, ref)
 
@@ -105,16 +123,20 @@ def open_ref(ref) -> tuple[int, os.stat_result]:
     scheduler's own descriptor (``/proc/<pid>/fd/<n>``), so the very inode it verified is
     read even if the entry was replaced or purged since; the version is checked again (no
     checksum: the scheduler hashed this exact version). Falls back to the entry's path
-    when /proc is not reachable, with the same version check. The caller closes ``fd``."""
+    when /proc is not reachable, with the same version check (shared memory has no path).
+    The caller closes ``fd``."""
     pid, fd, version, path = ref
     try:
         f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
     except OSError:
+        if path is None:
+            raise
         f = os.open(path, os.O_RDONLY)
     try:
         st = os.fstat(f)
         if file_version(st) != tuple(version):
-            raise RuntimeError(f"encache: pinned entry {path} changed under the worker")
+            raise RuntimeError(f"encache: pinned entry {path or '(shared memory)'} changed "
+                               "under the worker")
     except BaseException:
         os.close(f)
         raise
@@ -126,7 +148,7 @@ def open_pinned(ref, mmap_min: int):
     mapping, or for a small one a buffer read into."""
     import mmap
 
-    path = ref[3]
+    path = ref[3] or "(shared memory)"
     f, st = open_ref(ref)
     try:
         if st.st_size >= mmap_min:

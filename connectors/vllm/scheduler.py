@@ -40,9 +40,11 @@ from ..encoder_config import holds
 from ..lookup import EntryLookup, State
 from ..store.lora_stamp import adapter_digest
 from ..ratelimit import RateLimitedLog
+from ..store import memfd
 from ..store.keys import split_lora
 from .config import ConnectorConfig
-from .metadata import WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry
+from .metadata import (WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry,
+                       pin_shared)
 from .metrics import EncacheStats
 
 if TYPE_CHECKING:
@@ -74,10 +76,18 @@ class EncacheSchedulerConnector:
         # LoRA name -> digest of the adapter served under it (stale-LoRA guard)
         self._lora_digests: dict[str, str] = {}
         self._lora_checked: dict[tuple[str, str], float] = {}
+        # workers in other local processes open what they load themselves: a disk entry's
+        # pinned file, or the shared memory a received entry was put in
+        self._worker_procs = is_consumer and self._choose_worker_procs(vllm_config)
+        self._worker_reads = self._worker_procs and store.supports_entry_path and store.local
         if is_consumer:
+            shared_from = None
+            if self._worker_procs and memfd.available():
+                shared_from = 0 if config.worker_loads == "files" else WORKER_READS_MIN_BYTES
             self.lookup = EntryLookup(
                 store, **config.lookup_options(), model=self.model_id,
-                encoder_config=encoder_config if config.check_encoder_config else None)
+                encoder_config=encoder_config if config.check_encoder_config else None,
+                shared_from=shared_from)
             self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
             self.diagnosis = MissDiagnosis(store, self.model_id)
             self.diagnosis.start()
@@ -95,7 +105,6 @@ class EncacheSchedulerConnector:
         self._pins: collections.deque = collections.deque()
         self._pinned_fds = 0
         self._check_capacity()
-        self._worker_reads = self._choose_worker_reads(vllm_config)
 
     def _check_capacity(self) -> None:
         """Warn at start-up when the store can fill up badly (Redis maxmemory/policy)."""
@@ -299,10 +308,15 @@ class EncacheSchedulerConnector:
             ref = None
             # workers in other processes read a pinned file for large entries; small ones
             # ride in the metadata (cheaper than a file open per worker: benchmarks/tp.json)
-            if self._worker_reads and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
+            if self._worker_procs and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
                     self.config.worker_loads == "files"
                     or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
-                pinned = pin_entry(self.store, identifier, st.version)
+                if isinstance(st.blob, memfd.SharedBuffer):  # received into shared memory
+                    pinned = pin_shared(st.blob, identifier)
+                elif self._worker_reads:
+                    pinned = pin_entry(self.store, identifier, st.version)
+                else:
+                    pinned = None
                 if pinned is not None:
                     fds.append(pinned[0])
                     ref = pinned[1]
@@ -328,22 +342,22 @@ class EncacheSchedulerConnector:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _choose_worker_reads(self, vllm_config) -> bool:
-        """Workers read disk entries themselves (the metadata carries a pinned file, not
+    def _choose_worker_procs(self, vllm_config) -> bool:
+        """Workers open large entries themselves (the metadata carries a pinned file, not
         the bytes) when they are separate local processes: the multiprocess executor on
-        one node, a local disk store, and /proc/<pid>/fd usable (benchmarks/tp.json:
-        2.9-8x less per-step time than shipping the bytes at 2.75-10 MB)."""
+        one node, and /proc/<pid>/fd usable (benchmarks/tp.json: several times less
+        per-step time than shipping the bytes at 2.75-10 MB). A local disk entry is
+        pinned as its file; an entry received from Redis or read from a network
+        filesystem is received into shared memory and pinned as that (memfd.py)."""
         mode = self.config.worker_loads
-        if mode == "bytes" or self.lookup is None:
-            return False
-        if not (self.store.supports_entry_path and self.store.local):
+        if mode == "bytes":
             return False
         pc = vllm_config.parallel_config
         if mode == "auto" and (pc.distributed_executor_backend != "mp"
                                or getattr(pc, "nnodes", 1) > 1):
             return False
         try:  # the descriptor path workers will open
-            fd = os.open(self.store.root, os.O_RDONLY)
+            fd = os.open("/", os.O_RDONLY)
             try:
                 os.close(os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDONLY))
             finally:

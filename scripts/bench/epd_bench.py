@@ -30,13 +30,18 @@ without fsync), against ECExample's ``save_file``.
 The *paired* section compares encache (disk, defaults) with ECExample where one pair at a
 time cannot: two server processes of the same model differ by several percent in how
 fast they run it, and the machine drifts between variants. Both pairs are up at once,
-every image goes to both with the order alternating and a quiet pause before each, and
-the figures are per-image ratios; inside the servers a probe (``epd_probe/``) times each
+every request (one new image; ``--images N``: N) goes to both with the order alternating
+and a quiet pause before each, and the figures are per-request ratios; inside the servers a probe (``epd_probe/``) times each
 request's connector calls and its vision tower, so the connector's own cost is stated
-apart from the model's. JSON + PNG in benchmarks/epd.*.
+apart from the model's. JSON + PNG in benchmarks/epd.*. ``--pair`` pairs two other
+variants: ``encache-redis,encache-redis-bytes`` compares PD's loads from Redis reaching
+its worker process through the shared memory they were received into (the default) with
+the same loads shipped in the step's metadata (``worker_loads: bytes``), as
+``benchmarks/epd_shared.*`` records.
 
     .venv/bin/python scripts/bench/epd_bench.py [--requests 12] [--sizes small,gemma,crops]
-        [--sections sequential,paired] [--paired-requests 24]
+        [--sections sequential,paired] [--paired-requests 24] [--pair encache,ecexample]
+        [--images 1]
 """
 
 from __future__ import annotations
@@ -86,23 +91,31 @@ def post(base: str, body: dict) -> float:
     return time.perf_counter() - t0
 
 
-def bodies(model: str, path: str) -> tuple[dict, dict]:
+def bodies(model: str, paths) -> tuple[dict, dict]:
+    """(the encoder's request, PD's request) for an image file or a list of them."""
     from engine_support import data_url
-    image = {"type": "image_url", "image_url": {"url": data_url(path)}}
+    images = [{"type": "image_url", "image_url": {"url": data_url(p)}}
+              for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     full = {"model": model, "max_tokens": 1, "temperature": 0, "messages": [
-        {"role": "user", "content": [image, {"type": "text", "text": "What is on this page?"}]}]}
+        {"role": "user", "content": [*images, {"type": "text", "text": "What is on this page?"}]}]}
     return {"model": model, "max_tokens": 1,
-            "messages": [{"role": "user", "content": [image]}]}, full
+            "messages": [{"role": "user", "content": images}]}, full
 
 
 VARIANTS = ("encache", "encache-nofsync", "encache-redis", "encache-cluster", "ecexample")
-SHARED = {"encache-redis": "redis", "encache-cluster": "cluster"}  # variant -> its server
+#: variant -> its server; the -bytes variants ship PD's loads to its worker process in the
+#: step's metadata (``worker_loads: bytes``), as every Redis load did before store/memfd.py
+SHARED = {"encache-redis": "redis", "encache-cluster": "cluster",
+          "encache-redis-bytes": "redis", "encache-cluster-bytes": "cluster"}
+KINDS = VARIANTS + ("encache-redis-bytes", "encache-cluster-bytes")  # what --pair may name
 
 
 def configs(kind: str, store: str) -> dict:
     from engine_support import consumer_config
     if kind.startswith("encache"):
         extra = {"fsync": False} if kind == "encache-nofsync" else {}
+        if kind.endswith("-bytes"):
+            extra["worker_loads"] = "bytes"
         return {role: consumer_config(store, role=role, **extra)
                 for role in ("ec_producer", "ec_consumer")}
     return {role: {"ec_connector": "ECExampleConnector", "ec_role": role,
@@ -227,14 +240,15 @@ SETTLE_S = 1.5  # > a vLLM CPU worker's one-second busy-wait after a step
 CALL_PROBE = Path(__file__).resolve().parent / "epd_probe"
 
 
-def _start_timed(model: str, config: dict, work: Path, tag: str, max_len: int):
+def _start_timed(model: str, config: dict, work: Path, tag: str, max_len: int,
+                 images: int = 1):
     """A server with the call probe (``epd_probe``: its connector's calls and the tower
     timed, ``probe-<tag>/calls.jsonl``) and the tests' encoder probe (tower runs)."""
     from served_support import EncoderLog, start_server
 
     probe = work / f"probe-{tag}"
     probe.mkdir(parents=True)
-    server = start_server(model, config, work, max_model_len=max_len, extra_env={
+    server = start_server(model, config, work, max_model_len=max_len, images=images, extra_env={
         "PYTHONPATH": os.pathsep.join([str(CALL_PROBE),
                                        *filter(None, [os.environ.get("PYTHONPATH")])]),
         "ENCACHE_BENCH_CALL_LOG": str(probe / "calls.jsonl"),
@@ -279,27 +293,36 @@ def _split(spent: list[dict[str, float]]) -> dict:
                                                                 50) for f in calls}}
 
 
-def run_paired(name: str, n: int, root: Path) -> dict:
-    """Encoder latency, encache's defaults vs ECExample, paired per image: both variants'
-    encoder + PD servers up at once (encoders on one core, PDs on the other), every image
-    sent to both, the order alternating per image and ``SETTLE_S`` of quiet before each
-    request pair, so both see the same machine; the figure is the median per-image ratio.
-    Inside the servers, each request's time in the connector's calls and in the vision
-    tower is measured too (``epd_probe``): what the connector itself costs, apart from
-    how fast each server process happens to run the same model."""
+def run_paired(name: str, n: int, root: Path, pair: tuple[str, str] = PAIRED,
+               urls: dict[str, str] | None = None, images: int = 1) -> dict:
+    """Latencies of two variants paired per request (default: encache's defaults vs
+    ECExample): both variants' encoder + PD servers up at once (encoders on one core, PDs
+    on the other), every request sent to both, the order alternating per request and
+    ``SETTLE_S`` of quiet before each request pair, so both see the same machine; the
+    figure is the median per-request ratio, first / second. Inside the servers, each
+    request's time in the connector's calls and in the vision tower is measured too
+    (``epd_probe``): what the connector itself costs, apart from how fast each server
+    process happens to run the same model. ``urls``: the Redis servers' (``SHARED``);
+    ``images``: new images per request (a step's loads of several entries)."""
     from served_support import draw_images
 
-    _, _, _, max_len = SIZES[name]
+    _, _, tokens, max_len = SIZES[name]
+    if images > 1:
+        max_len = tokens * images + 128
     model = model_for(name)
     work = root / f"paired-{name}"
-    imgs = draw_images(work / "img", {**{f"p{k}": (170 + 3 * k, 140 + k) for k in range(n)},
+    imgs = draw_images(work / "img", {**{f"p{k}-{j}": (170 + 3 * k, 140 + k + 41 * j)
+                                         for k in range(n) for j in range(images)},
                                       "warm": (150, 150)}, seed=47)
     servers = {}
-    windows = {k: {"e": [], "pd": []} for k in PAIRED}
+    windows = {k: {"e": [], "pd": []} for k in pair}
     try:
-        for kind in PAIRED:  # empty stores: every image is new to both
-            cfg = configs(kind, str(work / f"store-{kind}"))
-            servers[kind] = tuple(_start_timed(model, cfg[role], work, f"{kind}-{role}", max_len)
+        for kind in pair:  # empty stores: every image is new to both
+            store = (f"{urls[SHARED[kind]]}?prefix=paired-{name}-{kind}:" if kind in SHARED
+                     else str(work / f"store-{kind}"))
+            cfg = configs(kind, store)
+            servers[kind] = tuple(_start_timed(model, cfg[role], work, f"{kind}-{role}", max_len,
+                                               images)
                                   for role in ("ec_producer", "ec_consumer"))
         for e, pd in servers.values():
             e.wait_ready()
@@ -309,11 +332,11 @@ def run_paired(name: str, n: int, root: Path) -> dict:
                 warm = bodies(model, imgs["warm"])
                 post(e.base, warm[0])
                 post(pd.base, warm[1])
-        res = {k: {"encoder_s": [], "pd_s": [], "pd_tower_idle": 0} for k in PAIRED}
-        runs0 = {k: servers[k][0].encoder_log.count() for k in PAIRED}
+        res = {k: {"encoder_s": [], "pd_s": [], "pd_tower_idle": 0} for k in pair}
+        runs0 = {k: servers[k][0].encoder_log.count() for k in pair}
         for k in range(n):
-            enc_body, full = bodies(model, imgs[f"p{k}"])
-            for kind in (PAIRED if k % 2 == 0 else PAIRED[::-1]):
+            enc_body, full = bodies(model, [imgs[f"p{k}-{j}"] for j in range(images)])
+            for kind in (pair if k % 2 == 0 else pair[::-1]):
                 e, pd = servers[kind]
                 time.sleep(SETTLE_S)
                 before = pd.encoder_log.count()
@@ -325,11 +348,12 @@ def run_paired(name: str, n: int, root: Path) -> dict:
                 windows[kind]["pd"].append((t1, time.perf_counter()))
                 res[kind]["pd_tower_idle"] += pd.encoder_log.count() == before
     finally:
-        for pair in servers.values():
-            for s in pair:
+        for both in servers.values():
+            for s in both:
                 s.stop()
-    out = {"requests": n, "order": "alternating per image", "settle_s": SETTLE_S}
-    for kind in PAIRED:
+    out = {"pair": list(pair), "requests": n, "images_per_request": images,
+           "order": "alternating per request", "settle_s": SETTLE_S}
+    for kind in pair:
         r = res[kind]
         e, pd = servers[kind]
         out[kind] = {"pd_hit_ratio": r["pd_tower_idle"] / n,
@@ -338,12 +362,12 @@ def run_paired(name: str, n: int, root: Path) -> dict:
                      "pd_ttft_ms": summary(r["pd_s"], 1e3),
                      "inside_encoder": _split(_calls_within(e, windows[kind]["e"])),
                      "inside_pd": _split(_calls_within(pd, windows[kind]["pd"]))}
-    a, b = res["encache"], res["ecexample"]
+    a, b = res[pair[0]], res[pair[1]]
     for key in ("encoder_s", "pd_s"):
         ratios = [x / y for x, y in zip(a[key], b[key])]
-        out[f"{key[:-2]}_ratio"] = {  # encache / ECExample per image: < 1 is encache faster
+        out[f"{key[:-2]}_ratio"] = {  # first / second per request: < 1 is the first faster
             **{q: pct(ratios, p) for q, p in (("p25", 25), ("p50", 50), ("p75", 75))},
-            "encache_faster": sum(x < 1 for x in ratios), "of": n}
+            "first_faster": sum(x < 1 for x in ratios), "of": n}
     return out
 
 
@@ -367,24 +391,25 @@ def report(results: dict) -> str:
         if "paired" not in r:
             continue
         v = r["paired"]
+        first, second = v["pair"]
         for key, ms in (("encoder_ratio", "encoder_ms"), ("pd_ratio", "pd_ttft_ms")):
             q = v[key]
-            rows.append([r["size"], ms.split("_")[0], f"{v['encache'][ms]['p50']:.1f}",
-                         f"{v['ecexample'][ms]['p50']:.1f}",
+            rows.append([r["size"], ms.split("_")[0], f"{v[first][ms]['p50']:.1f}",
+                         f"{v[second][ms]['p50']:.1f}",
                          f"{q['p50']:.3f} ({q['p25']:.3f}-{q['p75']:.3f})",
-                         f"{q['encache_faster']}/{q['of']}",
-                         f"{v['encache']['pd_hit_ratio']:.2f} / "
-                         f"{v['ecexample']['pd_hit_ratio']:.2f}"])
+                         f"{q['first_faster']}/{q['of']}",
+                         f"{v[first]['pd_hit_ratio']:.2f} / {v[second]['pd_hit_ratio']:.2f}"])
     if rows:
-        parts.append("paired per image, both pairs up, order alternating\n" + table(
-            rows, ["size", "latency", "encache ms p50", "ECExample ms p50",
-                   "encache/ECExample per image p50 (p25-p75)", "encache faster",
-                   "PD hits (encache / ECExample)"]))
+        parts.append(f"paired per request ({first} vs {second}), both pairs up, order "
+                     "alternating\n" + table(
+                         rows, ["size", "latency", "first ms p50", "second ms p50",
+                                "first/second per request p50 (p25-p75)", "first faster",
+                                "PD hits (first / second)"]))
     rows = []
     for r in results["sizes"]:
         v = r.get("paired")
         for side, label in (("inside_encoder", "encoder"), ("inside_pd", "PD")) if v else ():
-            a, b = v["encache"][side], v["ecexample"][side]
+            a, b = (v[k][side] for k in v["pair"])
             rows.append([r["size"], label,
                          f"{a['connector_ms']['p50']:.2f} / {a['connector_ms']['p99']:.2f}",
                          f"{b['connector_ms']['p50']:.2f} / {b['connector_ms']['p99']:.2f}",
@@ -392,9 +417,9 @@ def report(results: dict) -> str:
                          f"{b['handoff_ms'].get('p50', 0):.2f}",
                          f"{a['tower_ms']['p50']:.1f} / {b['tower_ms']['p50']:.1f}"])
     if rows:
-        parts.append("inside the servers, per request (paired run), encache vs ECExample\n"
-                     + table(rows, ["size", "server", "encache connector ms p50/p99",
-                                    "ECExample connector ms p50/p99",
+        parts.append("inside the servers, per request (paired run), first vs second\n"
+                     + table(rows, ["size", "server", "first connector ms p50/p99",
+                                    "second connector ms p50/p99",
                                     "metadata hand-off ms p50",
                                     "tower + save_caches ms p50"]))
     rows = []
@@ -418,8 +443,9 @@ def plot(results: dict, filename: str) -> None:
         ("pd_hit_ratio", "PD hit ratio (online, one pair at a time)"),
         ("encoder_ms", "encoder latency p50, ms (online, one pair at a time)"),
         ("pd_ttft_ms", "PD time to first token p50, ms (one pair at a time)")) if seq]
-    panels += [("paired", "encache / ECExample per image, paired\n(median, p25-p75)")] * bool(
-        paired)
+    if paired:
+        first, second = paired[0]["paired"]["pair"]
+        panels.append(("paired", f"{first} / {second} per request, paired\n(median, p25-p75)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
         if key == "paired":
@@ -454,23 +480,30 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="small,gemma,crops")
     p.add_argument("--sections", default="sequential,paired",
                    help="sequential: every variant, one pair at a time; paired: encache vs "
-                        "ECExample, both pairs up, per image")
+                        "ECExample (--pair), both pairs up, per request")
     p.add_argument("--paired-requests", type=int, default=24, help="images per size, paired")
+    p.add_argument("--pair", default=",".join(PAIRED),
+                   help=f"the paired section's two variants, first,second (of {', '.join(KINDS)})")
+    p.add_argument("--images", type=int, default=1, help="new images per request, paired")
     p.add_argument("--out", default="epd")
     a = p.parse_args(argv)
     sections = set(a.sections.split(","))
     if not sections or sections - {"sequential", "paired"}:
         p.error(f"--sections: sequential and/or paired, not {a.sections!r}")
+    pair = tuple(a.pair.split(","))
+    if len(pair) != 2 or set(pair) - set(KINDS) or pair[0] == pair[1]:
+        p.error(f"--pair: two different variants of {', '.join(KINDS)}, not {a.pair!r}")
     set_engine_env()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # servers as users run them
     code0 = code_state()
     root = Path(tempfile.mkdtemp(prefix="epd-bench-", dir=ROOT / ".venv"))
     from redis_cluster_fixture import LocalCluster
     from redis_fixture import RedisServer
-    redis = cluster = None  # the one-pair-at-a-time section's shared stores
+    redis = cluster = None  # the servers of the variants on Redis / Redis Cluster
     results = {"benchmark": "epd", "machine": machine(),
                "params": {"requests": a.requests, "sizes": a.sizes, "code": code0,
                           "sections": a.sections, "paired_requests": a.paired_requests,
+                          "pair": list(pair), "images_per_request": a.images,
                           "servers": "python -m vllm.entrypoints.openai.api_server, worker "
                                      "processes, --enforce-eager, fp32, one encoder + one PD "
                                      "per variant, one pair on the machine at a time, the "
@@ -482,15 +515,20 @@ def main(argv=None) -> int:
                "sizes": []}
     try:
         urls = {}
-        if "sequential" in sections:
+        servers = set(SHARED.values()) if "sequential" in sections else (
+            {SHARED[k] for k in pair if k in SHARED} if "paired" in sections else set())
+        if "redis" in servers:
             redis = RedisServer(password="epd-bench")
+            urls["redis"] = redis.url_for(db=0)
+        if "cluster" in servers:
             cluster = LocalCluster(3, 1)
-            urls = {"redis": redis.url_for(db=0), "cluster": cluster.url_for(nodes=6)}
+            urls["cluster"] = cluster.url_for(nodes=6)
         for name in a.sizes.split(","):
             entry = ({"size": SIZES[name][0]} if "sequential" not in sections
                      else run_size(name, a.requests, root, urls))
             if "paired" in sections:
-                entry["paired"] = run_paired(name, a.paired_requests, root)
+                entry["paired"] = run_paired(name, a.paired_requests, root, pair, urls,
+                                             a.images)
             results["sizes"].append(entry)
             print(f"[epd] {name} done", file=sys.stderr)
     finally:

@@ -20,8 +20,14 @@ preallocated buffer (the engine's merge). Designs, interleaved step by step:
                  pid + open fd + verified version, ``pin_entry``); each worker opens
                  ``/proc/<pid>/fd/<n>``, checks the version, maps (1 MiB+) or reads it,
                  and copies (``EncacheWorkerConnector._to_tensor`` / ``open_pinned``)
+  worker.reads.shared  an entry received from Redis or Redis Cluster (or read from a
+                 network filesystem) with workers in other processes: received into shared
+                 memory (a memfd: ``store/memfd.py``; here the staged bytes are copied into
+                 one, untimed, as the receive would have put them there), sealed and
+                 pinned (``pin_shared``); each worker opens it through /proc as above.
+                 Before, such entries went as bytes.oob
 
-The scheduler side (index, verify-once, staging) is the same for all three.
+The scheduler side (index, verify-once, staging) is the same for all.
 
     .venv/bin/python scripts/bench/tp_bench.py [--steps 40] [--items 4]
 """
@@ -46,11 +52,12 @@ from serving_common import (BENCH_DIR, code_state, loadavg, machine, set_engine_
                             table, write_json)
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
-DESIGNS = ["bytes.inband", "bytes.oob", "worker.reads"]
+DESIGNS = ["bytes.inband", "bytes.oob", "worker.reads", "worker.reads.shared"]
 
 
 set_engine_env()
-from encache.connectors.vllm.metadata import DTYPE_BYTES, LoadItem, pin_entry  # noqa: E402
+from encache.connectors.vllm.metadata import (DTYPE_BYTES, LoadItem, pin_entry,  # noqa: E402
+                                              pin_shared)
 
 
 class LegacyLoadItem(LoadItem):
@@ -106,6 +113,7 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
+    from encache.connectors.store.memfd import shared_buffer
 
     Legacy = LegacyLoadItem
 
@@ -143,6 +151,11 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
             lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600,
                              load_threads=1, staging_bytes=1 << 40)
             staged = {i: lk.load_now(i) for i in ids}  # the scheduler side: verified, staged
+            shared = {}  # the same entries as received into shared memory (Redis)
+            for i in ids:
+                size = memoryview(staged[i].blob).nbytes
+                shared[i] = shared_buffer(size)
+                shared[i][:] = memoryview(staged[i].blob).cast("B")
 
             pins: list[int] = []
 
@@ -153,6 +166,13 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
                         fd, ref = pin_entry(store, i, staged[i].version)
                         pins.append(fd)
                         out.append(LoadItem(i, staged[i].blob, staged[i].offset, "F16", shape, ref))
+                    return out
+                if design == "worker.reads.shared":
+                    out = []
+                    for i in idents:
+                        fd, ref = pin_shared(shared[i], i)
+                        pins.append(fd)
+                        out.append(LoadItem(i, shared[i], staged[i].offset, "F16", shape, ref))
                     return out
                 cls = Legacy if design == "bytes.inband" else LoadItem
                 return [cls(i, staged[i].blob, staged[i].offset, "F16", shape) for i in idents]

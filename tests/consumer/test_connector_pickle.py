@@ -149,6 +149,85 @@ def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
         os.close(fd)
 
 
+WORKER = r"""
+import pickle, sys, torch
+from encache.connectors.vllm.worker import EncacheWorkerConnector
+w = object.__new__(EncacheWorkerConnector)
+w.model_dtype, w._device = torch.float16, torch.device("cpu")
+item = pickle.loads(sys.stdin.buffer.read())
+assert item.blob is None and item.ref is not None and item.ref[3] is None
+sys.stdout.buffer.write(w._to_tensor(item).numpy().tobytes())
+"""
+
+
+def memfds() -> int:
+    """How many of this process's descriptors are entries' shared memory."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:encache-entry")
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.redis
+def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_server):
+    """Redis, workers in other processes: an entry of 1 MiB+ is received into shared
+    memory (a memfd) and ``build_connector_meta`` pins it, so the step's metadata carries
+    no tensor bytes; a worker process started afresh (it inherits nothing) opens it
+    through /proc and gets the exact bytes, even after the scheduler dropped its staged
+    copy. A smaller entry stays private memory and rides as bytes. The memory goes once
+    the pin is released."""
+    import collections
+    import gc
+    import subprocess
+    import sys
+    import uuid
+
+    from encache.connectors.store import open_store
+    from encache.connectors.store.memfd import SharedBuffer
+    from encache.connectors.vllm.config import ConnectorConfig
+    from encache.connectors.vllm.metadata import WORKER_READS_MIN_BYTES
+
+    store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
+    big = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
+    small = np.ones((64, 64), np.float16)
+    store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
+    store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1,
+                     shared_from=WORKER_READS_MIN_BYTES)
+    c = object.__new__(EncacheSchedulerConnector)
+    c.config = ConnectorConfig.from_extra({"store": redis_server.url})
+    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lk, True, False
+    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
+    c._step, c._pinned_fds = 0, 0
+    c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
+    before = memfds()
+    try:
+        c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
+        assert isinstance(c._need_loads["big"].blob, SharedBuffer)
+        assert not isinstance(c._need_loads["small"].blob, SharedBuffer)
+        items = {i.identifier: i for i in c.build_connector_meta(None).loads}
+        assert items["small"].ref is None and items["big"].ref is not None
+        data = pickle.dumps(items["big"], protocol=5)
+        assert len(data) < 1024  # no tensor bytes in the step's metadata
+        del items
+        lk.close()  # the staged copy is gone: the pin alone keeps the memory
+        gc.collect()
+        assert memfds() == before + 1
+        out = subprocess.run([sys.executable, "-c", WORKER], input=data, capture_output=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr.decode()[-2000:]
+        assert out.stdout == big.tobytes()
+    finally:
+        c._release_pins(everything=True)
+        lk.close()
+        store.close()
+    gc.collect()
+    assert memfds() == before
+
+
 def test_worker_loads_setting_is_checked():
     from encache.connectors.vllm.config import ConnectorConfig
     assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
@@ -171,7 +250,7 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
     c = object.__new__(EncacheSchedulerConnector)
     c.config = ConnectorConfig.from_extra({"store": str(tmp_path)})
-    c.store, c.lookup, c._worker_reads = store, lk, True
+    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lk, True, True
     c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
     c._step, c._pinned_fds = 0, 0
     c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer

@@ -167,3 +167,17 @@ def test_sigkill_mid_write_leaves_no_readable_partial_entry(tmp_path):
             assert data.nbytes == 32 * 1024 * 1024
         assert [e.error for e in store.scan()] in ([], [None])
     assert saw_partial_write, "no kill landed mid-write; the test proved nothing"
+
+
+def test_an_entry_read_goes_into_the_callers_buffer(tmp_path):
+    """``load_mode: read`` (a network filesystem reads too): ``read_verified(into=...)``
+    reads the entry into the caller's buffer (shared memory a worker process maps) and
+    checks it in the same pass; a mapped store serves its mapping instead."""
+    from encache.connectors.store.memfd import SharedBuffer, shared_buffer
+
+    b = blob("rd", n=8192)
+    for mode, shared in (("read", True), ("mmap", False)):
+        s = DiskStore(tmp_path / mode, load_mode=mode)
+        s.put("rd", b)
+        buf, version, meta, offset, hashed = s.read_verified("rd", into=shared_buffer)
+        assert isinstance(buf, SharedBuffer) is shared and bytes(buf) == b and hashed
