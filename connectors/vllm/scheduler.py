@@ -81,9 +81,9 @@ class EncacheSchedulerConnector:
         self._worker_procs = is_consumer and self._choose_worker_procs(vllm_config)
         self._worker_reads = self._worker_procs and store.supports_entry_path and store.local
         if is_consumer:
-            shared_from = None
-            if self._worker_procs and memfd.available():
-                shared_from = 0 if config.worker_loads == "files" else WORKER_READS_MIN_BYTES
+            # (from 1 MiB whatever worker_loads says: a staged memfd holds a descriptor)
+            shared_from = (WORKER_READS_MIN_BYTES if self._worker_procs and memfd.available()
+                           else None)
             self.lookup = EntryLookup(
                 store, **config.lookup_options(), model=self.model_id,
                 encoder_config=encoder_config if config.check_encoder_config else None,
