@@ -271,8 +271,16 @@ class Loader:
         return blob, meta, offset, version
 
     def _into(self, n: int):
-        """The buffer a load receives an entry of ``n`` bytes into (``shared_from``)."""
-        return shared_buffer(n) if n >= self.shared_from else uninitialized(n)
+        """The buffer a load receives an entry of ``n`` bytes into (``shared_from``);
+        private memory when no memfd can be had (descriptors or memory exhausted): the
+        entry then reaches the workers as bytes, still a hit."""
+        if n >= self.shared_from:
+            try:
+                return shared_buffer(n)
+            except OSError as e:
+                self.warn.warning("memfd", "encache: no shared memory for a load (%s): "
+                                  "entries reach worker processes as bytes", e)
+        return uninitialized(n)
 
     def _load(self, identifier: str, inline: bool):
         """A load that may reuse an earlier validation of the same stored version (the

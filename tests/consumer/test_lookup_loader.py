@@ -355,3 +355,31 @@ def test_loads_that_read_the_bytes_anyway_check_them_as_they_read(redis_server, 
     finally:
         lk.close()
         store.close()
+
+
+def test_a_load_without_shared_memory_is_still_a_hit(tmp_path, monkeypatch):
+    """``shared_from``: an entry that is read (``load_mode: read`` here, as Redis or a
+    network filesystem) goes into shared memory from that size; when no memfd can be had
+    (descriptors exhausted) it goes into private memory, one warning, still a hit."""
+    import errno
+
+    from encache.connectors.store.memfd import SharedBuffer
+
+    store = DiskStore(tmp_path, load_mode="read")
+    data = put(store, "big", rows=4096)
+    put(store, "small", rows=16)
+    lk = make(store, shared_from=64 << 10)
+    try:
+        assert isinstance(lk.load_now("big").blob, SharedBuffer)
+        assert not isinstance(lk.load_now("small").blob, SharedBuffer)
+
+        def exhausted(n):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(lookup_mod, "shared_buffer", exhausted)
+        lk.verified.forget_all()
+        staged = lk.load_now("big")
+        assert not isinstance(staged.blob, SharedBuffer)
+        assert tensor_bytes(staged) == data[-4096 * 16 * 2:]
+    finally:
+        lk.close()
