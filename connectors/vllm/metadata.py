@@ -100,18 +100,22 @@ def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
     return None
 
 
-def pin_shared(buf: memfd.SharedBuffer, identifier: str) -> tuple[int, tuple]:
+def pin_shared(buf: memfd.SharedBuffer, identifier: str) -> tuple[int, tuple] | None:
     """Scheduler side: an entry received into shared memory (:mod:`..store.memfd`),
     sealed (its size fixed) and pinned as :func:`pin_entry` pins a file: ``(fd, ref)``,
-    the caller keeps ``fd`` open until the workers have read it. The staged buffer may
-    be evicted meanwhile: the duplicate descriptor keeps the memory."""
-    memfd.seal(buf)
-    fd = os.dup(buf.fd)
+    the caller keeps ``fd`` open until the workers have read it; None when it cannot be
+    (no descriptor left: ship the bytes). The staged buffer may be evicted meanwhile:
+    the duplicate descriptor keeps the memory."""
+    try:
+        memfd.seal(buf)
+        fd = os.dup(buf.fd)
+    except OSError:
+        return None
     try:
         return fd, (os.getpid(), fd, file_version(os.fstat(fd)), None)
-    except BaseException:
+    except OSError:
         os.close(fd)
-        raise
+        return None
 
 
 def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:

@@ -276,3 +276,23 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     finally:
         c._release_pins(everything=True)
         lk.close()
+
+
+def test_shared_memory_that_cannot_be_pinned_ships_as_bytes(monkeypatch):
+    """No descriptor left to pin a received entry with: ``pin_shared`` says so (None) and
+    the scheduler ships the bytes instead, never an error on the engine's step."""
+    import errno
+
+    from encache.connectors.store.memfd import shared_buffer
+    from encache.connectors.vllm import metadata
+
+    buf = shared_buffer(1 << 20)
+    fd, ref = metadata.pin_shared(buf, "x")
+    os.close(fd)
+    assert ref[0] == os.getpid() and ref[3] is None
+
+    def dup(fd):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(metadata.os, "dup", dup)
+    assert metadata.pin_shared(buf, "x") is None
