@@ -37,9 +37,9 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       no checksum, then the copy
   encache.always      verify="always": checksum on every load, then the copy
   readinto.copy       breakdown: readinto into the preallocated buffer, then the copy every
-                      load ends with: the floor for any first load that reads the file into
-                      memory of its own and hands the engine a tensor over it, with no
-                      checksum (the bar a checksummed first load is measured against)
+                      load ends with: a loader that reads the file into memory of its own,
+                      checks nothing and hands the engine a tensor over it (what a
+                      checksummed first load is also compared with)
   checksum.only       breakdown, not a load: the xxh3 pass alone over an entry's kept
                       mapping (no copy). It costs about one readinto, which is why a load
                       that verifies on the request path cannot reach 0.9x readinto
@@ -370,8 +370,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
 
 def goals(results: dict) -> dict:
     """Per size: default loads (repeat, first) >= 0.9x readinto and >= ECExample; and each
-    against ``readinto.copy``, the unchecked floor a first load cannot beat (the ratio of
-    within-round medians, as ``vs_readinto``)."""
+    against ``readinto.copy``, a reading loader that checks nothing (the median of
+    within-round ratios, as ``vs_readinto``)."""
     out = {}
     for row in results["sizes"]:
         m = row["methods"]
