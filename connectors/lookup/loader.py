@@ -257,10 +257,7 @@ class Loader:
             return hashing
 
         try:
-            if self.shared_from is None:
-                got = self.store.read_verified(identifier, checksum)
-            else:
-                got = self.store.read_verified(identifier, checksum, into=self._into)
+            got = self.store.read_verified(identifier, checksum, into=self._into)
         except _Deferred:
             return DEFER
         if got is None:
@@ -274,7 +271,7 @@ class Loader:
         """The buffer a load receives an entry of ``n`` bytes into (``shared_from``);
         private memory when no memfd can be had (descriptors or memory exhausted): the
         entry then reaches the workers as bytes, still a hit."""
-        if n >= self.shared_from:
+        if self.shared_from is not None and n >= self.shared_from:
             try:
                 return shared_buffer(n)
             except OSError as e:

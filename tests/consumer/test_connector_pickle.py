@@ -37,6 +37,23 @@ def worker():
     return w
 
 
+def consumer_scheduler(store, lookup, url: str, *, worker_reads: bool):
+    """The scheduler half of a consumer whose workers are other local processes (the
+    fields ``build_connector_meta`` reads), over ``lookup``; ``worker_reads``: its disk
+    entries are pinned as files."""
+    import collections
+
+    from encache.connectors.vllm.config import ConnectorConfig
+
+    c = object.__new__(EncacheSchedulerConnector)
+    c.config = ConnectorConfig.from_extra({"store": url})
+    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lookup, True, worker_reads
+    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
+    c._step, c._pinned_fds = 0, 0
+    c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
+    return c
+
+
 def test_protocol5_ships_the_tensor_out_of_band(staged):
     item, arr = staged
     oob = []
@@ -179,7 +196,6 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
     through /proc and gets the exact bytes, even after the scheduler dropped its staged
     copy. A smaller entry stays private memory and rides as bytes. The memory goes once
     the pin is released."""
-    import collections
     import gc
     import subprocess
     import sys
@@ -187,7 +203,6 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
 
     from encache.connectors.store import open_store
     from encache.connectors.store.memfd import SharedBuffer
-    from encache.connectors.vllm.config import ConnectorConfig
     from encache.connectors.vllm.metadata import WORKER_READS_MIN_BYTES
 
     store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
@@ -197,12 +212,7 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
     store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1,
                      shared_from=WORKER_READS_MIN_BYTES)
-    c = object.__new__(EncacheSchedulerConnector)
-    c.config = ConnectorConfig.from_extra({"store": redis_server.url})
-    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lk, True, False
-    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
-    c._step, c._pinned_fds = 0, 0
-    c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
+    c = consumer_scheduler(store, lk, redis_server.url, worker_reads=False)
     before = memfds()
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
@@ -238,22 +248,13 @@ def test_worker_loads_setting_is_checked():
 def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     """build_connector_meta (worker_loads auto): entries of 1 MiB+ go as pinned files,
     smaller ones as bytes; pins are closed once old enough, and capped."""
-    import collections
-
-    from encache.connectors.vllm.config import ConnectorConfig
-
     store = DiskStore(tmp_path)
     big = np.ones((1024, 640), np.float16)  # 1.25 MiB
     small = np.ones((64, 64), np.float16)
     store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
     store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
-    c = object.__new__(EncacheSchedulerConnector)
-    c.config = ConnectorConfig.from_extra({"store": str(tmp_path)})
-    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lk, True, True
-    c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
-    c._step, c._pinned_fds = 0, 0
-    c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
+    c = consumer_scheduler(store, lk, str(tmp_path), worker_reads=True)
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
         meta = c.build_connector_meta(None)
