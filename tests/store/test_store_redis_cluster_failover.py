@@ -162,7 +162,12 @@ def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cl
               f"{elapsed:.1f}s (slowest {max(took) * 1000:.0f} ms), "
               f"{consumer.route_refreshes} slot-map re-reads for loads")
         assert failed == len(took), "a dead primary's entry was served"
-        assert max(took) < 0.5, f"a failed load took {max(took):.2f}s"
+        # fail fast: loads take milliseconds, none waits for a socket timeout (2 s); the
+        # bound on the slowest leaves room for one scheduling stall on a busy 2-core host
+        took.sort()
+        p90 = took[int(len(took) * 0.9)]
+        assert p90 < 0.1, f"p90 of failed loads {p90:.2f}s"
+        assert took[-1] < 1.5, f"a failed load took {took[-1]:.2f}s (a socket timeout?)"
         assert len(took) > 20  # (fail fast: many loads fit in 2 s)
         # re-reads for loads: at most one per ~0.5 s, however many loads failed
         assert 1 <= consumer.route_refreshes <= elapsed / 0.5 + 1
