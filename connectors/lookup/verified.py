@@ -10,8 +10,11 @@ verified. Bounded LRU of ``VERIFIED_VERSIONS`` records.
 Where the store keeps a log of verified versions (``Store.verified_log``: a local disk
 store, per boot; ``store/verified_log.py``), every checksum that passes is appended to it,
 and :meth:`VerifiedVersions.load_log` reads what earlier consumers (and producers) of this
-boot recorded: a version found there is *trusted* -- its first load here parses and
-size-checks the header but skips the checksum. A restart (vLLM SIGKILLs its engine) then
+boot recorded, and later reads what they append while it runs: a version found there is
+*trusted* -- its first load here parses and size-checks the header but skips the
+checksum. A producer on the same host records every entry it commits, so in encoder
+disaggregation on one host the prefill instance's first load of what the encoder just
+wrote is not hashed a second time. A restart (vLLM SIGKILLs its engine) then
 costs no second hashing pass over entries already verified since the host booted. Log
 records also bind the inode's change time (``files.ServedVersion``); when the store's own
 access-time refresh moves it, the new one is recorded, but only if the ctime found was
@@ -24,6 +27,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..store.entry import EntryMeta
 from ..store.files import ServedVersion
@@ -65,14 +70,19 @@ class VerifiedVersions:
         self._seen: set[str] = set()  # identifiers with a record (first loads: not here)
         #: the store's log of versions verified this boot (only when checksums run once)
         self.log = log if self.verify and not self.verify_always else None
-        self._trusted = VerifiedTable()  # what the log held at start
+        self._trusted = VerifiedTable()  # what the log held at start, and read since
+        self._new: dict[int, int] = {}  # records read since, not yet merged into it
+        self._live = False  # read what others append while this runs (after load_log)
+        self._log_lock = threading.Lock()
         #: loads whose checksum the log made unnecessary
         self.trusted_loads = 0
 
     def load_log(self) -> int:
         """Trust the versions the log holds; returns how many it holds."""
         if self.log is not None:
-            self._trusted = self.log.load()
+            table = self.log.load()
+            with self._log_lock:
+                self._trusted, self._new, self._live = table, {}, True
         return len(self._trusted)
 
     @property
@@ -83,9 +93,41 @@ class VerifiedVersions:
     def trusted(self, identifier: str, version) -> bool:
         """``version`` of ``identifier``, unchanged since (same ctime), was verified
         earlier this boot (the log)."""
-        if self.log is None or not len(self._trusted) or not isinstance(version, ServedVersion):
+        if self.log is None or not isinstance(version, ServedVersion):
             return False
-        return self._trusted.holds(record_key(identifier, version), version.ctime_ns)
+        key = record_key(identifier, version)
+        if self._trusted.holds(key, version.ctime_ns):
+            return True
+        if not self._live:
+            return False
+        with self._log_lock:
+            self._read_new()
+            if self._new.get(key) == version.ctime_ns:
+                return True
+        # (a match on any record is sound: a file's ctime never moves back)
+        return self._trusted.holds(key, version.ctime_ns)
+
+    def _read_new(self) -> None:
+        """Read the log's records appended since it was loaded (other consumers'
+        checksums, and entries producers on this host committed while this one runs: an
+        EPD encoder's output reaches the prefill instance's first load already vouched
+        for), folded into the table once there are many. A replaced log stops this until
+        the next :meth:`load_log`: those versions are verified as before. Under
+        ``_log_lock``."""
+        if not self._live:
+            return
+        got = self.log.read_new()
+        if got is None:
+            self._live = False
+            return
+        keys, ctimes = got
+        if len(keys):
+            self._new.update(zip(keys.tolist(), ctimes.tolist()))
+            if len(self._new) > max(4096, len(self._trusted) // 8):
+                n = len(self._new)
+                self._trusted = self._trusted.merged(np.fromiter(self._new, np.uint64, n),
+                                                     np.fromiter(self._new.values(), np.int64, n))
+                self._new = {}
 
     def find(self, identifier: str, version) -> VerifiedRecord | None:
         """The record of an already validated stored version of ``identifier``, or None
@@ -134,7 +176,8 @@ class VerifiedVersions:
         with self._lock:
             self._records.clear()
             self._seen.clear()
-            self._trusted = VerifiedTable()
+        with self._log_lock:
+            self._trusted, self._new, self._live = VerifiedTable(), {}, False
 
     def seen(self, identifier: str) -> bool:
         """A version of ``identifier`` was validated here (else its next load is a first

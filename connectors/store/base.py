@@ -248,10 +248,12 @@ class Store(ABC):
         absent. Default: False."""
         return False
 
-    def read_in_flight(self, identifier: str):
+    def read_in_flight(self, identifier: str, checksum=lambda version: True):
         """The bytes of a write in flight, once all are written (``supports_in_flight``
-        backends): ``(buffer, version, meta, offset)`` checked in full (checksum), the
-        version the committed entry will have; None while none is whole. Default: None."""
+        backends): ``(buffer, version, meta, offset)`` checked in full, the version the
+        committed entry will have; None while none is whole. ``checksum(version)``, asked
+        once the file is open: whether to hash it (False: a version the store's verified
+        log vouches for, header and size checks only). Default: None."""
         return None
 
     def in_flight_paths(self, identifier: str) -> list[str]:

@@ -379,6 +379,10 @@ class DiskStore(Store):
                     f.write(p)
                 f.flush()
                 if on_written is not None and self.supports_in_flight:
+                    if encoded_here:  # whole and never changed again: vouch for it now
+                        with contextlib.suppress(OSError):
+                            whole = os.fstat(f.fileno())
+                            self._note_encoded(identifier, ServedVersion.of(whole))
                     on_written()  # in flight: readers may take these bytes now
                 if self.fsync:
                     os.fsync(f.fileno())
@@ -515,14 +519,16 @@ class DiskStore(Store):
             return []
         return [path for _, path in sorted(self._fresh_temp_files(identifier), reverse=True)]
 
-    def read_in_flight(self, identifier: str):
+    def read_in_flight(self, identifier: str, checksum=lambda version: True):
         """The bytes of a write in flight once all are written, checked in full
-        (header, size, checksum): ``(buffer, version, meta, offset)``, or None (no fresh
-        temp file holds a whole, valid entry yet). Mapped as :meth:`read_entry` maps a
-        committed entry of its size (writers never change a temp file once written, and
-        the rename keeps the inode; the hash faults the pages in), else read into a
-        private buffer and checked in the same pass. The version is the temp file's,
-        which its rename keeps: committed, the entry is that same version."""
+        (header, size, checksum unless ``checksum(version)`` says the verified log vouches
+        for it: a producer on this host records its temp file once all its bytes are in):
+        ``(buffer, version, meta, offset)``, or None (no fresh temp file holds a whole,
+        valid entry yet). Mapped as :meth:`read_entry` maps a committed entry of its size
+        (writers never change a temp file once written, and the rename keeps the inode;
+        the hash faults the pages in), else read into a private buffer and checked in the
+        same pass. The version is the temp file's, which its rename keeps: committed, the
+        entry is that same version (with a new ctime)."""
         for path in self.in_flight_paths(identifier):  # newest first
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -530,17 +536,20 @@ class DiskStore(Store):
                 continue
             try:
                 st = os.fstat(fd)
+                version = ServedVersion.of(st)
                 try:
+                    hashing = checksum(version)
                     if self.mapped_loads and st.st_size >= max(self.map_min_bytes, 8):
                         buf = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
-                        meta, offset = validate_blob(buf, identifier=identifier, verify=True)
+                        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
                     else:
                         buf = uninitialized(st.st_size)
                         meta, offset = read_verified(lambda view: os.readv(fd, [view]),
-                                                     st.st_size, buf, identifier=identifier)
+                                                     st.st_size, buf, identifier=identifier,
+                                                     verify=hashing)
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
-                return buf, ServedVersion.of(st), meta, offset
+                return buf, version, meta, offset
             finally:
                 os.close(fd)
         return None

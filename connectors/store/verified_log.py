@@ -82,12 +82,23 @@ class VerifiedTable:
         return i < len(keys) and int(keys[i]) == key and int(self.ctimes[i]) == ctime_ns
 
 
+    def merged(self, keys: np.ndarray, ctimes: np.ndarray) -> "VerifiedTable":
+        """This table with newer records (``keys``/``ctimes`` in log order) folded in: for
+        a key, the last record wins."""
+        all_keys = np.concatenate([self.keys, keys.astype(np.uint64)])[::-1]
+        all_ctimes = np.concatenate([self.ctimes, ctimes.astype(np.int64)])[::-1]
+        out, first = np.unique(all_keys, return_index=True)
+        return VerifiedTable(out.astype(np.uint64), all_ctimes[first].astype(np.int64))
+
+
 class VerifiedLog:
     def __init__(self, directory: str | os.PathLike, boot: str):
         self.directory = Path(directory)
         self.path = self.directory / boot
         self._fd: int | None = None
         self._lock = threading.Lock()
+        #: (inode, bytes read) of the log :meth:`load` and :meth:`read_new` have read
+        self._read: tuple[int | None, int] = (None, 0)
 
     def load(self) -> VerifiedTable:
         """The versions recorded this boot (removes earlier boots' logs, compacts or
@@ -98,8 +109,11 @@ class VerifiedLog:
                     with contextlib.suppress(OSError):
                         os.unlink(old.path)
         try:
-            data = self.path.read_bytes()
+            with open(self.path, "rb") as f:
+                data = f.read()
+                self._read = (os.fstat(f.fileno()).st_ino, len(data) - len(data) % RECORD.itemsize)
         except OSError:
+            self._read = (None, 0)  # none yet: the first one created is read from its start
             return VerifiedTable()
         n = len(data) // RECORD.itemsize  # a tail shorter than a record (a full disk): ignored
         newest_first = np.frombuffer(data, RECORD, count=n)[::-1]
@@ -114,11 +128,48 @@ class VerifiedLog:
             self._replace(out.tobytes())
         return table
 
+    def read_new(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(keys, ctimes)`` of the records appended since :meth:`load` or the last call,
+        in log order: what other processes verified or encoded while this one runs (EPD: an
+        encoder on this host records each entry it commits, so the prefill instance's first
+        load of it need not hash it again). One ``stat`` when nothing is new. None when the
+        log was replaced since (compacted or restarted by a process that loaded it): what
+        it holds is then not read here, and those versions are verified as before."""
+        inode, done = self._read
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return _NOTHING
+        if inode is None and done == 0:
+            inode = st.st_ino  # created after load(): read from its start
+        if st.st_ino != inode:
+            return None
+        end = st.st_size - st.st_size % RECORD.itemsize
+        if end <= done:
+            return _NOTHING
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return _NOTHING
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return None
+            data = os.pread(fd, end - done, done)
+        except OSError:
+            return _NOTHING
+        finally:
+            os.close(fd)
+        n = len(data) // RECORD.itemsize
+        self._read = (inode, done + n * RECORD.itemsize)
+        records = np.frombuffer(data, RECORD, count=n)
+        return records["key"].astype(np.uint64), records["ctime"].astype(np.int64)
+
     def _replace(self, data: bytes) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(OSError):
             tmp.write_bytes(data)
             os.replace(tmp, self.path)  # appenders holding the old file lose records: a re-verify
+            self._read = (_inode(self.path), len(data))  # what load() just read
         with contextlib.suppress(OSError):
             tmp.unlink()
 
@@ -147,6 +198,9 @@ class VerifiedLog:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+
+
+_NOTHING = (np.empty(0, np.uint64), np.empty(0, np.int64))
 
 
 def _inode(path: Path) -> int | None:

@@ -26,6 +26,11 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
+  encache.first.encoded the first request-path load of a version a producer on this host
+                      encoded while the consumer runs (EPD on one host: PD loading what
+                      the encoder just wrote), nothing verified before it: the producer's
+                      record in the store's verified log vouches for its bytes, so header
+                      checks + open + map, no checksum, then the copy
   encache.first.restart the first request-path load after a consumer restart: a new
                       store object and lookup (nothing verified, no buffers kept) whose
                       start-up verify-ahead verified the most recently used entries in the
@@ -80,7 +85,8 @@ from serving_common import (BENCH_DIR, code_state, finish_run, loadavg, machine,
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.ahead", "encache.first.restart", "encache.first.restart.tail",
+           "encache.first.ahead", "encache.first.encoded", "encache.first.restart",
+           "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
            "onepass.fresh"]
@@ -104,6 +110,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.store.entry import checksum as checksum_of
     from encache.connectors.vllm.metadata import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
+    from encache.connectors.writer import EntryWriter
 
     torch.set_num_threads(1)
     worker = object.__new__(EncacheWorkerConnector)  # the worker half: only these fields matter
@@ -171,7 +178,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                   "repeat": make_lookup(),
                   "always": make_lookup(verify="always"),
                   "staged": make_lookup(staging_bytes=4 * target_mb * 10**6),
-                  "ahead": make_lookup(index_refresh_s=0.05)}
+                  "ahead": make_lookup(index_refresh_s=0.05),
+                  "encoded": make_lookup(verify_ahead=False)}
             for look in lk.values():  # untimed: their start-up verify-ahead passes
                 assert look.start_verify_done.wait(120)
             for i in ids:  # untimed: verify (and stage) every version once
@@ -232,6 +240,24 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 while time.monotonic() < deadline and look.verified_count(ahead_ids) < n:
                     time.sleep(0.05)
                 return look.verified_count(ahead_ids)
+
+            encoded_ids: list[str] = []
+
+            def prepare_encoded():
+                """Untimed: a producer (its own store object, as another process on this
+                host) encodes n new entries while the consumer runs; nothing verifies
+                them before the timed loads (no verify-ahead)."""
+                for ident in encoded_ids:
+                    store.delete(ident)
+                encoded_ids.clear()
+                writer = EntryWriter(DiskStore(root / "encache", fsync=False))
+                for i, data in enumerate(ahead_data):
+                    ident = f"p{i:04d}" + uuid.uuid4().hex + uuid.uuid4().hex[:27]
+                    writer.submit(ident, lambda d=data: (d.view(np.uint8), "F16", shape),
+                                  nbytes, model="bench", vllm_version="0.32.0")
+                    encoded_ids.append(ident)
+                assert writer.flush(120)
+                writer.close()
 
             def restarted(key, **kw):
                 """Untimed: lookup ``key`` replaced by a restarted consumer (new store
@@ -297,6 +323,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.ahead": encache("ahead", ahead_ids),
+                   "encache.first.encoded": encache("encoded", encoded_ids),
                    "encache.first.restart": encache("restart", ids),
                    "encache.first.restart.tail": encache("tail", ids),
                    "checksum.only": checksum_only,
@@ -307,13 +334,15 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             ref = torch.from_numpy(np.frombuffer(bytes(memoryview(readinto(0))[file_size - nbytes:]),
                                                  np.float16).reshape(shape).copy())
             prepare_ahead()
+            prepare_encoded()
             prepare_restart()
             prepare_restart_tail()
             prepare_first()
             ref_ahead = torch.from_numpy(ahead_data[0].copy())
             for m in METHODS:
                 if m != "readinto" and m not in NOT_LOADS:
-                    want = ref_ahead if m == "encache.first.ahead" else ref
+                    want = ref_ahead if m in ("encache.first.ahead",
+                                              "encache.first.encoded") else ref
                     assert torch.equal(fns[m](0).view(torch.int16), want.view(torch.int16)), m
 
             times = {m: [] for m in METHODS}
@@ -322,6 +351,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             la0 = loadavg()
             for r in range(rounds + 1):  # round 0: untimed warm-up
                 ahead_verified.append(prepare_ahead())
+                prepare_encoded()
                 restart_verified.append(prepare_restart())
                 tail_trusted.append(prepare_restart_tail())
                 prepare_first()
@@ -355,6 +385,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 "label": label, "shape": list(shape), "dtype": "F16", "tensor_bytes": nbytes,
                 "file_bytes": file_size, "entries": n, "rounds": rounds,
                 "loadavg": [la0, loadavg()], "ahead_verified_per_round": ahead_verified,
+                "encoded_loads_trusted": lk["encoded"].verified.trusted_loads,
+                "encoded_loads": n * (rounds + 1) + 1,
                 "restart_verified_at_start_per_round": restart_verified,
                 "restart_tail_trusted_versions_per_round": tail_trusted,
                 "restart_tail_trusted_loads_last_round": lk["tail"].verified.trusted_loads,
@@ -376,7 +408,8 @@ def goals(results: dict) -> dict:
     for row in results["sizes"]:
         m = row["methods"]
         g = {}
-        for name in ("encache.repeat", "encache.first", "encache.first.ahead", "encache.first.restart",
+        for name in ("encache.repeat", "encache.first", "encache.first.ahead",
+                     "encache.first.encoded", "encache.first.restart",
                      "encache.first.restart.tail", "encache.staged",
                      "encache.always", "encache.repeat.noreuse"):
             r = m[name]["vs_readinto_round_median"]

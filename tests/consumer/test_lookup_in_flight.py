@@ -104,15 +104,17 @@ def test_a_write_lands_when_visible_and_a_reader_waits_for_its_bytes(tmp_path):
         lk.close()
 
 
-def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync):
+def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync, counted):
     """The fsync is held: the entry is not committed, yet a consumer loads its bytes
-    from the temp file (checked in full), then keeps that copy through the commit (the
-    same version)."""
+    from the temp file (header and size checked; not hashed: the producer, on this host,
+    recorded the whole temp file in the verified log), then keeps that copy through the
+    commit (the same version)."""
     entered, release = held_fsync
     writer = EntryWriter(DiskStore(tmp_path))
     reader = DiskStore(tmp_path)
     lk = make(reader)
     try:
+        assert lk.start_verify_done.wait(30)
         landed = save(writer, "img")
         assert landed.result(timeout=30) is True  # the encoder's request may finish now
         assert entered.wait(10)  # the fsync has begun (and is held)
@@ -124,6 +126,7 @@ def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync):
         assert tensor_bytes(staged) == ARR.tobytes()
         assert not reader.contains("img")  # still not committed
         assert lk.metrics.pending("in_flight_loads") == 1
+        assert counted == [False] and lk.metrics.pending("checksums_skipped") == 1
         lk.maybe_flush(force=True)  # `encache stats` shows it
         stats = invoke("stats", "-s", str(tmp_path), "--json")
         assert stats.exit_code == 0 and json.loads(stats.output)["in_flight_loads"] == 1
@@ -135,6 +138,35 @@ def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync):
     finally:
         release.set()
         writer.close()
+        lk.close()
+
+
+def test_bytes_from_elsewhere_in_flight_are_hashed(tmp_path, counted):
+    """A write in flight that no producer here encoded (a plain ``put``: ``warm``, a
+    copy) is read before its commit checked in full, checksum included."""
+    from encache.connectors.store.entry import encode_parts
+    store, release = DiskStore(tmp_path), threading.Event()
+    written = threading.Event()
+
+    def on_written():
+        written.set()
+        assert release.wait(30)
+
+    parts = encode_parts("img", ARR.view(np.uint8), "F32", ARR.shape, model="m")
+    t = threading.Thread(target=store.put, args=("img", parts), kwargs={"on_written": on_written})
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        t.start()
+        assert written.wait(10)
+        assert lk.request("img") is State.PENDING
+        lk.wait(["img"], 10)
+        assert lk.request("img") is State.READY
+        assert tensor_bytes(lk.get_staged("img")) == ARR.tobytes()
+        assert counted == [True] and lk.metrics.pending("in_flight_loads") == 1
+    finally:
+        release.set()
+        t.join(30)
         lk.close()
 
 

@@ -331,3 +331,85 @@ def test_entries_a_producer_on_this_host_encoded_need_no_checksum(tmp_path, coun
         assert lk.load_now("made") is not None and counted == [True]
     finally:
         lk.close()
+
+
+PRODUCER = """
+import sys
+import numpy as np
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.writer import EntryWriter
+store = DiskStore(sys.argv[1])
+writer = EntryWriter(store)
+for n, ident in enumerate(sys.argv[2:]):
+    arr = np.full((4096, 16), n + 1, np.float16)
+    writer.submit(ident, lambda arr=arr: (arr.view(np.uint8), "F16", arr.shape), arr.nbytes,
+                  model="m")
+assert writer.flush(30)
+writer.close()
+"""
+
+
+def _produce(root, *identifiers):
+    """Another process encodes ``identifiers`` into the store at ``root`` (EntryWriter)."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", PRODUCER, str(root), *identifiers], check=True,
+                   timeout=120)
+
+
+def test_a_running_consumer_trusts_what_a_producer_on_this_host_commits_meanwhile(tmp_path,
+                                                                                  counted):
+    """EPD on one host: the encoder (another process) commits entries while the prefill
+    instance runs; the prefill instance's first loads of them are not hashed a second
+    time (it reads the log's new records). A version changed after the record (rewritten
+    in place) is hashed and, corrupt, a miss; a plain ``put`` (bytes from elsewhere) is
+    hashed."""
+    store = DiskStore(tmp_path)
+    put(store, "before", seed=1)
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        _produce(tmp_path, "e1", "e2", "e3")
+        put(DiskStore(tmp_path), "copied", seed=2)
+        assert tensor_bytes(lk.load_now("e1")) == np.full((4096, 16), 1, np.float16).tobytes()
+        assert lk.request("e2", inline=True) is State.READY  # big, yet not deferred: trusted
+        assert counted == [False, False]
+        assert lk.verified.trusted_loads == 2
+        assert lk.load_now("copied") is not None and counted[2:] == [True]
+        path = store.entry_path("e3")  # changed in place after the encoder recorded it
+        with open(path, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0xFF]))
+        assert lk.load_now("e3") is None and counted[3:] == [True]
+        _produce(tmp_path, "e4")  # later records are read as well
+        assert lk.load_now("e4") is not None and counted[4:] == [False]
+    finally:
+        lk.close()
+
+
+def test_a_log_replaced_under_a_running_consumer_is_not_followed(tmp_path, counted):
+    """Another process compacted the log (a new file) after this consumer loaded it: the
+    consumer stops reading records live and hashes new versions, as before this boot's
+    log existed; a restarted consumer reads the new file."""
+    from encache.connectors.store import verified_log
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        _produce(tmp_path, "e1")
+        assert lk.load_now("e1") is not None and counted == [False]
+        log = lk.verified.log
+        verified_log.VerifiedLog(log.directory, log.path.name)._replace(log.path.read_bytes())
+        _produce(tmp_path, "e2")
+        assert lk.load_now("e2") is not None and counted == [False, True]
+    finally:
+        lk.close()
+    counted.clear()
+    lk = make(DiskStore(tmp_path))
+    try:
+        assert lk.start_verify_done.wait(30)
+        _produce(tmp_path, "e3")
+        assert lk.load_now("e3") is not None and counted == [False]
+    finally:
+        lk.close()

@@ -121,3 +121,44 @@ def test_a_put_of_bytes_encoded_here_is_logged_with_the_files_ctime(tmp_path):
 def test_boot_id_is_this_kernels():
     with open(vl.BOOT_ID_PATH) as f:
         assert vl.boot_id() == f.read().strip()
+
+
+def test_records_appended_meanwhile_are_read_and_folded_in(tmp_path):
+    """A running reader (``read_new``) gets what other processes append after its
+    ``load``, whole records only; many of them are folded into the sorted table, where
+    the last record of a key wins."""
+    from encache.connectors.lookup.verified import VerifiedVersions
+    from encache.connectors.store.files import ServedVersion
+
+    def version(i: int, ctime: int) -> ServedVersion:
+        v = ServedVersion((1, i, 10, 5))
+        v.ctime_ns = v.touched_ctime_ns = ctime
+        return v
+
+    writer = VerifiedLog(tmp_path / "v", "b")
+    writer.append(record_key("old", (1, 0, 10, 5)), 7)
+    reader = VerifiedLog(tmp_path / "v", "b")
+    versions = VerifiedVersions(True, reader)
+    assert versions.load_log() == 1
+    assert len(reader.read_new()[0]) == 0
+    writer.append(record_key("e", (1, 1, 10, 5)), 100)
+    with open(writer.path, "ab") as f:
+        f.write(record_key("e", (1, 2, 10, 5)).to_bytes(8, "little")[:5])  # torn
+    assert versions.trusted("e", version(1, 100)) and not versions.trusted("e", version(1, 101))
+    assert versions._new == {record_key("e", (1, 1, 10, 5)): 100}  # not the torn tail
+    assert len(reader.read_new()[0]) == 0
+
+    fresh = VerifiedLog(tmp_path / "w", "b")
+    keys = [record_key(f"k{i}", (1, i, 10, 5)) for i in range(5000)]
+    for n, k in enumerate(keys):
+        fresh.append(k, n)
+    fresh.append(keys[3], 99_999)  # an access-time refresh: the last record wins
+    many = VerifiedVersions(True, VerifiedLog(tmp_path / "w", "b"))
+    many.load_log()
+    for n, k in enumerate(keys):
+        fresh.append(record_key(f"n{n}", (1, n, 10, 5)), 10 + n)
+    assert many.trusted("n4999", version(4999, 5009))
+    assert not many._new and len(many._trusted) == 10_000  # folded into the table
+    assert many.trusted("k3", version(3, 99_999)) and many.trusted("n0", version(0, 10))
+    writer.close()
+    fresh.close()
