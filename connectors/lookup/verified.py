@@ -111,14 +111,14 @@ class VerifiedVersions:
         """Read the log's records appended since it was loaded (other consumers'
         checksums, and entries producers on this host committed while this one runs: an
         EPD encoder's output reaches the prefill instance's first load already vouched
-        for), folded into the table once there are many. A replaced log stops this until
-        the next :meth:`load_log`: those versions are verified as before. Under
+        for), folded into the table once there are many. A log replaced since (another
+        process compacted it when it loaded it) is loaded again, whole. Under
         ``_log_lock``."""
         if not self._live:
             return
         got = self.log.read_new()
         if got is None:
-            self._live = False
+            self._trusted, self._new = self.log.load(), {}
             return
         keys, ctimes = got
         if len(keys):

@@ -6,7 +6,12 @@ and an entry outside the start-up pass's budget paid the checksum on the request
 its first load after the restart: a second full pass over its bytes before the engine's
 copy, about half the speed of a plain ``readinto`` (benchmarks/load.json). A checksum is
 evidence about a file's bytes, not about the process that computed it, so a restarted
-consumer can take over its predecessor's evidence.
+consumer can take over its predecessor's evidence. A producer's bytes are evidence too
+(the codec made them and their checksum in that process): a producer records each entry
+it encodes, once all its bytes are in its temp file (a reader may take them in flight)
+and at its commit; a running consumer reads what others append (:meth:`VerifiedLog.read_new`),
+so in encoder disaggregation on one host the prefill instance does not hash what its
+encoder just wrote.
 
 Why this is safe: a record names an identifier, the file version that passed,
 ``(device, inode, size, mtime_ns)`` (``files.file_version``), and the inode's change time
@@ -25,8 +30,9 @@ returns different bytes for an unchanged file (``encache verify`` does).
 Format: ``<store>/.encache/verified/<boot id>``, a flat array of 16-byte records,
 ``(xxh3_64(identifier, version), ctime_ns)`` little-endian, appended with ``O_APPEND`` (one
 ``write``: atomic between processes on a local filesystem); for a key the last record
-wins (an access-time refresh appends the new ctime of the same version). Readers load it
-into sorted arrays (1M versions = 16 MB, tens of ms). Logs of earlier boots are removed
+wins (an access-time refresh appends the new ctime of the same version; a commit's rename
+the committed file's). Readers load it into sorted arrays (1M versions = 16 MB, tens of
+ms), then read only what is appended (whole records). Logs of earlier boots are removed
 when a log is opened; one holding more than ``MAX_VERSIONS`` versions is started afresh
 (those entries are verified once more), and one mostly made of superseded records is
 compacted.
@@ -133,8 +139,8 @@ class VerifiedLog:
         in log order: what other processes verified or encoded while this one runs (EPD: an
         encoder on this host records each entry it commits, so the prefill instance's first
         load of it need not hash it again). One ``stat`` when nothing is new. None when the
-        log was replaced since (compacted or restarted by a process that loaded it): what
-        it holds is then not read here, and those versions are verified as before."""
+        log was replaced since (compacted or restarted by a process that loaded it): the
+        caller loads it again (:meth:`load`)."""
         inode, done = self._read
         try:
             st = os.stat(self.path)
