@@ -405,6 +405,23 @@ class StoreContract:
         assert store.prune() == 0  # nothing was lost behind the store's back
         assert store.contains("sp")
 
+    def test_file_store_names_the_file_a_read_served(self, store):
+        """``file_store(version)``: None, or a store on this host whose entry file holds
+        exactly the version a read returned (a worker process opens it, pinned). Received
+        entries (Redis) have none. (A local tier's copy: ``test_connector_pickle``.)"""
+        from encache.connectors.store.files import file_version
+        b = blob("fs", n=4096)
+        store.put("fs", b)
+        got = store.read_entry("fs")
+        assert got is not None and bytes(got[0]) == b
+        files = store.file_store(got[1])
+        if files is not None:
+            path = files.entry_path("fs")
+            assert files.local and Path(path).read_bytes() == b
+            assert file_version(os.stat(path)) == tuple(got[1])
+        if store.served_from(got[1]) != "local":
+            assert (files is store) == (store.supports_entry_path and store.local)
+
     def test_entry_path(self, store):
         from encache.connectors.store import StoreError
         b = blob("ep")

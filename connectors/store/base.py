@@ -236,6 +236,14 @@ class Store(ABC):
         or None for a store without tiers (:mod:`.tiered`)."""
         return None
 
+    def file_store(self, version) -> Store | None:
+        """The store whose entry file on this host holds a version a read of this store
+        returned, for a worker process on the host to open itself (a scheduler pins the
+        file: ``vllm/metadata.pin_entry``): a local disk store itself, a tier's local copy
+        its tier (:mod:`.tiered`); None where the bytes were received or read from
+        elsewhere (Redis, a network filesystem). Default: None."""
+        return None
+
     def local_tier_usage(self) -> tuple[int, int | None] | None:
         """``(bytes, capacity)`` of the node-local tier in front of this store, cheap
         enough for every metrics sample; None for a store without one (:mod:`.tiered`)."""

@@ -198,6 +198,9 @@ class DiskStore(Store):
                          access_resolution_s=self.access_resolution_s,
                          reuse_buffers=self._recent is not None or not self.mapped_loads)
 
+    def file_store(self, version) -> DiskStore | None:
+        return self if self.local else None
+
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE
 

@@ -148,6 +148,9 @@ class TieredStore(Store):
     def served_from(self, version) -> str | None:
         return "local" if isinstance(version, LocalVersion) else "remote"
 
+    def file_store(self, version) -> DiskStore | None:
+        return self.tier if isinstance(version, LocalVersion) else self.remote.file_store(version)
+
     def _read(self, identifier: str, local, remote, *args):
         """``local(identifier, *args)`` from the tier when its copy may be served, else
         ``remote(...)``, written behind into the tier. A tier copy that cannot be read is

@@ -79,7 +79,6 @@ class EncacheSchedulerConnector:
         # workers in other local processes open what they load themselves: a disk entry's
         # pinned file, or the shared memory a received entry was put in
         self._worker_procs = is_consumer and self._choose_worker_procs(vllm_config)
-        self._worker_reads = self._worker_procs and store.supports_entry_path and store.local
         if is_consumer:
             # (from 1 MiB whatever worker_loads says: a staged memfd holds a descriptor)
             shared_from = (WORKER_READS_MIN_BYTES if self._worker_procs and memfd.available()
@@ -311,10 +310,11 @@ class EncacheSchedulerConnector:
             if self._worker_procs and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
                     self.config.worker_loads == "files"
                     or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
+                files = self.store.file_store(st.version)
                 if isinstance(st.blob, memfd.SharedBuffer):  # received into shared memory
                     pinned = pin_shared(st.blob, identifier)
-                elif self._worker_reads:
-                    pinned = pin_entry(self.store, identifier, st.version)
+                elif files is not None:  # a file on this host: a local store, a tier copy
+                    pinned = pin_entry(files, identifier, st.version)
                 else:
                     pinned = None
                 if pinned is not None:

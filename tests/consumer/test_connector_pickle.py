@@ -37,17 +37,16 @@ def worker():
     return w
 
 
-def consumer_scheduler(store, lookup, url: str, *, worker_reads: bool):
+def consumer_scheduler(store, lookup, url: str):
     """The scheduler half of a consumer whose workers are other local processes (the
-    fields ``build_connector_meta`` reads), over ``lookup``; ``worker_reads``: its disk
-    entries are pinned as files."""
+    fields ``build_connector_meta`` reads), over ``lookup``."""
     import collections
 
     from encache.connectors.vllm.config import ConnectorConfig
 
     c = object.__new__(EncacheSchedulerConnector)
     c.config = ConnectorConfig.from_extra({"store": url})
-    c.store, c.lookup, c._worker_procs, c._worker_reads = store, lookup, True, worker_reads
+    c.store, c.lookup, c._worker_procs = store, lookup, True
     c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
     c._step, c._pinned_fds = 0, 0
     c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
@@ -212,7 +211,7 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
     store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1,
                      shared_from=WORKER_READS_MIN_BYTES)
-    c = consumer_scheduler(store, lk, redis_server.url, worker_reads=False)
+    c = consumer_scheduler(store, lk, redis_server.url)
     before = memfds()
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
@@ -238,6 +237,59 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
     assert memfds() == before
 
 
+@pytest.mark.redis
+def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_server, tmp_path):
+    """Redis with a local tier, workers in other processes: a load served from the
+    node's tier copy is pinned as that file (``Store.file_store``), not shipped as bytes
+    in the step's metadata; a worker process started afresh reads the exact bytes, also
+    after the copy was dropped from the tier. A load served remotely goes through shared
+    memory."""
+    import subprocess
+    import sys
+    import uuid
+
+    from encache.connectors.store import open_store
+    from encache.connectors.store.memfd import SharedBuffer
+    from encache.connectors.vllm.metadata import WORKER_READS_MIN_BYTES
+
+    store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:",
+                       local_tier=str(tmp_path / "tier"))
+    big = np.random.default_rng(4).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
+    store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
+    lookups = []
+    try:
+        for where in ("remote", "local"):
+            lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600,
+                             load_threads=1, shared_from=WORKER_READS_MIN_BYTES)
+            lookups.append(lk)
+            c = consumer_scheduler(store, lk, redis_server.url)
+            try:
+                st = lk.load_now("big")
+                assert st is not None and store.served_from(st.version) == where
+                assert isinstance(st.blob, SharedBuffer) == (where == "remote")
+                c._need_loads = {"big": st}
+                item = c.build_connector_meta(None).loads[0]
+                assert item.ref is not None
+                assert (item.ref[3] is None) == (where == "remote")  # a path: the tier file
+                data = pickle.dumps(item, protocol=5)
+                assert len(data) < 1024  # no tensor bytes in the step's metadata
+                if where == "local":
+                    store.tier.delete("big")  # the pinned file is still read
+                out = subprocess.run([sys.executable, "-c", WORKER.replace(
+                    "and item.ref[3] is None", "")], input=data, capture_output=True,
+                    timeout=120)
+                assert out.returncode == 0, out.stderr.decode()[-2000:]
+                assert out.stdout == big.tobytes()
+            finally:
+                c._release_pins(everything=True)
+            store.flush()  # the remote read's copy, written behind into the tier,
+            store.sync()  # is served once a sync checked it
+    finally:
+        for lk in lookups:
+            lk.close()
+        store.close()
+
+
 def test_worker_loads_setting_is_checked():
     from encache.connectors.vllm.config import ConnectorConfig
     assert ConnectorConfig.from_extra({"store": "/x"}).worker_loads == "auto"
@@ -254,7 +306,7 @@ def test_scheduler_pins_large_entries_and_releases_them(tmp_path, monkeypatch):
     store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
     store.put("small", encode("small", small.view(np.uint8), "F16", small.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
-    c = consumer_scheduler(store, lk, str(tmp_path), worker_reads=True)
+    c = consumer_scheduler(store, lk, str(tmp_path))
     try:
         c._need_loads = {"big": lk.load_now("big"), "small": lk.load_now("small")}
         meta = c.build_connector_meta(None)
