@@ -87,8 +87,7 @@ class VerifiedTable:
         i = int(np.searchsorted(keys, np.uint64(key)))
         return i < len(keys) and int(keys[i]) == key and int(self.ctimes[i]) == ctime_ns
 
-
-    def merged(self, keys: np.ndarray, ctimes: np.ndarray) -> "VerifiedTable":
+    def merged(self, keys: np.ndarray, ctimes: np.ndarray) -> VerifiedTable:
         """This table with newer records (``keys``/``ctimes`` in log order) folded in: for
         a key, the last record wins."""
         all_keys = np.concatenate([self.keys, keys.astype(np.uint64)])[::-1]
