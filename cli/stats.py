@@ -214,7 +214,7 @@ def render_table(s: dict) -> None:
         ("Config mismatches", f"{s['config_mismatches']:,}"),
         *([("Stale LoRA loads", f"{s['lora_stale']:,}")] if s["lora_stale"] else []),
         ("Checksums run / skipped", f"{s['checksums']:,} / {s['checksums_skipped']:,}"
-                                    + (" (verified earlier this boot)"
+                                    + (" (verified or encoded on this host this boot)"
                                        if s["checksums_skipped"] else "")),
         ("Saves", f"{s['saves']:,} ({human_bytes(s['bytes_saved'])})"),
         ("Save errors", f"{s['save_errors']:,}"),

@@ -73,7 +73,8 @@ def read_entry(store: Store, identifier: str):
 def validate(verified: VerifiedVersions, identifier: str, blob, version,
              metrics: LookupMetrics | None = None) -> tuple[EntryMeta, int]:
     """Header, size and (per ``verify``) checksum checks; remembered per version. A
-    version verified earlier this boot (the store's log) skips the checksum. Counted
+    version verified (or encoded by a producer on this host) earlier this boot (the
+    store's log) skips the checksum. Counted
     (``metrics``): ``checksums`` run, ``checksums_skipped`` thanks to the log."""
     hashing = needs_checksum(verified, identifier, version)
     meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)

@@ -63,7 +63,7 @@ def test_counters(store):
     d = stats_json(store.root)
     assert (d["checksums"], d["checksums_skipped"]) == (3, 1200)
     out = invoke("stats", "-s", store.root).output
-    assert "3 / 1,200 (verified earlier this boot)" in " ".join(out.split())
+    assert "3 / 1,200 (verified or encoded on this host this boot)" in " ".join(out.split())
 
 
 def test_no_counters_yet(store):
