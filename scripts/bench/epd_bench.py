@@ -37,7 +37,9 @@ apart from the model's. JSON + PNG in benchmarks/epd.*. ``--pair`` pairs two oth
 variants: ``encache-redis,encache-redis-bytes`` compares PD's loads from Redis reaching
 its worker process through the shared memory they were received into (the default) with
 the same loads shipped in the step's metadata (``worker_loads: bytes``), as
-``benchmarks/epd_shared.*`` records.
+``benchmarks/epd_shared.*`` records; ``encache,encache-hashed`` compares PD trusting what
+the encoder on the same host recorded in the store's log of verified versions (the
+default) with PD hashing every entry again, as ``benchmarks/epd_trust.*`` records.
 
     .venv/bin/python scripts/bench/epd_bench.py [--requests 12] [--sizes small,gemma,crops]
         [--sections sequential,paired] [--paired-requests 24] [--pair encache,ecexample]
@@ -107,7 +109,9 @@ VARIANTS = ("encache", "encache-nofsync", "encache-redis", "encache-cluster", "e
 #: step's metadata (``worker_loads: bytes``), as every Redis load did before store/memfd.py
 SHARED = {"encache-redis": "redis", "encache-cluster": "cluster",
           "encache-redis-bytes": "redis", "encache-cluster-bytes": "cluster"}
-KINDS = VARIANTS + ("encache-redis-bytes", "encache-cluster-bytes")  # what --pair may name
+#: what --pair may name; encache-hashed: a PD that keeps no log of verified versions
+#: (``remember_verified: false``), so it hashes every entry the encoder wrote
+KINDS = VARIANTS + ("encache-redis-bytes", "encache-cluster-bytes", "encache-hashed")
 
 
 def configs(kind: str, store: str) -> dict:
@@ -116,6 +120,8 @@ def configs(kind: str, store: str) -> dict:
         extra = {"fsync": False} if kind == "encache-nofsync" else {}
         if kind.endswith("-bytes"):
             extra["worker_loads"] = "bytes"
+        if kind == "encache-hashed":
+            extra["remember_verified"] = False
         return {role: consumer_config(store, role=role, **extra)
                 for role in ("ec_producer", "ec_consumer")}
     return {role: {"ec_connector": "ECExampleConnector", "ec_role": role,
