@@ -121,14 +121,13 @@ class VerifiedLog:
             self._read = (None, 0)  # none yet: the first one created is read from its start
             return VerifiedTable()
         n = len(data) // RECORD.itemsize  # a tail shorter than a record (a full disk): ignored
-        newest_first = np.frombuffer(data, RECORD, count=n)[::-1]
-        keys, first = np.unique(newest_first["key"], return_index=True)
-        table = VerifiedTable(keys.astype(np.uint64), newest_first["ctime"][first].astype(np.int64))
-        if len(keys) > MAX_VERSIONS:
+        records = np.frombuffer(data, RECORD, count=n)
+        table = VerifiedTable().merged(records["key"], records["ctime"])
+        if len(table) > MAX_VERSIONS:
             self._replace(b"")
             return VerifiedTable()
-        if n > 2 * len(keys) + 1024:  # mostly superseded records: keep the last of each
-            out = np.empty(len(keys), RECORD)
+        if n > 2 * len(table) + 1024:  # mostly superseded records: keep the last of each
+            out = np.empty(len(table), RECORD)
             out["key"], out["ctime"] = table.keys, table.ctimes
             self._replace(out.tobytes())
         return table
