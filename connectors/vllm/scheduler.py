@@ -310,10 +310,10 @@ class EncacheSchedulerConnector:
             if self._worker_procs and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
                     self.config.worker_loads == "files"
                     or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
-                files = self.store.file_store(st.version)
                 if isinstance(st.blob, memfd.SharedBuffer):  # received into shared memory
                     pinned = pin_shared(st.blob, identifier)
-                elif files is not None:  # a file on this host: a local store, a tier copy
+                elif (files := self.store.file_store(st.version)) is not None:
+                    # a file on this host: a local store's entry, a local tier's copy
                     pinned = pin_entry(files, identifier, st.version)
                 else:
                     pinned = None
