@@ -1,8 +1,8 @@
 """RecentBuffers: the disk store's buffers of recently served entry versions.
 
-Why: a serving load of a disk entry used to open the file, map it (or read it into a
-fresh buffer) and unmap it again every time. With the engine's copy of the tensor
-counted, that set-up -- mmap + a page fault per 64 KiB + munmap, or a second full copy
+Why: without it a serving load of a disk entry opens the file, maps it (or reads it
+into a fresh buffer) and unmaps it again every time. With the engine's copy of the
+tensor counted, that set-up -- mmap + a page fault per 64 KiB + munmap, or a second full copy
 for a read -- kept a repeat load at 0.6-0.85x a plain ``readinto`` of the file
 (benchmarks/load.json). An entry served once is very likely served again (the reason the
 cache exists), so the store keeps the buffer it produced, keyed by the entry's path, with

@@ -26,7 +26,7 @@ Both run the same three phases, written once here:
    the store (the store is the truth: evicted-after-write is told from lost), evictions
    and the capacity note counted, then (corpus only) prune and save the manifest.
 
-Why: the CLI, warm and Ray used to call (or re-implement) CLI code; now each parses its own
+Why: one implementation of the job for the CLI, ``warm`` and Ray; each parses its own
 options and calls this. Errors are :class:`~encache.connectors.errors.EncacheError` with the CLI's
 exit codes (usage 2, store 7, engine 8); no printing here: ``progress`` is an optional
 object with ``start(phase, total)`` / ``advance(n, failed=None, phase=None)``.
