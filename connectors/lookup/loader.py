@@ -51,7 +51,7 @@ VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
 #: verified at start can still be mapped when its first request comes soon after
 VERIFY_AHEAD_START_BYTES = 2 << 30
 DEFER = object()  # load(inline=True): too big to do in the caller's thread
-COMMIT_POLL_S = 0.001  # how often a read waiting for an in-flight write's commit looks
+SHUTDOWN_WAIT_S = 2.0  # how long closing waits for the loads running at the time
 COMMIT_GIVE_UP_S = 10.0  # a write that did not commit in time is not waited for again this long
 
 
@@ -114,6 +114,7 @@ class Loader:
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[Future, float]] = {}
         self._uncommitted: dict[str, float] = {}  # identifier -> until when not to wait
+        self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="encache-load")
 
     # -- background reads ----------------------------------------------------------
@@ -176,22 +177,23 @@ class Loader:
             hashed.append(needs_checksum(self.verified, identifier, version))
             return hashed[-1]
 
-        while not self.store.contains(identifier):
-            got = self.store.read_in_flight(identifier, checksum)
-            if got is not None:
-                blob, version, meta, offset = got
-                validated(self.verified, identifier, version, meta, offset, hashed[-1],
-                          self.metrics)
-                return blob, meta, offset, version
-            if not self.store.in_flight(identifier):
-                break
-            if time.monotonic() >= deadline:
-                with self._lock:
-                    if len(self._uncommitted) > 10_000:
-                        self._uncommitted.clear()
-                    self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
-                break
-            time.sleep(COMMIT_POLL_S)
+        with self.store.in_flight_wait(identifier) as wait:  # (set up before the first look)
+            while not self._closing.is_set() and not self.store.contains(identifier):
+                got = self.store.read_in_flight(identifier, checksum)
+                if got is not None:
+                    blob, version, meta, offset = got
+                    validated(self.verified, identifier, version, meta, offset, hashed[-1],
+                              self.metrics)
+                    return blob, meta, offset, version
+                if not self.store.in_flight(identifier):
+                    break
+                if time.monotonic() >= deadline:
+                    with self._lock:
+                        if len(self._uncommitted) > 10_000:
+                            self._uncommitted.clear()
+                        self._uncommitted[identifier] = time.monotonic() + COMMIT_GIVE_UP_S
+                    break
+                wait()
         return None
 
     # -- one load ------------------------------------------------------------------
@@ -367,4 +369,11 @@ class Loader:
             return False
 
     def shutdown(self) -> None:
+        """Cancel the queued loads and wait (up to ``SHUTDOWN_WAIT_S``) for the running
+        ones; one waiting for a write in flight stops at its next look. So a closed lookup
+        leaves no thread reading the store or appending to its verified log."""
+        self._closing.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            futs = [f for f, _ in self._inflight.values()]
+        wait_futures(futs, timeout=SHUTDOWN_WAIT_S)

@@ -47,9 +47,10 @@ backend:
                             report the entry landed then; a reader that finds it in flight
                             reads its bytes once all are written (``read_in_flight()``,
                             checked in full; with ``supports_entry_path``,
-                            ``in_flight_paths()`` names the files) or waits for the commit
-                            (disk on a local filesystem: the write then runs off the
-                            encoder's request); default: never in flight
+                            ``in_flight_paths()`` names the files) or waits for the commit,
+                            looking again whenever ``in_flight_wait()`` returns (disk on a
+                            local filesystem: the write then runs off the encoder's
+                            request); default: never in flight
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -62,12 +63,16 @@ cannot be written, e.g. a read-only mount; serving reads still work], ``url``.
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .entry import CorruptEntry, EntryMeta
+
+#: how often a reader waiting for an in-flight write looks again when nothing can wake it
+IN_FLIGHT_POLL_S = 0.001
 
 #: a store whose journal can miss a change (``journal_complete`` False): readers holding
 #: copies also re-check all of them this often
@@ -263,6 +268,14 @@ class Store(ABC):
         once the file is open: whether to hash it (False: a version the store's verified
         log vouches for, header and size checks only). Default: None."""
         return None
+
+    @contextlib.contextmanager
+    def in_flight_wait(self, identifier: str):
+        """What a reader of an in-flight write of ``identifier`` calls between its
+        looks (a context manager yielding a ``wait()`` callable): it returns when the write
+        may have moved on (its bytes all in, its commit, its writer gone), and after a
+        while in any case. Default: a sleep of ``IN_FLIGHT_POLL_S``."""
+        yield lambda: time.sleep(IN_FLIGHT_POLL_S)
 
     def in_flight_paths(self, identifier: str) -> list[str]:
         """The files of writes of ``identifier`` in flight, newest first

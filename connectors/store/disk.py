@@ -52,10 +52,13 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
-from .entry import CorruptEntry, byte_views, header_length, read_verified, validate_blob
+from .entry import (CorruptEntry, byte_views, header_length, parse_header, read_verified,
+                    validate_blob)
 from .files import (PREALLOCATE_FILESYSTEMS, TEMP_PREFIX, ServedVersion, atomic_write_json,
                     file_version, filesystem_type, fsync_dir, open_untracked, preallocate,
                     uninitialized)
+from .inotify import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM,
+                      IN_MOVED_TO, DirectoryWatch)
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
 from .throttle import ScanThrottle
@@ -92,6 +95,9 @@ _HEAD_READ = 4096
 # A temp file older than this is not waited for even while its writer lives (a stuck
 # write); one whose writer is gone is never in flight (``writer_alive``)
 IN_FLIGHT_S = 10.0
+# A reader waiting for an in-flight write wakes on its writer's steps (in_flight_wait);
+# it looks again after this long even when none came (a writer that keeps no log)
+IN_FLIGHT_WATCHED_S = 0.005
 
 
 def writer_alive(path: str) -> bool:
@@ -372,6 +378,8 @@ class DiskStore(Store):
         total = sum(p.nbytes for p in parts)
         directory = self.root / to_name(identifier)
         reserved = self._make_room(total) if self.max_bytes else False
+        if encoded_here and on_visible is not None and self.supports_in_flight:
+            self._encoded_log()  # open before readers watch it (in_flight_wait)
         for attempt in range(3):  # a concurrent delete may rmdir the directory under us
             try:
                 directory.mkdir(exist_ok=True)
@@ -424,13 +432,18 @@ class DiskStore(Store):
     def _note_encoded(self, identifier: str, version: ServedVersion) -> None:
         """Record a version this process encoded (its bytes are the codec's own) in the
         verified log, so this host's consumers do not hash it again this boot."""
-        if self._written_log is False:
-            return
+        log = self._encoded_log()
+        if log is not None:
+            log.append(record_key(identifier, version), version.ctime_ns)
+
+    def _encoded_log(self):
+        """The verified log this process's encoded puts go to (opened once); None if the
+        store keeps none."""
         if self._written_log is None:
             self._written_log = self.verified_log() or False
-            if self._written_log is False:
-                return
-        self._written_log.append(record_key(identifier, version), version.ctime_ns)
+            if self._written_log:
+                self._written_log.open()
+        return self._written_log or None
 
     def delete(self, identifier: str) -> bool:
         directory = self.root / to_name(identifier)
@@ -542,8 +555,9 @@ class DiskStore(Store):
         valid entry yet). Mapped as :meth:`read_entry` maps a committed entry of its size
         (writers never change a temp file once written, and the rename keeps the inode;
         the hash faults the pages in), else read into a private buffer and checked in the
-        same pass. The version is the temp file's, which its rename keeps: committed, the
-        entry is that same version (with a new ctime)."""
+        same pass. A file not whole yet is told from its header (one ``pread``: the size
+        the header promises), without mapping it. The version is the temp file's, which
+        its rename keeps: committed, the entry is that same version (with a new ctime)."""
         for path in self.in_flight_paths(identifier):  # newest first
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -553,6 +567,9 @@ class DiskStore(Store):
                 st = os.fstat(fd)
                 version = ServedVersion.of(st)
                 try:
+                    head = os.pread(fd, min(st.st_size, _HEAD_READ), 0)
+                    if header_length(head) <= len(head):  # not whole yet: no mapping, no hash
+                        parse_header(head, total_size=st.st_size)
                     hashing = checksum(version)
                     if self.mapped_loads and st.st_size >= max(self.map_min_bytes, 8):
                         buf = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
@@ -568,6 +585,32 @@ class DiskStore(Store):
             finally:
                 os.close(fd)
         return None
+
+    @contextlib.contextmanager
+    def in_flight_wait(self, identifier: str):
+        """Wakes on the steps of a write on this host (:mod:`.inotify`): a record in
+        the verified log (a producer appends one once all the temp file's bytes are in,
+        before readers may take them), the rename that commits the entry, the temp file
+        closed or removed (its writer gone), another write started; and after
+        ``IN_FLIGHT_WATCHED_S`` in any case. Not on the temp file's own growth: a reader
+        woken by its last byte would hash what the record vouches for a moment later.
+        Where nothing can be watched, the default sleep."""
+        watch = None
+        if self.supports_in_flight:
+            log_dir = self._meta("verified")  # (made by the first record: then its parent)
+            watch = DirectoryWatch.open([
+                (os.path.join(self._root_str, to_name(identifier)),
+                 IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_CREATE),
+                (str(log_dir if log_dir.is_dir() else log_dir.parent),
+                 IN_MODIFY | IN_CREATE | IN_MOVED_TO)])
+        if watch is None:
+            with Store.in_flight_wait(self, identifier) as wait:
+                yield wait
+            return
+        try:
+            yield lambda: watch.wait(IN_FLIGHT_WATCHED_S)
+        finally:
+            watch.close()
 
     def keeps(self, identifier: str) -> bool:
         """Whether a mapping or buffer of a version of ``identifier`` served lately is kept

@@ -183,15 +183,26 @@ class VerifiedLog:
         record = int(key).to_bytes(8, "little") + int(ctime_ns).to_bytes(8, "little", signed=True)
         with self._lock:
             try:
-                if self._fd is not None and os.fstat(self._fd).st_ino != _inode(self.path):
-                    self._close()
-                if self._fd is None:
-                    self.directory.mkdir(parents=True, exist_ok=True)
-                    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                                       | os.O_CLOEXEC, 0o644)
-                os.write(self._fd, record)
+                os.write(self._open_locked(), record)
             except OSError:
                 pass
+
+    def open(self) -> None:
+        """Have the log open for appending (created if need be) now, not at the first
+        record: a producer does this before its write is in flight, so a reader that
+        watches the log's directory (``DiskStore.in_flight_wait``) wakes at its record,
+        not at the file's creation a moment before it (best effort)."""
+        with self._lock, contextlib.suppress(OSError):
+            self._open_locked()
+
+    def _open_locked(self) -> int:
+        if self._fd is not None and os.fstat(self._fd).st_ino != _inode(self.path):
+            self._close()
+        if self._fd is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                               | os.O_CLOEXEC, 0o644)
+        return self._fd
 
     def close(self) -> None:
         with self._lock:

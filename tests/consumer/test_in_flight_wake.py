@@ -1,0 +1,168 @@
+"""A reader waiting for a write in flight wakes on the writer's steps, not by looking every
+millisecond (``DiskStore.in_flight_wait``, ``store/inotify.py``): a producer on this host
+appending its record to the verified log (its bytes all in), the rename that commits the
+entry, the writer gone. Real writer processes and a real lookup at a Gemma-3-sized entry
+(2.75 MB). To show that the wake comes from the event and not from the periodic look, the
+tests set that period (``IN_FLIGHT_WATCHED_S``) to a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from encache.connectors.lookup.loader import State
+from encache.connectors.store import disk
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.inotify import IN_CREATE, IN_MOVED_TO, DirectoryWatch
+from lookup_support import make, tensor_bytes
+
+ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
+
+WRITER = r"""
+import sys, time
+import numpy as np
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.entry import encode_parts
+root, ident, encoded_here, before_bytes, before_commit = sys.argv[1:]
+arr = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
+def visible():
+    print("visible", flush=True)
+    time.sleep(float(before_bytes))
+def written():
+    time.sleep(float(before_commit))
+parts = encode_parts(ident, arr.view(np.uint8), "F32", arr.shape, model="m")
+DiskStore(root, fsync=False).put(ident, parts, encoded_here=encoded_here == "1",
+                                 on_visible=visible, on_written=written)
+print("committed", flush=True)
+"""
+
+
+@pytest.fixture
+def writer(tmp_path):
+    """``start(identifier, encoded_here, before_bytes, before_commit)``: a process writing
+    a 2.75 MB entry to the store at ``tmp_path/s``, pausing ``before_bytes`` s once the
+    write is visible and ``before_commit`` s once its bytes are all in; returns once the
+    write is visible."""
+    procs = []
+
+    def start(identifier: str, encoded_here: bool, before_bytes: float, before_commit: float):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path / "s"), identifier,
+             "1" if encoded_here else "0", str(before_bytes), str(before_commit)],
+            stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "visible"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def looks(monkeypatch):
+    """No periodic look for a minute; ``count(store)``: the store's looks at a write in
+    flight, counted."""
+    monkeypatch.setattr(disk, "IN_FLIGHT_WATCHED_S", 60.0)
+
+    def count(store):
+        calls = []
+        real = store.read_in_flight
+
+        def read_in_flight(identifier, checksum=lambda version: True):
+            calls.append(time.monotonic())
+            return real(identifier, checksum)
+
+        monkeypatch.setattr(store, "read_in_flight", read_in_flight)
+        return calls
+    return count
+
+
+def test_a_reader_wakes_when_a_producer_here_vouches_for_the_bytes(tmp_path, writer, looks):
+    """The bytes go in 0.3 s after the write is visible, the commit 30 s later: the
+    reader, waiting from the start, wakes at the producer's record, loads the bytes from
+    the temp file without hashing them, and looked a few times, not hundreds."""
+    store = DiskStore(tmp_path / "s", fsync=False)
+    calls = looks(store)
+    proc = writer("e1", True, 0.3, 30)
+    lk = make(store, load_timeout_s=90)
+    try:
+        assert lk.start_verify_done.wait(30)  # (its log read at start, before following it)
+        t0 = time.monotonic()
+        assert lk.request("e1") is State.PENDING
+        lk.wait(["e1"], 20)
+        took = time.monotonic() - t0
+        assert lk.is_ready("e1") and took < 10  # not the minute of the periodic look
+        assert tensor_bytes(lk.get_staged("e1")) == ARR.tobytes()
+        assert proc.poll() is None and not store.contains("e1")  # still uncommitted
+        assert len(calls) <= 5
+        assert lk.verified.trusted_loads == 1  # the producer's record: no checksum
+    finally:
+        lk.close()
+
+
+def test_a_reader_wakes_at_the_commit_of_a_write_nobody_vouched_for(tmp_path, writer, looks):
+    """A write that records nothing (its bytes from elsewhere) is read once committed:
+    the rename wakes the reader, which then loads the stored entry (hashed)."""
+    store = DiskStore(tmp_path / "s", fsync=False)
+    calls = looks(store)
+    proc = writer("e2", False, 0.2, 0.5)
+    lk = make(store, load_timeout_s=90)
+    try:
+        assert lk.start_verify_done.wait(30)  # (its log read at start, before following it)
+        t0 = time.monotonic()
+        assert lk.request("e2") is State.PENDING
+        lk.wait(["e2"], 20)
+        assert lk.is_ready("e2") and time.monotonic() - t0 < 10
+        assert proc.wait(10) == 0 and store.contains("e2")
+        assert tensor_bytes(lk.get_staged("e2")) == ARR.tobytes()
+        assert len(calls) <= 5
+        assert lk.verified.trusted_loads == 0
+    finally:
+        lk.close()
+
+
+def test_where_nothing_can_be_watched_the_reader_looks_every_millisecond(tmp_path, writer,
+                                                                         monkeypatch):
+    """No inotify (a limit reached, another kernel): the wait is the store default's
+    sleep, and the reader still loads what the producer wrote."""
+    monkeypatch.setattr(DirectoryWatch, "open", classmethod(lambda cls, watches: None))
+    store = DiskStore(tmp_path / "s", fsync=False)
+    calls = []
+    real = store.read_in_flight
+    monkeypatch.setattr(store, "read_in_flight",
+                        lambda i, checksum=lambda v: True: calls.append(1) or real(i, checksum))
+    writer("e3", True, 0.2, 30)
+    lk = make(store, load_timeout_s=90)
+    try:
+        assert lk.start_verify_done.wait(30)  # (its log read at start, before following it)
+        assert lk.request("e3") is State.PENDING
+        lk.wait(["e3"], 20)
+        assert lk.is_ready("e3")
+        assert tensor_bytes(lk.get_staged("e3")) == ARR.tobytes()
+        assert len(calls) > 5  # looked again and again in the 0.2 s
+    finally:
+        lk.close()
+
+
+def test_a_directory_watch_wakes_on_another_processs_change_and_times_out_otherwise(tmp_path):
+    assert DirectoryWatch.open([(str(tmp_path / "missing"), IN_CREATE)]) is None
+    (tmp_path / "d").mkdir()
+    with DirectoryWatch.open([(str(tmp_path / "d"), IN_CREATE | IN_MOVED_TO)]) as watch:
+        t0 = time.monotonic()
+        assert watch.wait(0.05) is False and time.monotonic() - t0 >= 0.04
+        threading.Timer(0.1, lambda: subprocess.run(
+            [sys.executable, "-c", f"open({str(tmp_path / 'd' / 'x')!r}, 'w').close()"])).start()
+        assert watch.wait(30) is True  # the other process's file
+        assert watch.wait(0.05) is False  # the events were read: nothing new
+        (tmp_path / "y").write_text("")
+        os.rename(tmp_path / "y", tmp_path / "d" / "y")
+        assert watch.wait(0) is True and watch.wakes == 2
