@@ -166,3 +166,15 @@ def test_a_directory_watch_wakes_on_another_processs_change_and_times_out_otherw
         (tmp_path / "y").write_text("")
         os.rename(tmp_path / "y", tmp_path / "d" / "y")
         assert watch.wait(0) is True and watch.wakes == 2
+        (tmp_path / "d" / "z").write_text("")  # an event nobody reads before the close
+        fd = watch.fd
+    # closing keeps the instance for the next watch (closing one waits for the kernel),
+    # without its watches or unread events
+    (tmp_path / "e").mkdir()
+    with DirectoryWatch.open([(str(tmp_path / "e"), IN_CREATE)]) as again:
+        assert again.fd == fd
+        assert again.wait(0.05) is False
+        (tmp_path / "d" / "w").write_text("")  # the old directory: not watched any more
+        assert again.wait(0.05) is False
+        (tmp_path / "e" / "w").write_text("")
+        assert again.wait(30) is True
