@@ -51,11 +51,14 @@ import numpy as np
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.writer import EntryWriter
 
+def say(*words):  # one write per line: atomic on a pipe, whichever thread says it
+    os.write(1, (" ".join(map(str, words)) + "\n").encode())
+
 class Timed(DiskStore):
     def put(self, identifier, parts, **kw):
         on_written = kw.get("on_written")
         def written():
-            print("whole", identifier, time.monotonic_ns(), flush=True)
+            say("whole", identifier, time.monotonic_ns())
             if on_written is not None:
                 on_written()
         kw["on_written"] = written
@@ -67,7 +70,7 @@ for line in sys.stdin:
     cmd, ident, rows = line.split()
     if cmd == "flush":
         writer.flush(60)
-        print("flushed", ident, 0, flush=True)
+        say("flushed", ident, 0)
         continue
     rows = int(rows)
     if rows not in arrays:
@@ -76,7 +79,7 @@ for line in sys.stdin:
     landed = writer.submit(ident, lambda a=a: (a.view(np.uint8), "F16", a.shape), a.nbytes,
                            model="bench", vllm_version="0.32.0")
     assert landed.result(60)
-    print("visible", ident, time.monotonic_ns(), flush=True)
+    say("visible", ident, time.monotonic_ns())
 writer.close()
 """
 
