@@ -130,6 +130,27 @@ def test_a_reader_wakes_at_the_commit_of_a_write_nobody_vouched_for(tmp_path, wr
         lk.close()
 
 
+def test_a_reader_stops_waiting_when_the_writer_is_killed(tmp_path, writer, looks):
+    """An encoder SIGKILLed while PD waits for its write: the kernel closes the temp
+    file, which wakes the reader; the write is not in flight any more (its lock went
+    with the process), so the item is a miss at once, not after the wait's bound."""
+    store = DiskStore(tmp_path / "s", fsync=False)
+    looks(store)
+    proc = writer("e4", True, 60, 60)  # visible, no byte for a minute
+    lk = make(store, load_timeout_s=90)
+    try:
+        assert lk.start_verify_done.wait(30)
+        assert lk.request("e4") is State.PENDING
+        time.sleep(0.2)  # the reader is waiting now
+        t0 = time.monotonic()
+        proc.kill()
+        lk.wait(["e4"], 20)
+        assert time.monotonic() - t0 < 10  # not the minute of the periodic look
+        assert not lk.is_ready("e4") and not store.in_flight("e4")
+    finally:
+        lk.close()
+
+
 def test_where_nothing_can_be_watched_the_reader_looks_every_millisecond(tmp_path, writer,
                                                                          monkeypatch):
     """No inotify (a limit reached, another kernel): the wait is the store default's
