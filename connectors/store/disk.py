@@ -82,8 +82,8 @@ MMAP_MIN_BYTES = 1 << 20
 # page cache, not the process's own
 MMAP_MIN_BYTES_KEPT = 64 << 10
 # A put reserves its file's blocks first (files.preallocate) from this size: the call
-# costs ~20 us, about what it saves on a 256 KiB write, a tenth of what it saves on
-# 2.75 MB (benchmarks/write.json)
+# costs ~20 us, no gain on a 256 KiB write here, far less than it saves from 2.75 MB
+# (benchmarks/write.json, performance.md section 11)
 PREALLOCATE_MIN_BYTES = 1 << 20
 # Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
 # unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
