@@ -115,6 +115,10 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "resaves": c("resaves"),
         # PD (EPD): loads of entries read while their write was in flight (before its commit)
         "in_flight_loads": c("in_flight_loads"),
+        # ... and the time those loads took, mostly waiting for the bytes
+        "in_flight_wait_seconds": c("in_flight_wait_seconds"),
+        "mean_in_flight_wait_seconds": _ratio(c("in_flight_wait_seconds"),
+                                              c("in_flight_loads")),
         # PD (EPD): requests failed because a metadata-only item's entry was not delivered
         "unavailable": c("unavailable"),
         "unavailable_by_reason": {r: c("unavailable_" + r)
@@ -221,7 +225,9 @@ def render_table(s: dict) -> None:
         *([("Saves late (EPD)", f"{s['save_timeouts']:,}")] if s["save_timeouts"] else []),
         *([("Saved again from the encoder cache (EPD)", f"{s['resaves']:,}")]
           if s["resaves"] else []),
-        *([("Loaded while being written (EPD)", f"{s['in_flight_loads']:,}")]
+        *([("Loaded while being written (EPD)",
+            f"{s['in_flight_loads']:,} (waited "
+            f"{human_duration(s['mean_in_flight_wait_seconds'])} each on average)")]
           if s["in_flight_loads"] else []),
         *([("Requests failed, entry not delivered (EPD)", f"{s['unavailable']:,} ("
             + ", ".join(f"{r} {n:,}" for r, n in s["unavailable_by_reason"].items() if n) + ")")]

@@ -168,10 +168,17 @@ class Loader:
         answered once its write was visible): ``(blob, meta, offset, version)`` of its
         bytes from the temp file once all are written (checked in full), or None once it
         is committed, gone, or not whole within ``load_timeout_s`` (the caller then loads
-        the stored entry as usual). Counted as ``in_flight_loads``."""
+        the stored entry as usual). Counted as ``in_flight_loads``, the time it took as
+        ``in_flight_wait_seconds`` (what PD spent waiting for encoders' writes)."""
         self.metrics.count("in_flight_loads")
-        deadline = time.monotonic() + self.timeout_s
-        hashed = []
+        start = time.monotonic()
+        try:
+            return self._wait_in_flight(identifier, start + self.timeout_s)
+        finally:
+            self.metrics.count("in_flight_wait_seconds", time.monotonic() - start)
+
+    def _wait_in_flight(self, identifier: str, deadline: float):
+        hashed = []  # per look: whether its checksum ran
 
         def checksum(version) -> bool:  # (a producer on this host vouched for its bytes)
             hashed.append(needs_checksum(self.verified, identifier, version))

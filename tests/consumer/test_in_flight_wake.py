@@ -105,6 +105,7 @@ def test_a_reader_wakes_when_a_producer_here_vouches_for_the_bytes(tmp_path, wri
         assert proc.poll() is None and not store.contains("e1")  # still uncommitted
         assert len(calls) <= 5
         assert lk.verified.trusted_loads == 1  # the producer's record: no checksum
+        assert lk.metrics.pending("in_flight_wait_seconds") >= 0.1  # the 0.3 s, counted
     finally:
         lk.close()
 

@@ -130,6 +130,7 @@ def test_a_reader_loads_a_written_entry_before_its_commit(tmp_path, held_fsync, 
         lk.maybe_flush(force=True)  # `encache stats` shows it
         stats = invoke("stats", "-s", str(tmp_path), "--json")
         assert stats.exit_code == 0 and json.loads(stats.output)["in_flight_loads"] == 1
+        assert json.loads(stats.output)["mean_in_flight_wait_seconds"] > 0
         release.set()
         assert writer.flush(30)  # flush waits for commits
         assert writer.counters.get("saves") == 1 and not writer.errors
