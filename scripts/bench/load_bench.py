@@ -67,7 +67,6 @@ round) and the overall median-time ratios; both are in the JSON. MB = 10^6 bytes
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import shutil
@@ -80,8 +79,8 @@ from math import prod
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (BENCH_DIR, code_state, finish_run, loadavg, machine,  # noqa: E402
-                            set_engine_env, summary, table)
+from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E402
+                            plot_method_bars, round_args, set_engine_env, summary, table)
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
@@ -434,33 +433,15 @@ def report(results: dict) -> str:
 
 
 def plot_load(results: dict, name: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [r["label"] for r in results["sizes"]]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    w = 0.8 / len(METHODS)
-    for k, m in enumerate(METHODS):
-        vals = [r["methods"][m]["vs_readinto_round_median"] for r in results["sizes"]]
-        ax.bar([i + k * w for i in range(len(labels))], vals, w, label=m)
-    ax.axhline(GOAL_VS_READINTO, color="k", ls="--", lw=1, label="goal 0.9x readinto")
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(labels))], labels)
-    ax.set_ylabel("x readinto (load + one copy; higher is faster)")
-    ax.set_title("Load + one copy into a preallocated buffer, warm page cache (2-vCPU VM)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(BENCH_DIR / name, dpi=110)
+    plot_method_bars(results, METHODS, "vs_readinto_round_median", name,
+                     ylabel="x readinto (load + one copy; higher is faster)",
+                     title="Load + one copy into a preallocated buffer, warm page cache "
+                           "(2-vCPU VM)",
+                     line=GOAL_VS_READINTO, line_label="goal 0.9x readinto")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--target-mb", type=int, default=64)
-    ap.add_argument("--out", default="load")
-    ap.add_argument("--tmpdir")
-    ap.add_argument("--no-plot", action="store_true")
-    a = ap.parse_args(argv)
+    a = round_args(__doc__, argv, rounds=7, target_mb=64, out="load")
     res = run(a.rounds, a.target_mb, a.out, not a.no_plot, a.tmpdir)
     print(report(res))
     for size, g in res["goals"].items():

@@ -147,6 +147,43 @@ def finish_run(results: dict, out: str, code0: dict, plot_fn=None) -> dict:
     return results
 
 
+def round_args(doc: str, argv, *, rounds: int, target_mb: int, out: str):
+    """The options of a benchmark that interleaves methods per round over entries of a
+    few sizes: ``--rounds``, ``--target-mb`` (per size), ``--out``, ``--tmpdir``,
+    ``--no-plot``."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--target-mb", type=int, default=target_mb)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--tmpdir")
+    ap.add_argument("--no-plot", action="store_true")
+    return ap.parse_args(argv)
+
+
+def plot_method_bars(results: dict, methods: list[str], key: str, name: str, *, ylabel: str,
+                     title: str, line: float = 1.0, line_label: str | None = None) -> None:
+    """``BENCH_DIR/name``: per size (``results["sizes"]``), a bar per method of
+    ``row["methods"][method][key]``, and a dashed line at ``line``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["label"] for r in results["sizes"]]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    w = 0.8 / len(methods)
+    for k, m in enumerate(methods):
+        vals = [r["methods"][m][key] for r in results["sizes"]]
+        ax.bar([i + k * w for i in range(len(labels))], vals, w, label=m)
+    ax.axhline(line, color="k", ls="--", lw=1, label=line_label)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(labels))], labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(BENCH_DIR / name, dpi=110)
+
+
 def write_json(name: str, data: dict) -> Path:
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     path = BENCH_DIR / name

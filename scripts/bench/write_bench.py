@@ -35,7 +35,6 @@ higher is faster). MB = 10^6 bytes.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import shutil
@@ -48,8 +47,8 @@ from math import prod
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving_common import (BENCH_DIR, code_state, finish_run, loadavg, machine,  # noqa: E402
-                            set_engine_env, summary, table)
+from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E402
+                            plot_method_bars, round_args, set_engine_env, summary, table)
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("11 MB", (1024, 5376))]
 METHODS = ["write", "write.prealloc", "ecexample", "encache.put", "encache.put.noprealloc"]
@@ -213,33 +212,13 @@ def report(results: dict) -> str:
 
 
 def plot_write(results: dict, name: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [r["label"] for r in results["sizes"]]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    w = 0.8 / len(METHODS)
-    for k, m in enumerate(METHODS):
-        vals = [r["methods"][m]["vs_write_round_median"] for r in results["sizes"]]
-        ax.bar([i + k * w for i in range(len(labels))], vals, w, label=m)
-    ax.axhline(1.0, color="k", ls="--", lw=1)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(labels))], labels)
-    ax.set_ylabel("x a plain write (higher is faster)")
-    ax.set_title("An entry write to a local disk store (ext4, 2-vCPU VM)")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(BENCH_DIR / name, dpi=110)
+    plot_method_bars(results, METHODS, "vs_write_round_median", name,
+                     ylabel="x a plain write (higher is faster)",
+                     title="An entry write to a local disk store (ext4, 2-vCPU VM)")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--target-mb", type=int, default=48)
-    ap.add_argument("--out", default="write")
-    ap.add_argument("--tmpdir")
-    ap.add_argument("--no-plot", action="store_true")
-    a = ap.parse_args(argv)
+    a = round_args(__doc__, argv, rounds=9, target_mb=48, out="write")
     res = run(a.rounds, a.target_mb, a.out, not a.no_plot, a.tmpdir)
     print(report(res))
     for row in res["sizes"]:

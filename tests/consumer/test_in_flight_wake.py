@@ -86,6 +86,17 @@ def looks(monkeypatch):
     return count
 
 
+def staged_in_time(lk, identifier: str) -> bool:
+    """PD's side: once ``lk`` has read the verified log at its start (before following
+    it), ask for ``identifier``, in flight, and wait: staged within 10 s (not the
+    minute of the periodic look)."""
+    assert lk.start_verify_done.wait(30)
+    t0 = time.monotonic()
+    assert lk.request(identifier) is State.PENDING
+    lk.wait([identifier], 20)
+    return lk.is_ready(identifier) and time.monotonic() - t0 < 10
+
+
 def test_a_reader_wakes_when_a_producer_here_vouches_for_the_bytes(tmp_path, writer, looks):
     """The bytes go in 0.3 s after the write is visible, the commit 30 s later: the
     reader, waiting from the start, wakes at the producer's record, loads the bytes from
@@ -95,12 +106,7 @@ def test_a_reader_wakes_when_a_producer_here_vouches_for_the_bytes(tmp_path, wri
     proc = writer("e1", True, 0.3, 30)
     lk = make(store, load_timeout_s=90)
     try:
-        assert lk.start_verify_done.wait(30)  # (its log read at start, before following it)
-        t0 = time.monotonic()
-        assert lk.request("e1") is State.PENDING
-        lk.wait(["e1"], 20)
-        took = time.monotonic() - t0
-        assert lk.is_ready("e1") and took < 10  # not the minute of the periodic look
+        assert staged_in_time(lk, "e1")
         assert tensor_bytes(lk.get_staged("e1")) == ARR.tobytes()
         assert proc.poll() is None and not store.contains("e1")  # still uncommitted
         assert len(calls) <= 5
@@ -118,11 +124,7 @@ def test_a_reader_wakes_at_the_commit_of_a_write_nobody_vouched_for(tmp_path, wr
     proc = writer("e2", False, 0.2, 0.5)
     lk = make(store, load_timeout_s=90)
     try:
-        assert lk.start_verify_done.wait(30)  # (its log read at start, before following it)
-        t0 = time.monotonic()
-        assert lk.request("e2") is State.PENDING
-        lk.wait(["e2"], 20)
-        assert lk.is_ready("e2") and time.monotonic() - t0 < 10
+        assert staged_in_time(lk, "e2")
         assert proc.wait(10) == 0 and store.contains("e2")
         assert tensor_bytes(lk.get_staged("e2")) == ARR.tobytes()
         assert len(calls) <= 5
