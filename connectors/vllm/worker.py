@@ -154,9 +154,8 @@ class EncacheWorkerConnector:
             self.writer.warn.warning("dtype", "encache: cannot store dtype %s", tensor.dtype)
             return
 
-        host, copied = tensor, None
-        if tensor.device.type != "cpu":  # its host copy queued on this step's stream
-            host, copied = self._device_copier(tensor.device).to_host(tensor)
+        # a device tensor's host copy queued on this step's stream; a CPU tensor as is
+        host, copied = self._device_copier(tensor.device).to_host(tensor)
 
         def data():  # runs in the writer thread: the copy's end, then a byte view
             if copied is not None:
