@@ -225,9 +225,9 @@ def render_table(s: dict) -> None:
         *([("Saves late (EPD)", f"{s['save_timeouts']:,}")] if s["save_timeouts"] else []),
         *([("Saved again from the encoder cache (EPD)", f"{s['resaves']:,}")]
           if s["resaves"] else []),
-        *([("Loaded while being written (EPD)",
-            f"{s['in_flight_loads']:,} (waited "
-            f"{human_duration(s['mean_in_flight_wait_seconds'])} each on average)")]
+        *([("Loaded while being written (EPD)", f"{s['in_flight_loads']:,}" + (
+            f" (waited {human_duration(s['mean_in_flight_wait_seconds'])} each on average)"
+            if s["in_flight_wait_seconds"] else ""))]  # (engines before it timed nothing)
           if s["in_flight_loads"] else []),
         *([("Requests failed, entry not delivered (EPD)", f"{s['unavailable']:,} ("
             + ", ".join(f"{r} {n:,}" for r, n in s["unavailable_by_reason"].items() if n) + ")")]
