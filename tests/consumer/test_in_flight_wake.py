@@ -25,46 +25,14 @@ from lookup_support import make, tensor_bytes
 
 ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
 
-WRITER = r"""
-import sys, time
-import numpy as np
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.entry import encode_parts
-root, ident, encoded_here, before_bytes, before_commit = sys.argv[1:]
-arr = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
-def visible():
-    print("visible", flush=True)
-    time.sleep(float(before_bytes))
-def written():
-    time.sleep(float(before_commit))
-parts = encode_parts(ident, arr.view(np.uint8), "F32", arr.shape, model="m")
-DiskStore(root, fsync=False).put(ident, parts, encoded_here=encoded_here == "1",
-                                 on_visible=visible, on_written=written)
-print("committed", flush=True)
-"""
-
-
 @pytest.fixture
-def writer(tmp_path):
-    """``start(identifier, encoded_here, before_bytes, before_commit)``: a process writing
-    a 2.75 MB entry to the store at ``tmp_path/s``, pausing ``before_bytes`` s once the
-    write is visible and ``before_commit`` s once its bytes are all in; returns once the
-    write is visible."""
-    procs = []
-
+def writer(tmp_path, writer_process):
+    """``start(identifier, encoded_here, before_bytes, before_commit)``: the conftest's
+    writer process on the store at ``tmp_path/s``; returns once the write is visible."""
     def start(identifier: str, encoded_here: bool, before_bytes: float, before_commit: float):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(tmp_path / "s"), identifier,
-             "1" if encoded_here else "0", str(before_bytes), str(before_commit)],
-            stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout.readline().strip() == "visible"
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+        return writer_process(tmp_path / "s", identifier, encoded_here=encoded_here,
+                              before_bytes=before_bytes, before_commit=before_commit)
+    return start
 
 
 @pytest.fixture

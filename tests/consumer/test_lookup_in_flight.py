@@ -16,8 +16,6 @@ import fcntl
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -258,42 +256,9 @@ def test_off_a_local_filesystem_a_write_lands_at_its_commit(tmp_path):
     assert not nfs.in_flight("x")
 
 
-WRITER = r"""
-import sys, time
-import numpy as np
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.entry import encode_parts
-root, ident, stop = sys.argv[1:]
-arr = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)
-def hold():
-    print("held", flush=True)
-    time.sleep(120)
-parts = encode_parts(ident, arr.view(np.uint8), "F32", arr.shape, model="m")
-DiskStore(root).put(ident, parts, **{stop: hold})
-"""
-
-
-@pytest.fixture
-def writer_process(tmp_path):
-    """``start(identifier, stop)``: a real process writing a 2.75 MB entry to the disk
-    store at ``tmp_path`` that stops at ``stop`` (``on_visible``: its temp file exists,
-    empty; ``on_written``: its bytes are all there, uncommitted) and stays there."""
-    procs = []
-
-    def start(identifier: str, stop: str):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), identifier, stop],
-                                stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout.readline().strip() == "held"
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.mark.parametrize("stop", ["on_visible", "on_written"])
+@pytest.mark.parametrize("stop", [{"before_bytes": 120},  # visible, no byte written
+                                  {"before_commit": 120, "until": "written"}],
+                         ids=["on_visible", "on_written"])
 def test_a_killed_writers_temp_file_is_not_waited_for(tmp_path, writer_process, stop):
     """An encoder SIGKILLed mid-write (before its bytes, or with them all written but
     uncommitted) leaves a temp file. While the writer lived, it was in flight; once it is
@@ -301,7 +266,7 @@ def test_a_killed_writers_temp_file_is_not_waited_for(tmp_path, writer_process, 
     PD, looks the image up at once and encodes it), and ``encache verify --repair``
     counts it a stray at once."""
     store = DiskStore(tmp_path)
-    proc = writer_process("k1", stop)
+    proc = writer_process(tmp_path, "k1", **stop)
     assert store.in_flight("k1") and store.stray_files() == []
     proc.kill()
     proc.wait()
@@ -322,7 +287,7 @@ def test_a_stuck_writers_temp_file_is_waited_for_once_then_not(tmp_path, writer_
     (encoded) without another wait. Past ``IN_FLIGHT_S`` it is not in flight at all; it
     is never a stray while its writer holds it."""
     store = DiskStore(tmp_path)
-    proc = writer_process("stuck", "on_visible")  # no byte written yet
+    proc = writer_process(tmp_path, "stuck", before_bytes=120)  # no byte written yet
     proc.send_signal(signal.SIGSTOP)
     lk = make(store, load_timeout_s=0.3)
     try:
