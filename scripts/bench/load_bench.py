@@ -54,6 +54,10 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   onepass.fresh       breakdown: the alternative first load -- the file read into a new,
                       kept buffer and each 256 KiB chunk hashed while in the CPU cache
                       (entry.read_verified, one pass; the tensor views that buffer, no copy)
+  onepass.reused      breakdown, not a load: the same one pass into a staging buffer reused
+                      by every load (warm, faulted in; no copy after): the best any load
+                      that hashes on the request path can do here, as on a GPU host whose
+                      page-locked staging buffers are reused
   encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
                       reuse with load_mode mmap (every entry mapped) / read (every entry
                       read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES: no
@@ -88,8 +92,8 @@ METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache
            "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
-           "onepass.fresh"]
-NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh")
+           "onepass.fresh", "onepass.reused"]
+NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh", "onepass.reused")
 GOAL_VS_READINTO = 0.9
 
 
@@ -161,6 +165,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 ahead_data.append(entry(n + i)[1])
             file_size = os.path.getsize(store.entry_path(ids[0]))
             pre = np.empty(file_size, np.uint8)
+            stage = np.ones(file_size + 4096, np.uint8)  # onepass.reused's staging buffer
             dst = torch.empty(shape, dtype=torch.float16)
             pre_tensor = torch.from_numpy(pre[file_size - nbytes:]).view(torch.float16).view(shape)
 
@@ -317,8 +322,19 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 kept.append(buf)
                 return buf
 
+            def onepass_reused(i):
+                fd = os.open(store.entry_path(ids[i]), os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    read_verified(lambda view: os.readv(fd, [view]), size, stage[:size],
+                                  identifier=ids[i])
+                finally:
+                    os.close(fd)
+                return stage
+
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
+                   "onepass.reused": onepass_reused,
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.ahead": encache("ahead", ahead_ids),
