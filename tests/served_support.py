@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -81,7 +83,11 @@ class EncoderLog:
 class Server:
     def __init__(self, cmd: list[str], env: dict, root: Path, encoder_log: EncoderLog | None,
                  model: str):
-        self.cmd, self.env, self.root = cmd, env, root
+        self.cmd, self.root = cmd, root
+        #: the server's temp directory: vLLM leaves its IPC sockets and distributed-init
+        #: files there when its engine is SIGKILLed (its default stop); removed by stop()
+        self.tmp = tempfile.mkdtemp(prefix="encache-server-")
+        self.env = {**env, "TMPDIR": self.tmp}
         self.encoder_log = encoder_log
         self.model = model
         self.attempts = 0
@@ -127,6 +133,7 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def chat(self, paths, **kw) -> dict:
         return chat(self.base, self.model, paths, **kw)
