@@ -51,10 +51,14 @@ class EntryLookup:
                  verify_ahead: bool = True,
                  verify_ahead_start_bytes: int = VERIFY_AHEAD_START_BYTES,
                  model: str | None = None, remember_verified: bool = True,
-                 shared_from: int | None = None):
+                 shared_from: int | None = None, host_staging=None):
         """``shared_from``: entries of at least this many bytes that a load receives or
         reads (Redis, Redis Cluster, a network filesystem) go into shared memory that a
-        worker process maps (``store/memfd.py``); None: private memory."""
+        worker process maps (``store/memfd.py``); None: private memory.
+        ``host_staging(n)``: instead, the buffer such a load goes into when a worker in
+        this process copies entries to an accelerator from it (page-locked staging,
+        ``vllm/device_copy.py``); with ``host_staging.stages`` a load that hashes reads
+        into it in one pass where the store would otherwise map the entry."""
         self.store = store
         self.model = model  # the engine's model id: start-up verify-ahead skips other models'
         self.verify_ahead_start_bytes = max(0, int(verify_ahead_start_bytes))
@@ -84,7 +88,8 @@ class EntryLookup:
         self.loader = Loader(store, threads=load_threads, timeout_s=load_timeout_s,
                              index=self.index, verified=self.verified, staging=self.staging,
                              checks=self.checks, misses=self.misses, metrics=self.metrics,
-                             breaker=self.breaker, warn=self.warn, shared_from=shared_from)
+                             breaker=self.breaker, warn=self.warn, shared_from=shared_from,
+                             host_staging=host_staging)
         self._journal_cursor = None  # the store's change journal, read up to here
         self._next_full_check = 0.0  # an incomplete journal: all staged re-checked then
         self._closed = threading.Event()

@@ -103,11 +103,15 @@ class Loader:
     def __init__(self, store: Store, *, threads: int, timeout_s: float, index: StoreIndex,
                  verified: VerifiedVersions, staging: StagingArea, checks: EntryChecks,
                  misses: MissReasons, metrics: LookupMetrics, breaker: CircuitBreaker,
-                 warn: RateLimitedLog, shared_from: int | None = None):
+                 warn: RateLimitedLog, shared_from: int | None = None, host_staging=None):
         self.store, self.timeout_s = store, timeout_s
         #: entries of at least this many bytes that a load receives or reads go into
         #: shared memory a worker process can map (memfd.py); None: private memory
         self.shared_from = shared_from
+        #: ``host_staging(n)``: the buffer a load reads or receives an entry into when a
+        #: worker in this process copies it to an accelerator from there (page-locked
+        #: staging; ``host_staging.stages``: a load that hashes reads into it in one pass)
+        self.host_staging = host_staging
         self.index, self.verified, self.staging = index, verified, staging
         self.checks, self.misses, self.metrics = checks, misses, metrics
         self.breaker, self.warn = breaker, warn
@@ -273,8 +277,9 @@ class Loader:
                 raise _Deferred
             return hashing
 
+        into = self._into if self.host_staging is None else self.host_staging
         try:
-            got = self.store.read_verified(identifier, checksum, into=self._into)
+            got = self.store.read_verified(identifier, checksum, into=into)
         except _Deferred:
             return DEFER
         if got is None:

@@ -197,8 +197,12 @@ class Store(ABC):
         stored version's bytes must be hashed (False: a version verified before; header
         and size are still checked). ``into(n)``: where a backend receives or reads the
         entry into memory of its own, it takes that buffer of ``n`` writable bytes from
-        here instead (shared memory a worker process can map: :mod:`.memfd`); a mapped or
-        kept copy is served as it is. Raises :class:`~.entry.CorruptEntry` for bad bytes.
+        here instead (shared memory a worker process can map: :mod:`.memfd`; the
+        page-locked staging of a device copy); a mapped or kept copy is served as it is.
+        ``into.stages`` true: its buffers are where the bytes go next anyway (a device
+        copy's staging), so a version that must be hashed is read into one and hashed in
+        the same pass even where it would be mapped. Raises
+        :class:`~.entry.CorruptEntry` for bad bytes.
         Default: :meth:`read_entry`, then a validation pass over the buffer (``into``
         unused)."""
         from .entry import validate_blob

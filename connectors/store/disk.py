@@ -260,8 +260,10 @@ class DiskStore(Store):
         Reading a mapped-size entry into a private buffer instead measured slower on this
         machine: the engine keeps the tensor, so every load's buffer is fresh anonymous
         memory, and its zero-fill page faults cost more than the hash saves (performance.md
-        section 1, rows ``readinto.fresh`` and ``onepass.fresh``). ``checksum(version)`` is
-        asked once the file is open;
+        section 1, rows ``readinto.fresh`` and ``onepass.fresh``). Where ``into.stages``
+        (its buffers are a device copy's reused staging: the bytes are copied there
+        anyway), an entry that must be hashed is read into one in that same single pass
+        instead. ``checksum(version)`` is asked once the file is open;
         a version that needs no checksum gets header and size checks only. ``into``: the
         buffer an entry that is read is read into (:meth:`Store.read_verified`)."""
         path = self._entry_file(identifier)
@@ -273,7 +275,8 @@ class DiskStore(Store):
             st = os.fstat(fd)
             version = self.version_type.of(st)
             hashing = checksum(version)
-            if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes):
+            if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes
+                               and not getattr(into, "stages", False)):
                 # mapped (or kept) and validated over the mapping, from this open file
                 got = self._serve_open(fd, st, path, version, self.mapped_loads)
                 if got is None:

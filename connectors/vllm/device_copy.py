@@ -8,7 +8,11 @@ step waits.
 straight from the scheduler's pinned file descriptor for a disk entry in another process,
 copied from the staged buffer otherwise -- and queues the host-to-device copy with
 ``non_blocking=True`` on the current stream, the stream vLLM's model runner runs the step's
-kernels on, so they see the copy done.
+kernels on, so they see the copy done. When the worker runs in the scheduler's process
+(one GPU per engine), the lookup reads or receives entries straight into that staging
+(:class:`HostStaging`): a disk entry that must be hashed is read and hashed in one pass
+into page-locked memory, a Redis value is received and verified into it, and the worker's
+device copy goes from there with no second pass over the bytes on the host.
 
 The staging memory comes from torch's caching host allocator (``pin_memory=True``): it
 keeps freed page-locked blocks for reuse, and a non-blocking copy records an event on its
@@ -36,9 +40,53 @@ import warnings
 
 import torch
 
+from ..store.files import uninitialized
 from .metadata import open_ref
 
 log = logging.getLogger("encache.connector")
+
+
+def _page_locked(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is page-locked (a CPU-only torch has none)."""
+    try:
+        return t.is_pinned()
+    except RuntimeError:
+        return False
+
+
+def _pinned_base(blob) -> torch.Tensor | None:
+    """The page-locked tensor a whole :class:`HostStaging` buffer views, or None."""
+    base = getattr(blob, "base", None)
+    if not isinstance(base, torch.Tensor) or not _page_locked(base):
+        return None
+    ctypes = getattr(blob, "ctypes", None)
+    return base if ctypes is not None and ctypes.data == base.data_ptr() else None
+
+
+class HostStaging:
+    """The buffers a consumer's lookup reads or receives entries into when the worker
+    that copies them to an accelerator runs in the same process: page-locked memory from
+    torch's caching host allocator, as numpy views (the lookup's buffers are byte
+    buffers) whose ``base`` is the page-locked tensor the worker's copy goes from
+    (:meth:`DeviceCopier.from_buffer`). ``stages``: true while page-locked memory can be
+    had, so a disk entry that must be hashed is read into it rather than mapped; where it
+    cannot (no accelerator allocator, a locked-memory limit), private memory, and entries
+    are mapped as on a CPU engine. Staged entries hold their buffer: page-locked memory in
+    use stays within the lookup's ``staging_bytes`` and the loads in flight."""
+
+    def __init__(self):
+        self.stages = True
+
+    def __call__(self, n: int):
+        if self.stages:
+            try:
+                return torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
+            except RuntimeError as e:
+                self.stages = False
+                log.warning("encache: no page-locked host memory for loads (%s): entries are "
+                            "read into private memory, then staged by the worker",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return uninitialized(n)
 
 
 class DeviceCopier:
@@ -66,7 +114,14 @@ class DeviceCopier:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def from_buffer(self, blob, offset: int, nbytes: int) -> torch.Tensor:
-        """Staging filled from a buffer holding the entry (staged bytes, a received frame)."""
+        """Staging filled from a buffer holding the entry (staged bytes, a received frame);
+        a :class:`HostStaging` buffer is staging already: its page-locked tensor as is (a
+        view of the original tensor, so the copy's completion event is recorded on the
+        allocator's block and the block is not reused before the copy has finished)."""
+        pinned = _pinned_base(blob) if self.pin and offset % 8 == 0 else None
+        if pinned is not None:  # (8-aligned: any dtype can view it; safetensors aligns so)
+            self.stats["pinned"] += 1
+            return pinned[offset:offset + nbytes]
         buf = self.staging(nbytes)
         with warnings.catch_warnings():  # a read-only source is only read
             warnings.simplefilter("ignore", UserWarning)

@@ -43,6 +43,7 @@ from ..ratelimit import RateLimitedLog
 from ..store import memfd
 from ..store.keys import split_lora
 from .config import ConnectorConfig
+from .device_copy import HostStaging
 from .metadata import (WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry,
                        pin_shared)
 from .metrics import EncacheStats
@@ -86,7 +87,7 @@ class EncacheSchedulerConnector:
             self.lookup = EntryLookup(
                 store, **config.lookup_options(), model=self.model_id,
                 encoder_config=encoder_config if config.check_encoder_config else None,
-                shared_from=shared_from)
+                shared_from=shared_from, host_staging=self._host_staging(vllm_config))
             self.lookup.lora_digests = self._lora_digests  # shared: kept up to date below
             self.diagnosis = MissDiagnosis(store, self.model_id)
             self.diagnosis.start()
@@ -341,6 +342,17 @@ class EncacheSchedulerConnector:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+    def _host_staging(self, vllm_config) -> HostStaging | None:
+        """Page-locked buffers for the lookup's reads (device_copy.HostStaging) when the
+        worker runs in this process (the uniprocess executor: one accelerator per
+        engine) and copies entries to an accelerator: the read or receive is then the
+        one pass over the bytes on the host. Not for workers in other processes (they
+        get pinned files or shared memory) nor on a CPU engine (vLLM keeps its view)."""
+        if self._worker_procs or vllm_config.parallel_config.distributed_executor_backend != "uni":
+            return None
+        from vllm.platforms import current_platform
+        return HostStaging() if current_platform.device_type != "cpu" else None
 
     def _choose_worker_procs(self, vllm_config) -> bool:
         """Workers open large entries themselves (the metadata carries a pinned file, not

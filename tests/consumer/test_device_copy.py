@@ -1,8 +1,11 @@
 """Loads onto an accelerator (:mod:`encache.connectors.vllm.device_copy`): the entry's
-bytes go once into page-locked staging -- read from the scheduler's pinned file, or copied
-from the staged buffer -- then to the device. No GPU here: the CPU runs the same reads and
-views (pageable staging; the page-locked request fails as on any CPU-only torch), a
-``meta`` device runs the worker's accelerator branch, and the CUDA test is skipped."""
+bytes go once into page-locked staging -- read from the scheduler's pinned file, copied
+from the staged buffer, or read there by the lookup itself (``HostStaging``, a worker in
+the scheduler's process) -- then to the device. No GPU here: the CPU runs the same reads
+and views (pageable staging; the page-locked request fails as on any CPU-only torch), a
+``meta`` device runs the worker's accelerator branch, a pageable stand-in for
+``HostStaging`` (next to the real one, which falls back here) runs the lookup's one-pass
+reads into staging, and the CUDA tests are skipped."""
 
 from __future__ import annotations
 
@@ -13,10 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+import mmap
+
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.vllm.device_copy import DeviceCopier
+from encache.connectors.vllm import device_copy
+from encache.connectors.vllm.device_copy import DeviceCopier, HostStaging
 from encache.connectors.vllm.metadata import LoadItem, pin_entry
 from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -143,3 +149,118 @@ def test_cuda_outputs_reach_the_writer_after_the_step_stream_computed_them():  #
     th.join()
     assert host.is_pinned()
     assert torch.equal(got["bytes"], x.cpu())
+
+
+class PageableStaging:
+    """Stands in for :class:`HostStaging` where no page-locked memory can be had (here):
+    the same buffers -- numpy views of torch tensors -- from pageable memory."""
+
+    stages = True
+
+    def __init__(self):
+        self.given = []
+
+    def __call__(self, n):
+        buf = torch.empty(n, dtype=torch.uint8).numpy()
+        self.given.append(buf)
+        return buf
+
+
+def _staging_lookup(store, staging):
+    return EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1,
+                       verify_ahead=False, remember_verified=False, host_staging=staging)
+
+
+def test_host_staging_without_page_locked_memory_maps_as_a_cpu_engine(entry, caplog):
+    """The real HostStaging on a CPU-only torch: one warning, private memory, and it no
+    longer asks for hashed loads to be read into it (mapping costs less than a read into
+    new private memory)."""
+    _, _, arr, store = entry
+    staging = HostStaging()
+    with caplog.at_level(logging.WARNING, logger="encache.connector"):
+        first = staging(4096)
+        staging(4096)
+    if torch.cuda.is_available():  # pragma: no cover - a GPU host pins
+        pytest.skip("page-locked memory is available here")
+    assert staging.stages is False and len(first) == 4096
+    assert len([r for r in caplog.records if "page-locked" in r.getMessage()]) == 1
+    lk = _staging_lookup(store, staging)
+    try:
+        st = lk.load_now("g")
+        assert isinstance(st.blob, mmap.mmap)  # mapped and hashed over the mapping
+        assert lk.metrics.pending("checksums") == 1
+    finally:
+        lk.close()
+
+
+def test_a_hashed_first_load_is_read_into_staging_in_one_pass(entry, tmp_path):
+    """With staging that stages, a disk entry whose bytes must be hashed is read into a
+    staging buffer and hashed in the same pass (not mapped); a corrupt one is a miss; a
+    version verified since is served from its mapping (nothing to hash: no read)."""
+    _, _, arr, store = entry
+    staging = PageableStaging()
+    lk = _staging_lookup(store, staging)
+    try:
+        st = lk.load_now("g")
+        assert len(staging.given) == 1 and st.blob is staging.given[0]
+        assert isinstance(st.blob.base, torch.Tensor)  # what the worker's copy goes from
+        assert lk.metrics.pending("checksums") == 1
+        got = np.frombuffer(st.blob, np.float16, count=arr.size, offset=st.offset)
+        assert np.array_equal(got.view(np.uint16), arr.reshape(-1).view(np.uint16))
+        again = lk.load_now("g")
+        assert len(staging.given) == 1 and isinstance(again.blob, mmap.mmap)
+    finally:
+        lk.close()
+    bad = DiskStore(tmp_path / "bad")
+    bad.put("g", encode("g", arr.view(np.uint8), "F16", arr.shape, model="m"))
+    path = bad.entry_path("g")
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0xFF  # one flipped byte in the tensor
+    path.write_bytes(bytes(raw))
+    lk = _staging_lookup(bad, PageableStaging())
+    try:
+        assert lk.load_now("g") is None
+        assert lk.metrics.pending("load_errors") == 1
+    finally:
+        lk.close()
+
+
+def test_the_worker_copies_to_the_device_straight_from_page_locked_staging(entry,
+                                                                           monkeypatch):
+    """A staged buffer the lookup read into page-locked staging is the device copy's
+    source as it is: no second staging buffer, no host copy (page-lockedness stands in
+    here: no allocator gives it on a CPU-only torch; the CUDA test below runs it)."""
+    _, _, arr, store = entry
+    staging = PageableStaging()
+    lk = _staging_lookup(store, staging)
+    try:
+        st = lk.load_now("g")
+    finally:
+        lk.close()
+    monkeypatch.setattr(device_copy, "_page_locked", lambda t: True)
+    copier = DeviceCopier(torch.device("cpu"), pin=True)
+    buf = copier.from_buffer(st.blob, st.offset, arr.nbytes)
+    assert buf.data_ptr() == st.blob.ctypes.data + st.offset  # the staging itself
+    assert copier.stats == {"pinned": 1, "pageable": 0}
+    assert torch.equal(copier.to_device(buf, torch.float16, SHAPE), torch.from_numpy(arr))
+    # a buffer that is not a whole staging buffer is copied as before
+    copied = copier.from_buffer(bytes(memoryview(st.blob)), st.offset, arr.nbytes)
+    assert copier.stats == {"pinned": 1, "pageable": 1}  # (no page-locked memory here)
+    assert torch.equal(copier.to_device(copied, torch.float16, SHAPE), torch.from_numpy(arr))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here or in CI")
+def test_cuda_hashed_loads_read_into_page_locked_staging(entry):  # pragma: no cover
+    _, _, arr, store = entry
+    staging = HostStaging()
+    lk = _staging_lookup(store, staging)
+    try:
+        st = lk.load_now("g")
+    finally:
+        lk.close()
+    assert staging.stages and st.blob.base.is_pinned()
+    w = _worker("cuda:0")
+    t = w._to_tensor(LoadItem("g", st.blob, st.offset, st.meta.dtype, st.meta.shape))
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(t.cpu(), torch.from_numpy(arr))
+    assert w._copier.stats == {"pinned": 1, "pageable": 0}  # no second staging buffer
