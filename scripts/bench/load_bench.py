@@ -23,6 +23,11 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       store object and lookup each round (default settings, but no log of
                       verified versions), so open + map (64 KiB+) or read, header parse
                       + xxh3 checksum on the request path, then the copy
+  encache.first.staging  the same first load as a consumer whose worker copies entries to
+                      an accelerator from this process does it (HostStaging): read and
+                      hashed in one pass into staging, here a reused buffer as torch's
+                      caching host allocator hands back a freed page-locked block; it
+                      ends there (the device copy goes from it: no host copy after)
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
@@ -54,10 +59,9 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
   onepass.fresh       breakdown: the alternative first load -- the file read into a new,
                       kept buffer and each 256 KiB chunk hashed while in the CPU cache
                       (entry.read_verified, one pass; the tensor views that buffer, no copy)
-  onepass.reused      breakdown, not a load: the same one pass into a staging buffer reused
-                      by every load (warm, faulted in; no copy after): the best any load
-                      that hashes on the request path can do here, as on a GPU host whose
-                      page-locked staging buffers are reused
+  onepass.reused      breakdown, not a load: entry.read_verified alone into the buffer
+                      readinto reads into (no copy after): the floor of
+                      encache.first.staging
   encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
                       reuse with load_mode mmap (every entry mapped) / read (every entry
                       read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES: no
@@ -88,8 +92,8 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.ahead", "encache.first.encoded", "encache.first.restart",
-           "encache.first.restart.tail",
+           "encache.first.staging", "encache.first.ahead", "encache.first.encoded",
+           "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
            "onepass.fresh", "onepass.reused"]
@@ -164,10 +168,11 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             for i in range(n):  # written anew each round for the verify-ahead method
                 ahead_data.append(entry(n + i)[1])
             file_size = os.path.getsize(store.entry_path(ids[0]))
-            pre = np.empty(file_size, np.uint8)
-            stage = np.ones(file_size + 4096, np.uint8)  # onepass.reused's staging buffer
+            # (entries differ by a few header bytes: room for the largest)
+            pre = np.empty(max(os.path.getsize(store.entry_path(i)) for i in ids), np.uint8)
             dst = torch.empty(shape, dtype=torch.float16)
-            pre_tensor = torch.from_numpy(pre[file_size - nbytes:]).view(torch.float16).view(shape)
+            pre_tensor = torch.from_numpy(pre[file_size - nbytes:file_size]).view(
+                torch.float16).view(shape)
 
             def make_lookup(**kw):
                 kw.setdefault("index_refresh_s", 3600)
@@ -280,6 +285,22 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 """Its start-up pass prepared the most recently used entries."""
                 return restarted("restart", model="bench").verified_at_start
 
+            class ReusedStaging:
+                """Staging as torch's caching host allocator hands it out once the last
+                load's device copy finished: the same block again (pre)."""
+                stages = True
+
+                def __call__(self, n):
+                    return pre[:n]
+
+            def prepare_staging():
+                """As prepare_first, for a consumer whose lookup reads into staging."""
+                restarted("staging", verify_ahead_start_bytes=0, remember_verified=False,
+                          host_staging=ReusedStaging())
+
+            def staging_first(i):
+                return to_tensor(lk["staging"].load_now(ids[i]))  # (a view: no copy)
+
             def prepare_first():
                 """A consumer that never saw these versions, nor did any other this boot
                 (no log): every load of the round is a cold first load."""
@@ -326,17 +347,18 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 fd = os.open(store.entry_path(ids[i]), os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
-                    read_verified(lambda view: os.readv(fd, [view]), size, stage[:size],
+                    read_verified(lambda view: os.readv(fd, [view]), size, pre[:size],
                                   identifier=ids[i])
                 finally:
                     os.close(fd)
-                return stage
+                return pre
 
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
                    "onepass.reused": onepass_reused,
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
+                   "encache.first.staging": staging_first,
                    "encache.first.ahead": encache("ahead", ahead_ids),
                    "encache.first.encoded": encache("encoded", encoded_ids),
                    "encache.first.restart": encache("restart", ids),
@@ -346,13 +368,14 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat.mmap": encache("mmap", ids),
                    "encache.repeat.read": encache("read", ids)}
             # correctness: every method yields the stored tensor
-            ref = torch.from_numpy(np.frombuffer(bytes(memoryview(readinto(0))[file_size - nbytes:]),
-                                                 np.float16).reshape(shape).copy())
+            first_bytes = bytes(memoryview(readinto(0))[file_size - nbytes:file_size])
+            ref = torch.from_numpy(np.frombuffer(first_bytes, np.float16).reshape(shape).copy())
             prepare_ahead()
             prepare_encoded()
             prepare_restart()
             prepare_restart_tail()
             prepare_first()
+            prepare_staging()
             ref_ahead = torch.from_numpy(ahead_data[0].copy())
             for m in METHODS:
                 if m != "readinto" and m not in NOT_LOADS:
@@ -370,6 +393,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 restart_verified.append(prepare_restart())
                 tail_trusted.append(prepare_restart_tail())
                 prepare_first()
+                prepare_staging()
                 order = METHODS[:]
                 random.Random(r).shuffle(order)
                 round_t = {}
@@ -423,7 +447,8 @@ def goals(results: dict) -> dict:
     for row in results["sizes"]:
         m = row["methods"]
         g = {}
-        for name in ("encache.repeat", "encache.first", "encache.first.ahead",
+        for name in ("encache.repeat", "encache.first", "encache.first.staging",
+                     "encache.first.ahead",
                      "encache.first.encoded", "encache.first.restart",
                      "encache.first.restart.tail", "encache.staged",
                      "encache.always", "encache.repeat.noreuse"):
