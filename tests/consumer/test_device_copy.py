@@ -171,6 +171,15 @@ def _staging_lookup(store, staging):
                        verify_ahead=False, remember_verified=False, host_staging=staging)
 
 
+def _first_load(store, staging):
+    """The first (hashed) load of the entry by a lookup reading into ``staging``."""
+    lk = _staging_lookup(store, staging)
+    try:
+        return lk.load_now("g")
+    finally:
+        lk.close()
+
+
 def test_host_staging_without_page_locked_memory_maps_as_a_cpu_engine(entry, caplog):
     """The real HostStaging on a CPU-only torch: one warning, private memory, and it no
     longer asks for hashed loads to be read into it (mapping costs less than a read into
@@ -231,12 +240,7 @@ def test_the_worker_copies_to_the_device_straight_from_page_locked_staging(entry
     source as it is: no second staging buffer, no host copy (page-lockedness stands in
     here: no allocator gives it on a CPU-only torch; the CUDA test below runs it)."""
     _, _, arr, store = entry
-    staging = PageableStaging()
-    lk = _staging_lookup(store, staging)
-    try:
-        st = lk.load_now("g")
-    finally:
-        lk.close()
+    st = _first_load(store, PageableStaging())
     monkeypatch.setattr(device_copy, "_page_locked", lambda t: True)
     copier = DeviceCopier(torch.device("cpu"), pin=True)
     buf = copier.from_buffer(st.blob, st.offset, arr.nbytes)
@@ -253,11 +257,7 @@ def test_the_worker_copies_to_the_device_straight_from_page_locked_staging(entry
 def test_cuda_hashed_loads_read_into_page_locked_staging(entry):  # pragma: no cover
     _, _, arr, store = entry
     staging = HostStaging()
-    lk = _staging_lookup(store, staging)
-    try:
-        st = lk.load_now("g")
-    finally:
-        lk.close()
+    st = _first_load(store, staging)
     assert staging.stages and st.blob.base.is_pinned()
     w = _worker("cuda:0")
     t = w._to_tensor(LoadItem("g", st.blob, st.offset, st.meta.dtype, st.meta.shape))
