@@ -40,7 +40,6 @@ import warnings
 
 import torch
 
-from ..store.files import uninitialized
 from .metadata import open_ref
 
 log = logging.getLogger("encache.connector")
@@ -72,21 +71,18 @@ class HostStaging:
     had, so a disk entry that must be hashed is read into it rather than mapped; where it
     cannot (no accelerator allocator, a locked-memory limit), private memory, and entries
     are mapped as on a CPU engine. Staged entries hold their buffer: page-locked memory in
-    use stays within the lookup's ``staging_bytes`` and the loads in flight."""
+    use stays within the lookup's ``staging_bytes`` and the loads in flight. The buffers
+    are :meth:`DeviceCopier.staging`'s (``device``: where the worker copies them)."""
 
-    def __init__(self):
-        self.stages = True
+    def __init__(self, device: torch.device):
+        self._copier = DeviceCopier(device, pin=True)
+
+    @property
+    def stages(self) -> bool:
+        return self._copier.pin
 
     def __call__(self, n: int):
-        if self.stages:
-            try:
-                return torch.empty(n, dtype=torch.uint8, pin_memory=True).numpy()
-            except RuntimeError as e:
-                self.stages = False
-                log.warning("encache: no page-locked host memory for loads (%s): entries are "
-                            "read into private memory, then staged by the worker",
-                            str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return uninitialized(n)
+        return self._copier.staging(n).numpy()
 
 
 class DeviceCopier:

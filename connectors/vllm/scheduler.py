@@ -351,8 +351,10 @@ class EncacheSchedulerConnector:
         get pinned files or shared memory) nor on a CPU engine (vLLM keeps its view)."""
         if self._worker_procs or vllm_config.parallel_config.distributed_executor_backend != "uni":
             return None
+        import torch
         from vllm.platforms import current_platform
-        return HostStaging() if current_platform.device_type != "cpu" else None
+        device = current_platform.device_type
+        return HostStaging(torch.device(device)) if device != "cpu" else None
 
     def _choose_worker_procs(self, vllm_config) -> bool:
         """Workers open large entries themselves (the metadata carries a pinned file, not

@@ -185,7 +185,7 @@ def test_host_staging_without_page_locked_memory_maps_as_a_cpu_engine(entry, cap
     longer asks for hashed loads to be read into it (mapping costs less than a read into
     new private memory)."""
     _, _, arr, store = entry
-    staging = HostStaging()
+    staging = HostStaging(torch.device("cuda"))
     with caplog.at_level(logging.WARNING, logger="encache.connector"):
         first = staging(4096)
         staging(4096)
@@ -256,7 +256,7 @@ def test_the_worker_copies_to_the_device_straight_from_page_locked_staging(entry
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here or in CI")
 def test_cuda_hashed_loads_read_into_page_locked_staging(entry):  # pragma: no cover
     _, _, arr, store = entry
-    staging = HostStaging()
+    staging = HostStaging(torch.device("cuda"))
     st = _first_load(store, staging)
     assert staging.stages and st.blob.base.is_pinned()
     w = _worker("cuda:0")
