@@ -16,9 +16,13 @@ towers (e.g. ``--image-size 224 --patch 16 --vision-hidden 768 --vision-layers 1
 SigLIP-base-sized encoder) are for benchmarks.
 
 An entry is (image tokens) x (the language model's hidden size) x (dtype bytes), so
-``--text-hidden`` sizes the entries: ``--image-size 128 --patch 8 --text-hidden 2688``
-gives 256 tokens x 2688 fp32 = 2.75 MB per image (Gemma 3 27B's 256 x 5376 fp16);
-``--image-size 256`` gives 1024 tokens, 11 MB (four such crops).
+``--text-hidden`` sizes the entries, for every family: ``--image-size 128 --patch 8
+--text-hidden 2688`` gives 256 tokens x 2688 fp32 = 2.75 MB per image (Gemma 3 27B's
+256 x 5376 fp16); ``--image-size 256`` gives 1024 tokens, 11 MB (four such crops).
+``--arch gemma3 --image-size 256 --text-hidden 2688`` gives Gemma 3's real 256 tokens per
+tile at that width (pan-and-scan: one entry of 2.75 MB per tile, the global view and each
+crop). Other families keep their tiny towers (their token counts follow the image), so
+``--text-hidden`` alone scales their entries (Qwen3-VL's are twice as wide: DeepStack).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
+    from tiny_common import text_width
+
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
 
@@ -87,12 +93,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         hidden_size=vision_hidden, intermediate_size=vision_hidden * 4 if vision_hidden > 32 else 64,
         num_hidden_layers=vision_layers, num_attention_heads=heads,
         image_size=image_size, patch_size=patch, projection_dim=32)
-    # head_dim 32 (the default 64-wide model) or 128 for wider ones: both supported by
-    # vLLM's CPU attention
-    head_dim = 32 if text_hidden <= 64 else 128
-    if text_hidden % head_dim:
-        raise SystemExit(f"--text-hidden must be a multiple of {head_dim}")
-    text_heads = text_hidden // head_dim
+    text_heads, _ = text_width(text_hidden)
     text = LlamaConfig(
         vocab_size=vocab_size, hidden_size=text_hidden, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=text_heads, num_key_value_heads=text_heads,
@@ -204,13 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--arch", choices=ARCHS, default="llava",
-                   help="model family (the size options below apply to llava)")
-    p.add_argument("--image-size", type=int, default=32)
+                   help="model family (the tower size options below apply to llava; "
+                        "--image-size and --patch to gemma3 too)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="tile size in pixels (llava: 32; gemma3: 64, and a tile's tokens "
+                        "are its patches pooled 2 x 2)")
     p.add_argument("--patch", type=int, default=8)
     p.add_argument("--vision-hidden", type=int, default=32)
     p.add_argument("--vision-layers", type=int, default=2)
     p.add_argument("--text-hidden", type=int, default=64,
-                   help="the language model's hidden size: the entry width (llava)")
+                   help="the language model's hidden size: the entry width (every family)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feature-strategy", choices=("default", "full"), default="default",
                    help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
@@ -218,17 +222,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-lora", metavar="DIR",
                    help="also write a language-model (q_proj/v_proj) LoRA adapter to DIR")
     a = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tiny_common import text_width
+    try:
+        text_width(a.text_hidden)
+    except ValueError as e:
+        p.error(str(e))
     if a.arch != "llava":
         if a.lora:
             p.error("--lora is for --arch llava")
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         module = __import__(f"tiny_{a.arch}")
-        module.build(a.out, seed=a.seed)
+        size = {}
+        if a.image_size is not None:
+            if a.arch != "gemma3":
+                p.error("--image-size is for --arch llava and gemma3")
+            size = dict(image_size=a.image_size, patch=a.patch,
+                        tokens_per_image=(a.image_size // a.patch // 2) ** 2)
+        module.build(a.out, seed=a.seed, text_hidden=a.text_hidden, **size)
         if a.text_lora:
             build_text_lora(a.out, a.text_lora)
         print(a.out)
         return 0
-    build(a.out, a.image_size, a.patch, a.vision_hidden, a.vision_layers, a.seed,
+    build(a.out, a.image_size or 32, a.patch, a.vision_hidden, a.vision_layers, a.seed,
           a.feature_strategy, a.text_hidden)
     if a.lora:
         build_lora(a.out, a.lora)

@@ -64,3 +64,15 @@ def hub_layout(out: str, tower: str = "vision_tower.", inner: str = "vision_mode
             key = tower + inner + key[len(tower):]
         renamed[key] = value
     save_file(renamed, path, metadata={"format": "pt"})
+
+
+def text_width(hidden: int) -> tuple[int, int]:
+    """``(heads, head_dim)`` of a tiny language model ``hidden`` wide (``--text-hidden``).
+
+    The language model's hidden size is the width of every encoder output vLLM caches, so
+    it sizes the entries: 2 heads of 32 for the default 64, heads of 128 for wider models
+    (both supported by vLLM's CPU attention)."""
+    head_dim = 32 if hidden <= 64 else 128
+    if hidden % head_dim:
+        raise ValueError(f"--text-hidden must be a multiple of {head_dim}")
+    return hidden // head_dim, head_dim

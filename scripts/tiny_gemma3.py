@@ -67,7 +67,7 @@ CHAT_TEMPLATE = (
 
 def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int = 16,
           vision_hidden: int = 32, vision_layers: int = 2, seed: int = 0,
-          max_len: int = 2048) -> str:
+          max_len: int = 2048, text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         Gemma3Config,
@@ -78,7 +78,7 @@ def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int 
     )
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    from tiny_common import hub_layout, train
+    from tiny_common import hub_layout, text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -88,10 +88,11 @@ def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int 
                                       "eoi_token": "<end_of_image>",
                                       "image_token": "<image_soft_token>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, head_dim = text_width(text_hidden)
     text = Gemma3TextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        query_pre_attn_scalar=32, sliding_window=512,
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
+        head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=512,
         layer_types=["sliding_attention", "full_attention"],
         max_position_embeddings=max_len, bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"],
         pad_token_id=ids["<pad>"])
@@ -118,5 +119,6 @@ def build(out: str, image_size: int = 64, patch: int = 8, tokens_per_image: int 
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "gemma3", "image_size": image_size, "patch": patch,
                    "image_tokens": tokens_per_image, "vision_hidden": vision_hidden,
-                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len}, f)
+                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
+                   "text_hidden": text_hidden}, f)
     return out

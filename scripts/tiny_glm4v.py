@@ -40,30 +40,34 @@ MIN_PIXELS = 56 * 56
 
 
 def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int = 0,
-          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS) -> str:
+          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import Glm4vConfig, Glm4vForConditionalGeneration, Glm4vProcessor
     from transformers.models.glm4v.configuration_glm4v import Glm4vTextConfig, Glm4vVisionConfig
     from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
     from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 
-    from tiny_common import train
+    from tiny_common import text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                 extra_special_tokens={"image_token": "<|image|>", "video_token": "<|video|>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, head_dim = text_width(text_hidden)
     text = Glm4vTextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_len,
-        rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
+        max_position_embeddings=max_len,
+        rope_parameters={"rope_type": "default",
+                         "mrope_section": [n * head_dim // 32 for n in (2, 3, 3)],
                          "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
         pad_token_id=ids["<|endoftext|>"])
     vision = Glm4vVisionConfig(
         depth=vision_layers, hidden_size=vision_hidden, intermediate_size=128, num_heads=2,
         image_size=112, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-        out_hidden_size=64)
+        out_hidden_size=text_hidden)
     cfg = Glm4vConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image|>"],
         video_token_id=ids["<|video|>"], image_start_token_id=ids["<|begin_of_image|>"],
@@ -89,5 +93,6 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "glm4v", "vision_hidden": vision_hidden,
                    "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
-                   "max_pixels": max_pixels, "min_pixels": min_pixels}, f)
+                   "max_pixels": max_pixels, "min_pixels": min_pixels,
+                   "text_hidden": text_hidden}, f)
     return out

@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
 
 def build(out: str, image_size: int = 32, patch: int = 8, scale_factor: int = 2,
           vision_hidden: int = 32, vision_layers: int = 2, seed: int = 0,
-          max_len: int = 4096) -> str:
+          max_len: int = 4096, text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         Idefics3Config,
@@ -46,16 +46,17 @@ def build(out: str, image_size: int = 32, patch: int = 8, scale_factor: int = 2,
         Idefics3ImageProcessorPil,
     )
 
-    from tiny_common import train
+    from tiny_common import text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, bos_token="<|begin_of_text|>", eos_token="<end_of_utterance>",
                 pad_token="<unk>")
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, _ = text_width(text_hidden)
     text = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2,  # head_dim 32
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=heads,
         max_position_embeddings=max_len, bos_token_id=ids["<|begin_of_text|>"],
         eos_token_id=ids["<end_of_utterance>"], pad_token_id=ids["<unk>"],
         tie_word_embeddings=False)
@@ -80,5 +81,6 @@ def build(out: str, image_size: int = 32, patch: int = 8, scale_factor: int = 2,
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "idefics3", "image_size": image_size, "patch": patch,
                    "image_tokens": seq_len, "vision_hidden": vision_hidden,
-                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len}, f)
+                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
+                   "text_hidden": text_hidden}, f)
     return out

@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
 
 def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
           vision_layers: int = 2, max_tiles: int = 6, seed: int = 0,
-          max_len: int = 4096) -> str:
+          max_len: int = 4096, text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         InternVLConfig,
@@ -47,7 +47,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     )
     from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
 
-    from tiny_common import train
+    from tiny_common import text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -57,9 +57,10 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
                                       "context_image_token": "<IMG_CONTEXT>",
                                       "video_token": "<video>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, _ = text_width(text_hidden)
     text = Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_len,
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=max_len,
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False)
     vision = InternVLVisionConfig(
@@ -88,5 +89,5 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         json.dump({"arch": "internvl", "image_size": image_size, "patch": patch,
                    "image_tokens": seq_len, "max_tiles": max_tiles,
                    "vision_hidden": vision_hidden, "vision_layers": vision_layers,
-                   "seed": seed, "max_len": max_len}, f)
+                   "seed": seed, "max_len": max_len, "text_hidden": text_hidden}, f)
     return out

@@ -32,7 +32,8 @@ CHAT_TEMPLATE = (
 
 
 def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
-          vision_layers: int = 2, seed: int = 0, max_len: int = 4096) -> str:
+          vision_layers: int = 2, seed: int = 0, max_len: int = 4096,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         CLIPVisionConfig,
@@ -45,16 +46,17 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         LlavaNextImageProcessorPil,
     )
 
-    from tiny_common import hub_layout, train
+    from tiny_common import hub_layout, text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, bos_token="<s>", eos_token="</s>", pad_token="<unk>",
                 extra_special_tokens={"image_token": "<image>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, _ = text_width(text_hidden)
     text = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2,  # head_dim 32
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=heads,
         max_position_embeddings=max_len, bos_token_id=ids["<s>"], eos_token_id=ids["</s>"],
         pad_token_id=ids["<unk>"], tie_word_embeddings=False)
     vision = CLIPVisionConfig(
@@ -83,5 +85,5 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "llava_next", "image_size": image_size, "patch": patch,
                    "vision_hidden": vision_hidden, "vision_layers": vision_layers,
-                   "seed": seed, "max_len": max_len}, f)
+                   "seed": seed, "max_len": max_len, "text_hidden": text_hidden}, f)
     return out

@@ -35,7 +35,8 @@ CHAT_TEMPLATE = (
 
 
 def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 32,
-          vision_layers: int = 2, seed: int = 0, max_len: int = 4096) -> str:
+          vision_layers: int = 2, seed: int = 0, max_len: int = 4096,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         LlavaOnevisionConfig,
@@ -51,16 +52,17 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         LlavaOnevisionVideoProcessor,
     )
 
-    from tiny_common import hub_layout, train
+    from tiny_common import hub_layout, text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                 extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, _ = text_width(text_hidden)
     text = Qwen2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_len,
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=max_len,
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False)
     vision = SiglipVisionConfig(
@@ -93,5 +95,5 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "llava_onevision", "image_size": image_size, "patch": patch,
                    "vision_hidden": vision_hidden, "vision_layers": vision_layers,
-                   "seed": seed, "max_len": max_len}, f)
+                   "seed": seed, "max_len": max_len, "text_hidden": text_hidden}, f)
     return out

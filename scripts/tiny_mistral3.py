@@ -64,7 +64,8 @@ CHAT_TEMPLATE = (
 
 
 def build(out: str, image_size: int = 128, patch: int = 8, vision_hidden: int = 64,
-          vision_layers: int = 2, seed: int = 0, max_len: int = 4096) -> str:
+          vision_layers: int = 2, seed: int = 0, max_len: int = 4096,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import (
         MistralConfig,
@@ -77,15 +78,16 @@ def build(out: str, image_size: int = 128, patch: int = 8, vision_hidden: int = 
         PixtralImageProcessorPil,
     )
 
-    from tiny_common import train
+    from tiny_common import text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, bos_token="<s>", eos_token="</s>", pad_token="<unk>")
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    heads, head_dim = text_width(text_hidden)
     text = MistralConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim,
         max_position_embeddings=max_len, sliding_window=None, bos_token_id=ids["<s>"],
         eos_token_id=ids["</s>"], pad_token_id=ids["<unk>"], tie_word_embeddings=False)
     vision = PixtralVisionConfig(
@@ -108,5 +110,5 @@ def build(out: str, image_size: int = 128, patch: int = 8, vision_hidden: int = 
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "mistral3", "image_size": image_size, "patch": patch,
                    "vision_hidden": vision_hidden, "vision_layers": vision_layers,
-                   "seed": seed, "max_len": max_len}, f)
+                   "seed": seed, "max_len": max_len, "text_hidden": text_hidden}, f)
     return out

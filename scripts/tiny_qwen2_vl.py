@@ -18,7 +18,8 @@ from tiny_qwen2_5_vl import (CHAT_TEMPLATE, MAX_PIXELS, MIN_PIXELS, train_tokeni
 
 
 def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int = 0,
-          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS) -> str:
+          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
     from transformers.models.qwen2_vl.configuration_qwen2_vl import (
@@ -32,17 +33,21 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
+    from tiny_common import text_width
+
     tok, ids = train_tokenizer()
+    heads, head_dim = text_width(text_hidden)
     text = Qwen2VLTextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,  # head_dim 32
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
         max_position_embeddings=max_len, max_window_layers=2,
-        rope_parameters={"rope_type": "default", "mrope_section": [4, 6, 6],
+        rope_parameters={"rope_type": "default",
+                         "mrope_section": [n * head_dim // 32 for n in (4, 6, 6)],
                          "rope_theta": 1000000.0},
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"])
     vision = Qwen2VLVisionConfig(
-        depth=vision_layers, embed_dim=vision_hidden, hidden_size=64, mlp_ratio=2,
+        depth=vision_layers, embed_dim=vision_hidden, hidden_size=text_hidden, mlp_ratio=2,
         num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
     cfg = Qwen2VLConfig(
         text_config=text, vision_config=vision, **vision_token_ids(ids),
@@ -65,5 +70,6 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "qwen2_vl", "vision_hidden": vision_hidden,
                    "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
-                   "max_pixels": max_pixels, "min_pixels": min_pixels}, f)
+                   "max_pixels": max_pixels, "min_pixels": min_pixels,
+                   "text_hidden": text_hidden}, f)
     return out

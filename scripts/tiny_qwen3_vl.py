@@ -52,7 +52,8 @@ MIN_PIXELS = 64 * 64
 
 
 def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int = 0,
-          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS) -> str:
+          max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS,
+          text_hidden: int = 64) -> str:
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -67,18 +68,22 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
+    from tiny_common import text_width
+
     tok, ids = train_tokenizer()
+    heads, head_dim = text_width(text_hidden)
     text = Qwen3VLTextConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        max_position_embeddings=max_len,
-        rope_parameters={"rope_type": "default", "mrope_section": [6, 5, 5],
+        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
+        head_dim=head_dim, max_position_embeddings=max_len,
+        rope_parameters={"rope_type": "default",
+                         "mrope_section": [n * head_dim // 32 for n in (6, 5, 5)],
                          "mrope_interleaved": True, "rope_theta": 5000000.0},
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"])
     vision = Qwen3VLVisionConfig(
         depth=vision_layers, hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
-        num_heads=2, out_hidden_size=64, patch_size=16, spatial_merge_size=2,
+        num_heads=2, out_hidden_size=text_hidden, patch_size=16, spatial_merge_size=2,
         temporal_patch_size=2, num_position_embeddings=256, deepstack_visual_indexes=[0])
     cfg = Qwen3VLConfig(
         text_config=text, vision_config=vision, **vision_token_ids(ids),
@@ -100,5 +105,6 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
         json.dump({"arch": "qwen3_vl", "vision_hidden": vision_hidden,
                    "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
-                   "max_pixels": max_pixels, "min_pixels": min_pixels}, f)
+                   "max_pixels": max_pixels, "min_pixels": min_pixels,
+                   "text_hidden": text_hidden}, f)
     return out

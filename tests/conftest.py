@@ -50,11 +50,21 @@ def tiny_lora_model() -> tuple[str, str]:
     return str(model), str(adapter)
 
 
-def _tiny_family(arch: str) -> str:
-    path = ROOT / ".models" / f"tiny-{arch}"
+def _tiny_family(arch: str, text_hidden: int = 64, image_size: int | None = None) -> str:
+    """The tiny model of ``arch``; ``text_hidden`` (the entry width) and ``image_size``
+    (gemma3's tile) as ``build_tiny_model.py`` takes them, for entries of realistic size."""
+    args = ["--arch", arch]
+    name = f"tiny-{arch}"
+    if text_hidden != 64:
+        args += ["--text-hidden", str(text_hidden)]
+        name += f"-{text_hidden}"
+    if image_size is not None:
+        args += ["--image-size", str(image_size)]
+        name += f"-{image_size}px"
+    path = ROOT / ".models" / name
     if not (path / "encache_tiny_model.json").exists():
         subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        "--arch", arch], check=True, capture_output=True)
+                        *args], check=True, capture_output=True)
     return str(path)
 
 
@@ -72,6 +82,6 @@ def tiny_qwen2_5_vl() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_family():
-    """``tiny_family(arch)``: path of the tiny model of ``arch`` (scripts/tiny_<arch>.py),
-    built here if scripts/setup did not."""
+    """``tiny_family(arch, text_hidden=64, image_size=None)``: path of the tiny model of
+    ``arch`` (scripts/tiny_<arch>.py), built here if scripts/setup did not."""
     return _tiny_family

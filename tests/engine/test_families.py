@@ -8,6 +8,12 @@ per family: every image item is a store hit, the vision tower runs 0 times, the 
 token's logprobs equal those of an engine without the connector, and each stored entry
 equals what that engine's own tower computes for the image.
 
+Two families also run at a realistic entry size (a language model 2688 wide, fp32: the
+width of Gemma 3 27B's fp16 entries in bytes), where loads map the entry files and a
+tiny model's 4 KB entries would hide copies and sizes: Gemma 3 with pan-and-scan and
+its real 256 tokens per tile (one entry holds the global view and every crop, 2.75 MB
+each, up to 11 MB), and Qwen3-VL (DeepStack: entries twice as wide, up to 5.5 MB).
+
 One engine per role per family (plain reference, producer, consumer), one after the other
 (vLLM keeps the worker-side connector in a process global).
 """
@@ -30,7 +36,8 @@ MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
 
 # per family: engine settings shared by the reference, the producer (one image per prompt,
 # as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
-# ``fixed``: one resolution for every image
+# ``fixed``: one resolution for every image; ``arch`` + ``build``: a model built with other
+# sizes (conftest's tiny_family); ``mm_kwargs``: the server's --mm-processor-kwargs
 FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
@@ -43,6 +50,13 @@ FAMILIES = {
     # fixed resolution (every entry has the same shape); one image per prompt
     "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
     "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # realistic sizes: the wide image's entry holds the global view and 3 crops, 4 x 256
+    # rows x 2688 fp32 = 11 MB
+    "gemma3@2688": dict(arch="gemma3", build=dict(text_hidden=2688, image_size=256),
+                        max_model_len=2048, limits={"image": 2}, width=2688,
+                        mm_kwargs={"do_pan_and_scan": True}),
+    "qwen3_vl@2688": dict(arch="qwen3_vl", build=dict(text_hidden=2688), max_model_len=2048,
+                          limits={"image": 2, "video": 0}, width=2 * 2688),
 }
 
 
@@ -59,7 +73,10 @@ def first_token_logprobs(llm, paths) -> dict[int, float]:
 
 def engine_kw(spec: dict) -> dict:
     n = spec["max_model_len"]
-    return dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"])
+    kw = dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"])
+    if "mm_kwargs" in spec:
+        kw["mm_processor_kwargs"] = spec["mm_kwargs"]
+    return kw
 
 
 def requests_of(spec: dict) -> list[tuple[str, ...]]:
@@ -101,8 +118,8 @@ def family(request, tiny_family, tmp_path_factory):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     arch, spec = request.param, FAMILIES[request.param]
-    model = tiny_family(arch)
-    root = tmp_path_factory.mktemp(arch)
+    model = tiny_family(spec.get("arch", arch), **spec.get("build", {}))
+    root = tmp_path_factory.mktemp(arch.replace("@", "-"))
     images = draw_images(root / "corpus", {**SINGLE, **MULTI}, seed=21)
     store = str(root / "store")
     tap = TowerTap(model)
