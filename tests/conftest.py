@@ -27,11 +27,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Path of the tiny random-weight LLaVA (built by scripts/setup; built here if missing)."""
-    path = ROOT / ".models" / "tiny-llava"
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path)],
-                       check=True, capture_output=True)
-    return str(path)
+    from engine_support import built_model
+    return built_model("tiny-llava")
 
 
 @pytest.fixture(scope="session")
@@ -61,11 +58,8 @@ def _tiny_family(arch: str, text_hidden: int = 64, image_size: int | None = None
     if image_size is not None:
         args += ["--image-size", str(image_size)]
         name += f"-{image_size}px"
-    path = ROOT / ".models" / name
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        *args], check=True, capture_output=True)
-    return str(path)
+    from engine_support import built_model
+    return built_model(name, *args)
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,10 @@ import base64
 import gc
 import mimetypes
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,6 +33,27 @@ ENGINE_KW = dict(enforce_eager=True, max_model_len=256, max_num_seqs=4,
 PRECOMPUTE_KW = dict(max_model_len=256, dtype="float32",
                      engine_args={"enforce_eager": True, "max_num_seqs": 4,
                                   "max_num_batched_tokens": 256, "seed": 0})
+
+
+def built_model(name: str, *args: str) -> str:
+    """``.models/<name>``: ``scripts/build_tiny_model.py <args>``'s model, built here if
+    scripts/setup did not. Built aside and renamed into place, so the served and engine
+    lanes of scripts/test can ask for the same model at once."""
+    path = ROOT / ".models" / name
+    if not (path / "encache_tiny_model.json").exists():
+        path.parent.mkdir(exist_ok=True)
+        aside = tempfile.mkdtemp(prefix=f".{name}-", dir=path.parent)
+        try:
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"),
+                            aside, *args], check=True, capture_output=True)
+            shutil.rmtree(path, ignore_errors=True)  # a build cut short before its last file
+            try:
+                os.rename(aside, path)
+            except OSError:  # the other lane's build got there first
+                pass
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    return str(path)
 
 
 def consumer_config(store: str, role: str = "ec_consumer", **extra) -> dict:

@@ -28,12 +28,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import ROOT, data_url
+from engine_support import built_model, data_url
 
 PROBE_DIR = Path(__file__).resolve().parent / "encoder_probe"
 START_TIMEOUT = 300  # the machine is shared: a server may take minutes to come up
@@ -218,12 +219,14 @@ def post_chat_ok(base: str, body: dict) -> dict:
     return reply
 
 
-def image_request(model: str, path: str) -> dict:
-    """A one-image chat request (one token, top-5 logprobs): what a client sends the EPD
-    proxy."""
+def image_request(model: str, paths) -> dict:
+    """A chat request with the image file(s) ``paths`` (one token, top-5 logprobs): what a
+    client sends the EPD proxy."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
     return {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
             "top_logprobs": 5, "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": data_url(path)}},
+                *({"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths),
                 {"type": "text", "text": "What is on this page?"}]}]}
 
 
@@ -240,6 +243,48 @@ def proxy_flow(encoder: Server, pd: Server, body: dict) -> dict:
     200, then the original request to PD at once (no sleep); PD's reply."""
     post_chat_ok(encoder.base, encoder_part(body))
     return post_chat_ok(pd.base, body)
+
+
+def assert_pd_found_every_entry(s: dict, requests: list, clients: int) -> dict:
+    """The proxy's flow for every request of ``requests`` (an image path, or a list of
+    them), ``clients`` at a time, through ``s``'s encoder and PD servers (``e``, ``pd``,
+    with the encoder's probe dumping; ``model``, ``store``, ``backend``): the encoder
+    encoded each image once, PD's tower never ran, every PD item was a store hit, and
+    every image's stored entry holds what the encoder's tower computed for it (bit for
+    bit: fp32, stored as computed), of shape ``s["shape"]`` where that is given. On a disk
+    store PD hashed again none (or nearly none) of what the encoder on this host vouched
+    for. ``{image path: its stored tensor}``."""
+    import torch
+
+    from encache.connectors.vllm.hashing import identify_file
+
+    e, pd = s["e"], s["pd"]
+    paths = [p for r in requests for p in ([r] if isinstance(r, (str, os.PathLike)) else r)]
+    before = open_store(s["store"]).read_counters()
+    e_items, pd_runs = len(e.encoder_log.items()), pd.encoder_log.count()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda r: proxy_flow(e, pd, image_request(s["model"], r)), requests))
+    assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
+    encoded = e.encoder_log.items()[e_items:]
+    assert len(encoded) == len(paths)
+    deltas = counter_deltas(s["store"], before, keys=("hits", "misses", "save_timeouts",
+                                                       "checksums_skipped"))
+    skipped = deltas.pop("checksums_skipped")
+    assert deltas == {"hits": len(paths), "misses": 0, "save_timeouts": 0}, deltas
+    if s["backend"] == "disk":
+        # PD did not hash again what the encoder on this host vouched for in the store's
+        # verified log (all of them here; one that finds the whole temp file in the few
+        # microseconds before the encoder's record is hashed instead)
+        assert skipped > 0, deltas
+    computed = [torch.load(f) for _, f in encoded]
+    entries = {}
+    for path in paths:
+        entry = stored_tensor(s["store"], identify_file(path, s["model"]).identifier)
+        assert entry is not None, path
+        assert s.get("shape") is None or tuple(entry.shape) == s["shape"], (path, entry.shape)
+        assert any(t.shape == entry.shape and torch.equal(t, entry) for t in computed), path
+        entries[path] = entry
+    return entries
 
 
 def first_token_logprobs(reply: dict) -> dict[str, float]:
@@ -377,22 +422,15 @@ def served_request(server: Server, store: str, paths, **kw) -> tuple[dict, dict,
     return first_token_logprobs(reply), deltas, server.encoder_log.count() - before_items
 
 
-def _built(name: str, *args: str) -> str:
-    path = ROOT / ".models" / name
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        *args], check=True, capture_output=True)
-    return str(path)
-
-
 def wide_model() -> str:
     """The tiny LLaVA with Gemma-3-sized entries: 256 image tokens x 2688 fp32 = 2.75 MB
     (built by scripts/setup; built here if missing)."""
-    return _built("tiny-llava-2688", "--image-size", "128", "--patch", "8", "--text-hidden", "2688")
+    return built_model("tiny-llava-2688", "--image-size", "128", "--patch", "8",
+                       "--text-hidden", "2688")
 
 
 def crops_model() -> str:
     """The tiny LLaVA with entries of four Gemma-3-sized crops: 1024 image tokens x 2688
     fp32 = 11 MB per image (built by scripts/setup; built here if missing)."""
-    return _built("tiny-llava-epd-crops", "--image-size", "256", "--patch", "8",
+    return built_model("tiny-llava-epd-crops", "--image-size", "256", "--patch", "8",
                   "--text-hidden", "2688")

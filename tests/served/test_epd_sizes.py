@@ -21,17 +21,11 @@ encoder's records in the store's verified log make redundant.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
-import torch
 
-from encache.connectors.store import open_store
-from encache.connectors.vllm.hashing import identify_file
 from engine_support import consumer_config
 from redis_fixture import RedisServer
-from served_support import (counter_deltas, crops_model, draw_images, image_request, proxy_flow,
-                            start_server, stored_tensor)
+from served_support import assert_pd_found_every_entry, crops_model, draw_images, start_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 
@@ -77,35 +71,6 @@ def sized(request, tiny_model, tmp_path_factory):
                     s[key].stop()
         if redis is not None:
             redis.stop()
-
-
-def assert_pd_found_every_entry(s: dict, paths: list[str], clients: int) -> None:
-    """The proxy's flow for every image of ``paths``, ``clients`` at a time: the encoder
-    encoded each image once, PD's tower never ran, every PD item was a store hit, and
-    every image's stored entry has the size's shape and holds what the encoder's tower
-    computed for it (bit for bit: fp32, stored as computed)."""
-    e, pd = s["e"], s["pd"]
-    before = open_store(s["store"]).read_counters()
-    e_items, pd_runs = len(e.encoder_log.items()), pd.encoder_log.count()
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(lambda p: proxy_flow(e, pd, image_request(s["model"], p)), paths))
-    assert pd.encoder_log.count() == pd_runs, "the PD tower ran: a silent re-encode"
-    encoded = e.encoder_log.items()[e_items:]
-    assert len(encoded) == len(paths)
-    deltas = counter_deltas(s["store"], before, keys=("hits", "misses", "save_timeouts",
-                                                       "checksums_skipped"))
-    skipped = deltas.pop("checksums_skipped")
-    assert deltas == {"hits": len(paths), "misses": 0, "save_timeouts": 0}, deltas
-    if s["backend"] == "disk":
-        # PD did not hash again what the encoder on this host vouched for in the store's
-        # verified log (all of them here; one that finds the whole temp file in the few
-        # microseconds before the encoder's record is hashed instead)
-        assert skipped > 0, deltas
-    computed = [torch.load(f) for _, f in encoded]
-    for path in paths:
-        entry = stored_tensor(s["store"], identify_file(path, s["model"]).identifier)
-        assert entry is not None and tuple(entry.shape) == s["shape"], (path, entry)
-        assert any(t.shape == entry.shape and torch.equal(t, entry) for t in computed), path
 
 
 @pytest.mark.parametrize("size", list(SIZES))
