@@ -205,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("--arch", choices=ARCHS, default="llava",
-                   help="model family (the tower size options below apply to llava; "
-                        "--image-size and --patch to gemma3 too)")
+                   help="model family (the tower options below are for llava; --image-size "
+                        "and --patch for gemma3 too)")
     p.add_argument("--image-size", type=int, default=None,
                    help="tile size in pixels (llava: 32; gemma3: 64, and a tile's tokens "
                         "are its patches pooled 2 x 2)")
-    p.add_argument("--patch", type=int, default=8)
-    p.add_argument("--vision-hidden", type=int, default=32)
-    p.add_argument("--vision-layers", type=int, default=2)
+    p.add_argument("--patch", type=int, default=None, help="patch size in pixels (8)")
+    p.add_argument("--vision-hidden", type=int, default=None, help="tower width (llava: 32)")
+    p.add_argument("--vision-layers", type=int, default=None, help="tower depth (llava: 2)")
     p.add_argument("--text-hidden", type=int, default=64,
                    help="the language model's hidden size: the entry width (every family)")
     p.add_argument("--seed", type=int, default=0)
@@ -229,22 +229,26 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     if a.arch != "llava":
-        if a.lora:
-            p.error("--lora is for --arch llava")
+        for flag, value, archs in (("--lora", a.lora, ("llava",)),
+                                   ("--vision-hidden", a.vision_hidden, ("llava",)),
+                                   ("--vision-layers", a.vision_layers, ("llava",)),
+                                   ("--image-size", a.image_size, ("llava", "gemma3")),
+                                   ("--patch", a.patch, ("llava", "gemma3"))):
+            if value is not None and a.arch not in archs:
+                p.error(f"{flag} is for --arch {' and '.join(archs)}")
         module = __import__(f"tiny_{a.arch}")
         size = {}
-        if a.image_size is not None:
-            if a.arch != "gemma3":
-                p.error("--image-size is for --arch llava and gemma3")
-            size = dict(image_size=a.image_size, patch=a.patch,
-                        tokens_per_image=(a.image_size // a.patch // 2) ** 2)
+        if a.image_size is not None or a.patch is not None:  # gemma3
+            image_size, patch = a.image_size or 64, a.patch or 8
+            size = dict(image_size=image_size, patch=patch,
+                        tokens_per_image=(image_size // patch // 2) ** 2)
         module.build(a.out, seed=a.seed, text_hidden=a.text_hidden, **size)
         if a.text_lora:
             build_text_lora(a.out, a.text_lora)
         print(a.out)
         return 0
-    build(a.out, a.image_size or 32, a.patch, a.vision_hidden, a.vision_layers, a.seed,
-          a.feature_strategy, a.text_hidden)
+    build(a.out, a.image_size or 32, a.patch or 8, a.vision_hidden or 32, a.vision_layers or 2,
+          a.seed, a.feature_strategy, a.text_hidden)
     if a.lora:
         build_lora(a.out, a.lora)
     if a.text_lora:
