@@ -186,9 +186,8 @@ def api_server(model: str, store_config: dict | None, root: Path, *extra_args: s
 def chat(base: str, model: str, paths, *, max_tokens: int = 2, top_logprobs: int = 0,
          mm_processor_kwargs: dict | None = None, text: str = "What is on this page?") -> dict:
     """One chat completion with the image file(s) ``paths`` as base64 data URLs."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    content = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths]
+    content = [{"type": "image_url", "image_url": {"url": data_url(p)}}
+               for p in image_paths(paths)]
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": [*content, {"type": "text", "text": text}]}]}
     if top_logprobs:
@@ -219,14 +218,18 @@ def post_chat_ok(base: str, body: dict) -> dict:
     return reply
 
 
+def image_paths(paths) -> list:
+    """A request's image file(s): one path, or a list of them."""
+    return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+
+
 def image_request(model: str, paths) -> dict:
     """A chat request with the image file(s) ``paths`` (one token, top-5 logprobs): what a
     client sends the EPD proxy."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
     return {"model": model, "max_tokens": 1, "temperature": 0, "logprobs": True,
             "top_logprobs": 5, "messages": [{"role": "user", "content": [
-                *({"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths),
+                *({"type": "image_url", "image_url": {"url": data_url(p)}}
+                  for p in image_paths(paths)),
                 {"type": "text", "text": "What is on this page?"}]}]}
 
 
@@ -259,7 +262,7 @@ def assert_pd_found_every_entry(s: dict, requests: list, clients: int) -> dict:
     from encache.connectors.vllm.hashing import identify_file
 
     e, pd = s["e"], s["pd"]
-    paths = [p for r in requests for p in ([r] if isinstance(r, (str, os.PathLike)) else r)]
+    paths = [p for r in requests for p in image_paths(r)]
     before = open_store(s["store"]).read_counters()
     e_items, pd_runs = len(e.encoder_log.items()), pd.encoder_log.count()
     with ThreadPoolExecutor(clients) as pool:
