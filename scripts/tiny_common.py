@@ -76,3 +76,9 @@ def text_width(hidden: int) -> tuple[int, int]:
     if hidden % head_dim:
         raise ValueError(f"--text-hidden must be a multiple of {head_dim}")
     return hidden // head_dim, head_dim
+
+
+def mrope_sections(sections: tuple[int, ...], head_dim: int) -> list[int]:
+    """A family's mRoPE sections (t, h, w), given for the default head of 32, for a head of
+    ``head_dim``: they split the rotary half of each head, so they scale with it."""
+    return [n * head_dim // 32 for n in sections]

@@ -48,7 +48,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
     from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
 
-    from tiny_common import text_width, train
+    from tiny_common import mrope_sections, text_width, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -61,7 +61,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
         max_position_embeddings=max_len,
         rope_parameters={"rope_type": "default",
-                         "mrope_section": [n * head_dim // 32 for n in (2, 3, 3)],
+                         "mrope_section": mrope_sections((2, 3, 3), head_dim),
                          "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
         pad_token_id=ids["<|endoftext|>"])
     vision = Glm4vVisionConfig(

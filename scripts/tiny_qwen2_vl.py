@@ -33,7 +33,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
-    from tiny_common import text_width
+    from tiny_common import mrope_sections, text_width
 
     tok, ids = train_tokenizer()
     heads, head_dim = text_width(text_hidden)
@@ -42,7 +42,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
         max_position_embeddings=max_len, max_window_layers=2,
         rope_parameters={"rope_type": "default",
-                         "mrope_section": [n * head_dim // 32 for n in (4, 6, 6)],
+                         "mrope_section": mrope_sections((4, 6, 6), head_dim),
                          "rope_theta": 1000000.0},
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"])
