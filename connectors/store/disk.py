@@ -52,8 +52,8 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
-from .entry import (CorruptEntry, byte_views, header_length, parse_header, read_verified,
-                    validate_blob)
+from .entry import (FILE_CHUNK, CorruptEntry, byte_views, header_length, parse_header,
+                    read_verified, validate_blob)
 from .files import (PREALLOCATE_FILESYSTEMS, TEMP_PREFIX, ServedVersion, atomic_write_json,
                     file_version, filesystem_type, fsync_dir, open_untracked, preallocate,
                     uninitialized)
@@ -286,7 +286,8 @@ class DiskStore(Store):
                 return buf, version, meta, offset, hashing
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
-                                         identifier=identifier, verify=hashing)
+                                         chunk=FILE_CHUNK, identifier=identifier,
+                                         verify=hashing)
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
@@ -580,8 +581,8 @@ class DiskStore(Store):
                     else:
                         buf = uninitialized(st.st_size)
                         meta, offset = read_verified(lambda view: os.readv(fd, [view]),
-                                                     st.st_size, buf, identifier=identifier,
-                                                     verify=hashing)
+                                                     st.st_size, buf, chunk=FILE_CHUNK,
+                                                     identifier=identifier, verify=hashing)
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

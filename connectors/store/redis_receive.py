@@ -23,7 +23,7 @@ from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .entry import read_verified
+from .entry import STREAM_CHUNK, read_verified
 from .files import uninitialized
 
 #: bytes asked of the first ``recv`` of a reply: its ``$<length>\r\n`` line and the start
@@ -128,8 +128,8 @@ def _receive(conn, key: bytes, identifier: str, hashing: bool, touch=None, into=
         raise Unreadable(f"reply starting {line[:1]!r} to GET")
     size = int(rest)
     buf = uninitialized(size) if into is None else into(size)
-    meta, offset = read_verified(reply.readinto, size, buf, identifier=identifier,
-                                 verify=hashing)
+    meta, offset = read_verified(reply.readinto, size, buf, chunk=STREAM_CHUNK,
+                                 identifier=identifier, verify=hashing)
     return (buf, meta, offset), None, reply.end()
 
 

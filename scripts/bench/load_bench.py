@@ -113,7 +113,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
 
     from encache.connectors.lookup import EntryLookup, State
     from encache.connectors.store.disk import DiskStore
-    from encache.connectors.store.entry import encode_parts, read_verified
+    from encache.connectors.store.entry import FILE_CHUNK, encode_parts, read_verified
     from encache.connectors.store.files import uninitialized
     from encache.connectors.store.entry import checksum as checksum_of
     from encache.connectors.vllm.metadata import LoadItem
@@ -337,7 +337,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                     size = os.fstat(fd).st_size
                     buf = into(size)
                     read_verified(lambda view: os.readv(fd, [view]), size, buf,
-                                  identifier=ids[i])
+                                  chunk=FILE_CHUNK, identifier=ids[i])
                 finally:
                     os.close(fd)
                 return buf

@@ -6,7 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from encache.connectors.store.entry import CorruptEntry, decode, encode
+from encache.connectors.store.entry import (FILE_CHUNK, STREAM_CHUNK, CorruptEntry, decode,
+                                            encode, read_verified)
 
 
 def _with_checksum(blob: bytes, value: str) -> bytes:
@@ -80,7 +81,8 @@ def _with_tensor(blob: bytes, **info) -> bytes:
     ({"shape": None}, "bad-header"), ({"shape": 16}, "bad-header"),
     ({"shape": [4, 3]}, "wrong-shape"), ({"data_offsets": [0]}, "bad-header"),
     ({"data_offsets": [0, 32, 64]}, "bad-header"), ({"data_offsets": [32, 0]}, "bad-header"),
-    ({"dtype": "F12"}, "bad-header"), ({"shape": [8, 4], "data_offsets": [0, 64]}, "truncated"),
+    ({"dtype": "F12"}, "bad-header"), ({"dtype": []}, "bad-header"),
+    ({"dtype": {"F16": 2}}, "bad-header"), ({"shape": [8, 4], "data_offsets": [0, 64]}, "truncated"),
 ])
 def test_malformed_tensor_descriptions(info, reason):
     arr = np.ones((4, 4), np.float16)
@@ -88,6 +90,30 @@ def test_malformed_tensor_descriptions(info, reason):
     with pytest.raises(CorruptEntry) as e:
         decode(b)
     assert e.value.reason == reason
+
+
+@pytest.mark.parametrize("key, value", [
+    ("created", [1]), ("identifier", {"x": 1}), ("model", ["m"]), ("checksum", 7),
+    ("encoder_config", None), ("note", 1.5)])
+def test_a_metadata_value_that_is_not_a_string_is_a_bad_header(key, value):
+    """safetensors metadata holds strings only; anything else is a corrupt entry (one
+    hostile header once stopped ``encache list``, ``verify`` and ``stats`` with a
+    ``TypeError``), and an empty ``created`` is no time."""
+    arr = np.ones(4, np.float16)
+    b = encode("x", arr.view(np.uint8), "F16", arr.shape)
+    assert decode(_with_metadata(b, created=""))[0].created is None
+    with pytest.raises(CorruptEntry) as e:
+        decode(_with_metadata(b, **{key: value}))
+    assert e.value.reason == "bad-header"
+
+
+def _with_metadata(blob: bytes, **md) -> bytes:
+    n = struct.unpack_from("<Q", blob)[0]
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"].update(md)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
 
 
 def test_unknown_metadata_is_kept_and_a_scalar_shape_is_allowed():
@@ -102,3 +128,45 @@ def test_unknown_metadata_is_kept_and_a_scalar_shape_is_allowed():
     raw += b" " * (-len(raw) % 8)
     meta = decode(struct.pack("<Q", len(raw)) + raw + b[8 + n:])[0]
     assert meta.extra == {"note": "kept"} and meta.identifier == "x"
+
+
+def _reader(blob: bytes, most: int):
+    """A ``readinto`` over ``blob`` that returns at most ``most`` bytes a call (a socket's
+    short reads)."""
+    pos = 0
+
+    def readinto(view) -> int:
+        nonlocal pos
+        n = min(len(view), most, len(blob) - pos)
+        view[:n] = blob[pos:pos + n]
+        pos += n
+        return n
+    return readinto
+
+
+@pytest.mark.parametrize("chunk", [8, 100, 4096, STREAM_CHUNK, FILE_CHUNK])
+@pytest.mark.parametrize("most", [7, 1 << 30])
+def test_read_verified_in_any_steps(chunk, most):
+    """One pass, whatever the step and however short each read: the header may end in
+    any step and the tensor span several; a flipped byte in any step is caught, and a
+    source that ends early is ``truncated``."""
+    arr = np.arange(3000, dtype=np.float32)
+    blob = encode("x", arr.view(np.uint8), "F32", arr.shape)
+    buf = bytearray(len(blob))
+    meta, offset = read_verified(_reader(blob, most), len(blob), buf, chunk=chunk,
+                                 identifier="x")
+    assert bytes(buf) == blob and meta.shape == (3000,) and offset == len(blob) - arr.nbytes
+    for at in (offset, offset + 4099, len(blob) - 1):
+        bad = bytearray(blob)
+        bad[at] ^= 1
+        with pytest.raises(CorruptEntry) as e:
+            read_verified(_reader(bytes(bad), most), len(blob), bytearray(len(blob)),
+                          chunk=chunk)
+        assert e.value.reason == "checksum"
+    with pytest.raises(CorruptEntry) as e:
+        read_verified(_reader(blob[:-5], most), len(blob), bytearray(len(blob)), chunk=chunk)
+    assert e.value.reason == "truncated"
+    with pytest.raises(CorruptEntry) as e:
+        read_verified(_reader(blob, most), len(blob), bytearray(len(blob)), chunk=chunk,
+                      identifier="y")
+    assert e.value.reason == "wrong-identifier"
