@@ -58,11 +58,14 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       engine's encoder cache keeps its tensors (so never reused warm): the
                       floor for any load whose bytes land in a new engine-owned buffer
   onepass.fresh       breakdown: the alternative first load -- the file read into a new,
-                      kept buffer and each 256 KiB chunk hashed while in the CPU cache
-                      (entry.read_verified, one pass; the tensor views that buffer, no copy)
+                      kept buffer, each step hashed while in the CPU cache
+                      (entry.read_verified in entry.FILE_CHUNK steps, one pass; the tensor
+                      views that buffer, no copy)
   onepass.reused      breakdown, not a load: entry.read_verified alone into the buffer
                       readinto reads into (no copy after): the floor of
                       encache.first.staging
+  onepass.reused.256k the same in 256 KiB steps (entry.STREAM_CHUNK, a socket's step):
+                      what the file step's size saves
   encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
                       reuse with load_mode mmap (every entry mapped) / read (every entry
                       read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES: no
@@ -97,8 +100,9 @@ METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
-           "onepass.fresh", "onepass.reused"]
-NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh", "onepass.reused")
+           "onepass.fresh", "onepass.reused", "onepass.reused.256k"]
+NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh", "onepass.reused",
+             "onepass.reused.256k")
 GOAL_VS_READINTO = 0.9
 
 
@@ -113,7 +117,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
 
     from encache.connectors.lookup import EntryLookup, State
     from encache.connectors.store.disk import DiskStore
-    from encache.connectors.store.entry import FILE_CHUNK, encode_parts, read_verified
+    from encache.connectors.store.entry import (FILE_CHUNK, STREAM_CHUNK, encode_parts,
+                                                read_verified)
     from encache.connectors.store.files import uninitialized
     from encache.connectors.store.entry import checksum as checksum_of
     from encache.connectors.vllm.metadata import LoadItem
@@ -330,14 +335,14 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 kept.append(buf)
                 return buf
 
-            def onepass(i, into):
+            def onepass(i, into, chunk=FILE_CHUNK):
                 """Entry ``i`` read into ``into(size)`` and hashed in one pass."""
                 fd = os.open(store.entry_path(ids[i]), os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
                     buf = into(size)
                     read_verified(lambda view: os.readv(fd, [view]), size, buf,
-                                  chunk=FILE_CHUNK, identifier=ids[i])
+                                  chunk=chunk, identifier=ids[i])
                 finally:
                     os.close(fd)
                 return buf
@@ -354,6 +359,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
                    "onepass.reused": onepass_reused,
+                   "onepass.reused.256k": lambda i: onepass(i, ReusedStaging(), STREAM_CHUNK),
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
