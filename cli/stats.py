@@ -28,18 +28,13 @@ REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "co
 def tier_stats(path: str, shared_url: str) -> dict:
     """A node's local tier (``--local-tier DIR``): what it holds and when it last synced
     with the shared store (its note; ``connectors/store/tiered.py``)."""
-    import json
-
     from encache.connectors.store import open_store
-    from encache.connectors.store.tiered import STATE_NOTE
+    from encache.connectors.store.tiered import sync_state
 
     tier = open_store(path, create=False)
     try:
-        try:
-            state = json.loads(tier.get_note(STATE_NOTE) or "null") or {}
-        except ValueError:
-            state = {}
-        remote = str(state.get("remote", "")).rsplit("#", 1)[0] or None
+        state = sync_state(tier) or {}
+        remote = state.get("remote", "").rsplit("#", 1)[0] or None
         return {"path": str(tier.root), "entries": tier.count(), "bytes": tier.used_bytes(),
                 "max_bytes": tier.max_bytes, "last_sync": state.get("synced"),
                 "synced_with": remote,

@@ -148,10 +148,14 @@ class EntryLookup:
                     self.index.mark_ready()
                     self._start_verify_recent()
                 next_index = now + self.index_refresh_s
-            if now >= next_stats and not self.breaker.is_open():
-                self.metrics.sample_store(len(self.index))
-                next_stats = now + self.store_stats_s
-            self.metrics.maybe_flush()
+            try:  # (nothing a store holds may stop this thread: it is the index's only one)
+                if now >= next_stats and not self.breaker.is_open():
+                    next_stats = now + self.store_stats_s
+                    self.metrics.sample_store(len(self.index))
+                self.metrics.maybe_flush()
+            except Exception as e:
+                self.warn.warning("stats", "encache: cannot update the metrics of %s: %s",
+                                  self.store.url, e)
             self._closed.wait(tick)
 
     def _revalidate_staged(self) -> None:

@@ -34,7 +34,7 @@ by max, not sum.
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import mmap
 import os
 import socket
@@ -42,6 +42,8 @@ import struct
 import threading
 import time
 from pathlib import Path
+
+from .files import read_json_object
 
 __all__ = ["LiveCounters", "live_counters", "read_file", "read_totals", "compact", "DIR",
            "SUFFIX"]
@@ -204,12 +206,11 @@ def _dead(path: Path) -> bool:
     return now is None or (start_i != 0 and now != start_i)
 
 
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+def read_json(path: Path) -> dict[str, float]:
+    """The counters in ``path`` (``counters.json``): its finite numbers; anything else a
+    damaged or hand-edited file holds is dropped (and gone at the next write)."""
+    return {k: v for k, v in read_json_object(path).items()
+            if type(v) in (int, float) and math.isfinite(v)}
 
 
 def read_totals(meta_dir: Path) -> dict[str, float]:

@@ -39,6 +39,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -52,17 +53,19 @@ from pathlib import Path
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
-from .entry import (FILE_CHUNK, CorruptEntry, byte_views, header_length, parse_header,
-                    read_verified, validate_blob)
+from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
+                    parse_header, read_verified, validate_blob)
 from .files import (PREALLOCATE_FILESYSTEMS, TEMP_PREFIX, ServedVersion, atomic_write_json,
                     file_version, filesystem_type, fsync_dir, open_untracked, preallocate,
-                    uninitialized)
+                    read_json_object, uninitialized)
 from .inotify import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM,
                       IN_MOVED_TO, DirectoryWatch)
 from .keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
 from .throttle import ScanThrottle
 from .verified_log import VerifiedLog, boot_id, record_key
+
+log = logging.getLogger(__name__)
 
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
@@ -119,6 +122,16 @@ def writer_alive(path: str) -> bool:
         return False  # (closing the descriptor releases the probe's shared lock)
     finally:
         os.close(fd)
+
+
+def _indexed(rec, version: tuple) -> bool:
+    """Whether the header index's record ``rec`` holds the header of this ``version`` of
+    the file (a damaged index's record never does: the header is read again)."""
+    if type(rec) is not tuple or len(rec) != 2 or rec[0] != version:
+        return False
+    info = rec[1]
+    return (type(info) is EntryInfo and type(info.size) is int
+            and (info.meta is None or type(info.meta) is EntryMeta))
 
 
 class DiskStore(Store):
@@ -677,7 +690,7 @@ class DiskStore(Store):
                     continue
                 version = (st.st_ino, st.st_size, st.st_mtime_ns)
                 rec = known.get(name)
-                if rec is not None and rec[0] == version:
+                if _indexed(rec, version):
                     info = rec[1]
                     if info.accessed != st.st_atime:  # a load since: only atime moved
                         info = EntryInfo(info.identifier, info.size, info.meta, info.created,
@@ -729,7 +742,11 @@ class DiskStore(Store):
             os.close(root_fd)
         if n != len(versions):
             return None
-        summary = Summary.from_state(state)
+        try:
+            summary = Summary.from_state(state)
+        except Exception:  # a damaged index: dropped, and the caller's scan rewrites it
+            header_index.remove(self.root / META_DIR)
+            return None
         summary.last_access = last  # atimes move without changing a version
         return summary
 
@@ -865,20 +882,31 @@ class DiskStore(Store):
         return str(path)
 
     def get_note(self, name: str) -> str | None:
+        """The note's text; None when there is none, or none that can be read (a damaged
+        note is as good as none: its writer rewrites it)."""
         try:
-            return json.loads((self._meta("notes") / name).read_text("utf-8"))
-        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+            note = json.loads((self._meta("notes") / name).read_bytes())
+        except (OSError, ValueError, RecursionError):
             return None
+        return note if type(note) is str else None
 
     def delete_note(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             (self._meta("notes") / name).unlink()
 
     def _read_config(self) -> dict:
-        try:
-            return json.loads(self._meta("config.json").read_text())
-        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-            return {}
+        """``config.json``: the store's capacity (``max_bytes``), a positive integer. A
+        file that does not say one (damaged, or a value that is not a positive integer)
+        sets none: a store without a limit evicts nothing, where a bad limit read as
+        tiny would evict every entry."""
+        config = read_json_object(self._meta("config.json"))
+        limit = config.get("max_bytes")
+        if limit is not None and not (type(limit) is int and limit > 0):
+            log.warning("encache: %s holds max_bytes %.40r, not a positive integer: the "
+                        "store has no capacity limit until one is set again",
+                        self._meta("config.json"), limit)
+            config.pop("max_bytes")
+        return config
 
     def _write_config(self) -> None:
         atomic_write_json(self._meta("config.json"), self._config)

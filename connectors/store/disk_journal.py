@@ -164,7 +164,7 @@ class DiskJournal:
         now = time.time()
         token = self._read_id()
         names = self._segments()
-        if (not isinstance(cursor, dict) or cursor.get("id") not in (token, None)
+        if (not _well_formed(cursor) or cursor.get("id") not in (token, None)
                 or now - cursor.get("t", 0.0) > KEEP_S - SKEW_S):
             return self._at_end(names, token, now), None
         # (a cursor taken before the journal existed reads every segment from its start)
@@ -230,6 +230,8 @@ class DiskJournal:
             start = offset - 1 if offset else 0  # the byte before must end a line
             os.lseek(fd, start, os.SEEK_SET)
             data = _read_all(fd, size - start)
+        except OSError:  # (a directory by a segment's name, say)
+            return None
         finally:
             os.close(fd)
         if offset:
@@ -239,14 +241,17 @@ class DiskJournal:
         end = data.rfind(b"\n") + 1  # a line still being written is read next time
         ids: set[str] = set()
         for line in data[:end].splitlines():
-            text = line.decode("utf-8", "surrogatepass")
+            try:
+                text = line.decode("utf-8", "surrogatepass")
+            except ValueError:  # not a line this journal writes
+                return None
             if text.startswith(SEAL):
                 return None if end != len(data) else (None, ids, text[len(SEAL):])
             if text == EVERYTHING:
                 return None
             try:
                 ident = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None
             if not isinstance(ident, str):
                 return None
@@ -266,6 +271,8 @@ class DiskJournal:
                 start = max(0, size - _TAIL)
                 os.lseek(fd, start, os.SEEK_SET)
                 tail = _read_all(fd, size - start)
+            except OSError:
+                continue
             finally:
                 os.close(fd)
             end = tail.rfind(b"\n", 0, len(tail) - 1) + 1  # the last line's start
@@ -274,6 +281,20 @@ class DiskJournal:
             else:
                 offsets[name] = start + tail.rfind(b"\n") + 1
         return {"id": token, "t": now, "s": offsets}
+
+
+def _well_formed(cursor) -> bool:
+    """Whether ``cursor`` is one :meth:`DiskJournal.read` returns (a caller may keep it
+    where anyone can damage it: the local tier's note in its store)."""
+    if type(cursor) is not dict:
+        return False
+    t = cursor.get("t", 0.0)
+    if type(t) not in (int, float) or t != t:
+        return False
+    segments = cursor.get("s", {})
+    return (type(segments) is dict
+            and all(type(k) is str and (v is None or (type(v) is int and v >= 0))
+                    for k, v in segments.items()))
 
 
 def _seal(path: str, pid: int, successor: str = "") -> None:

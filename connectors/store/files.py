@@ -3,7 +3,7 @@
 :func:`atomic_write_json` — a JSON file replaced whole or not at all (temp file in the
 same directory, then ``os.replace``): a reader or a crash never sees half a file. Used for
 precompute manifests (:mod:`encache.connectors.corpus`) and the disk store's bookkeeping
-(config, counters, notes). :func:`file_version` is what a served entry file's version is
+(config, counters, notes), which :func:`read_json_object` reads back. :func:`file_version` is what a served entry file's version is
 (verify-once, kept buffers, pinned files). And what every file-backed reader shares:
 reading without touching the access time (:func:`open_untracked`), buffers that are not
 zero-filled first, page-cache hints for mapped entries (:func:`prefault`,
@@ -41,6 +41,19 @@ def atomic_write_json(path: str | os.PathLike, data, *, prefix: str = TEMP_PREFI
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in the bookkeeping file ``path``; ``{}`` when it is missing,
+    unreadable, not JSON (or not UTF-8), or not an object. A damaged bookkeeping file is
+    ignored and rewritten by its next writer, never an error: its readers check each
+    value they use."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if type(data) is dict else {}
 
 
 #: filesystems where reserving a new file's blocks first makes the write faster: each

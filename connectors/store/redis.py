@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import struct
 import time
 from collections.abc import Iterable, Iterator
@@ -94,18 +95,23 @@ JOURNAL_MAX = 50_000  # journal records kept (each names the identifiers of one 
 _JOURNAL_SEP = "\x00"  # identifiers never hold a NUL (keys.validate)
 
 # bump gen and journal the write under that number: KEYS = gen, journal; ARGV = maxlen, ids.
-# A gen below the journal's last record (gen evicted or reset) continues after it, so
-# record IDs only grow; a reader sees the jump as a gap and re-checks everything.
+# A gen below the journal's last record (gen evicted, reset or damaged: not a count)
+# continues after it, so record IDs only grow; a reader sees the jump as a gap and
+# re-checks everything.
 _JOURNAL_LUA = """
-local g = redis.call('INCR', KEYS[1])
+local raw = redis.call('GET', KEYS[1])
+local g = 1
+if raw and string.match(raw, '^%d+$') then
+  g = tonumber(raw) + 1
+end
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if #last > 0 then
   local lg = tonumber(string.match(last[1][1], '^(%d+)'))
   if g <= lg then
     g = lg + 1
-    redis.call('SET', KEYS[1], g)
   end
 end
+redis.call('SET', KEYS[1], g)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], g .. '-0', 'i', ARGV[2])
 return g
 """
@@ -498,8 +504,11 @@ class RedisStore(Store):
         journal cannot tell (no cursor yet, records trimmed past it, ``gen`` went back):
         the caller re-checks what it holds. One ``GET`` when nothing changed, else one
         ``XRANGE`` per 1000 records."""
-        gen = int(self._r.get(self._gen_key) or 0)
-        if cursor is None or gen < cursor:
+        try:
+            gen = int(self._r.get(self._gen_key) or 0)
+        except ValueError:  # a damaged generation key: the journal cannot tell
+            return None, None
+        if type(cursor) is not int or gen < cursor:  # (none yet, or a damaged one)
             return gen, None
         if gen == cursor:
             return cursor, set()
@@ -512,7 +521,10 @@ class RedisStore(Store):
                     return gen, None  # a gap: records trimmed, or gen jumped
                 raw = fields.get(b"i", b"")
                 if raw:
-                    changed.update(_dec(x) for x in raw.split(_JOURNAL_SEP.encode()))
+                    try:
+                        changed.update(_dec(x) for x in raw.split(_JOURNAL_SEP.encode()))
+                    except ValueError:  # not a record encache writes
+                        return gen, None
                 expect += 1
             if len(rows) < 1000:
                 break
@@ -711,6 +723,8 @@ class RedisStore(Store):
             try:
                 x = float(v)
             except ValueError:
+                continue
+            if not math.isfinite(x):
                 continue
             out[k.decode("utf-8", "replace")] = int(x) if x.is_integer() and k != b"updated" else x
         return out

@@ -58,6 +58,23 @@ TIER_USAGE_S = 5.0  # the tier's size for metrics: re-summed at most this often
 JOURNAL_MEMO_S = 1.0  # a journal answer read for the consumer is reused by the sync this long
 CHECK_BATCH = 500  # local copies per ``unchanged`` call of a full check
 STATE_NOTE = "tier-sync"  # the tier's note: remote URL, journal cursor, last sync time
+
+
+def sync_state(tier) -> dict | None:
+    """The tier's note (:data:`STATE_NOTE`) as its last writer left it: ``remote`` (the
+    shared store's URL ``#`` prefix), ``cursor`` (its journal's) and ``synced`` (epoch
+    seconds of that sync); None when there is none, or it is damaged (then the tier
+    starts as one that never synced)."""
+    try:
+        state = json.loads(tier.get_note(STATE_NOTE) or "null")
+    except (ValueError, RecursionError):
+        return None
+    if type(state) is not dict:
+        return None
+    remote, synced = state.get("remote"), state.get("synced", 0)
+    if type(remote) is not str or type(synced) not in (int, float) or synced != synced:
+        return None
+    return {"remote": remote, "cursor": state.get("cursor"), "synced": synced}
 SUSPECT_MARGIN_S = 0.05  # file times vs the clock: copies this close are checked at start
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
@@ -263,13 +280,10 @@ class TieredStore(Store):
     def _resume(self) -> None:
         """Pick up the state of an earlier process on this tier: its cursor, and which
         copies were current at its last sync (served through an outage at start)."""
-        try:
-            state = json.loads(self.tier.get_note(STATE_NOTE) or "null")
-        except (ValueError, TypeError):
-            state = None
-        if isinstance(state, dict) and state.get("remote") == self._remote_key():
-            self._cursor = state.get("cursor")
-            synced = float(state.get("synced", 0))
+        state = sync_state(self.tier)
+        if state is not None and state["remote"] == self._remote_key():
+            self._cursor = state["cursor"]  # (the remote's journal checks it)
+            synced = state["synced"]
             self._suspect = {i for i, mtime in self._tier_files() if mtime >= synced - SUSPECT_MARGIN_S}
             self._trusted = True
         with contextlib.suppress(Exception):

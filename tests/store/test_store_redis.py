@@ -230,6 +230,28 @@ def test_counters_are_shared_between_handles(store):
     assert store.read_counters() == {}
 
 
+def test_damaged_bookkeeping_keys_are_read_past(store):
+    """A counter that is not a finite number is left out; a generation key that is not a
+    number, a journal record that is not UTF-8 or a cursor that is not the store's make
+    the journal say it cannot tell (the caller re-checks what it holds), never an error
+    (one would count as a store failure on every refresh)."""
+    r = store._r
+    store.add_counters({"hits": 2})
+    r.hset(store._counters_key, mapping={b"misses": b"nan", b"saves": b"inf", b"x": b"y"})
+    assert store.read_counters() == {"hits": 2, "updated": pytest.approx(time.time(), abs=60)}
+    store.put("a" * 64, blob("a" * 64))
+    gen, _ = store.changes_since(None)
+    for cursor in ("x", [1], {"t": 1}, 1.5):
+        assert store.changes_since(cursor) == (gen, None)
+    r.xadd(store._journal_key, {b"i": b"\xff\xfe"}, id=f"{gen + 1}-0")
+    r.set(store._gen_key, gen + 1)
+    assert store.changes_since(gen) == (gen + 1, None)
+    r.set(store._gen_key, b"not a number")
+    assert store.changes_since(gen)[1] is None
+    store.put("b" * 64, blob("b" * 64))  # (a write still goes in)
+    assert store.stat("b" * 64) is not None
+
+
 def test_lock_busy_names_holder_and_is_released(store):
     other = store.reopen()
     with store.lock("precompute"):
