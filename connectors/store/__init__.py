@@ -38,7 +38,11 @@ def open_store(url: str, *, create: bool = True, local_tier: str | None = None,
 def _open_backend(url: str, *, create: bool = True, **options) -> Store:
     if not url:
         raise StoreError("no store given (use --store PATH or redis://host:port/db)")
-    scheme = urlsplit(url).scheme
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # e.g. an unclosed "[" of an IPv6 host
+        raise StoreError(f"bad store URL {redact(url)}: {e}") from None
+    scheme = parts.scheme
     if scheme in REDIS_SCHEMES:
         try:
             if scheme in CLUSTER_SCHEMES:
@@ -49,7 +53,10 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
             raise StoreError(f"Redis support unavailable: {e}") from None
         return cls(url, **{k: v for k, v in options.items() if k in cls.OPTIONS})
     if scheme == "file":
-        url = urlsplit(url).path
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise StoreError(f"a file:// URL names a path on this host (file:///abs/path), "
+                             f"not {url!r}")
+        url = parts.path
     elif scheme and len(scheme) > 1:
         raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://, "
                          "redis+cluster://, rediss+cluster://)")

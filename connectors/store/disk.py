@@ -49,15 +49,16 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from stat import S_ISREG
 
 from . import header_index
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
 from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
                     parse_header, read_verified, validate_blob)
-from .files import (PREALLOCATE_FILESYSTEMS, TEMP_PREFIX, ServedVersion, atomic_write_json,
-                    file_version, filesystem_type, fsync_dir, open_untracked, preallocate,
-                    read_json_object, uninitialized)
+from .files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, NotAFile, ServedVersion,
+                    atomic_write_json, file_version, filesystem_type, fsync_dir,
+                    open_untracked, preallocate, read_json_object, uninitialized)
 from .inotify import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM,
                       IN_MOVED_TO, DirectoryWatch)
 from .keys import from_name, is_entry_name, name_for, to_name
@@ -111,7 +112,7 @@ def writer_alive(path: str) -> bool:
     writer's leftover: not waited for, and a stray for ``encache verify --repair`` at
     once. False as well when the file is gone (committed or removed meanwhile)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, READ_FLAGS)
     except OSError:
         return False
     try:
@@ -281,11 +282,13 @@ class DiskStore(Store):
         buffer an entry that is read is read into (:meth:`Store.read_verified`)."""
         path = self._entry_file(identifier)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             st = os.fstat(fd)
+            if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
+                return None
             version = self.version_type.of(st)
             hashing = checksum(version)
             if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes
@@ -347,13 +350,15 @@ class DiskStore(Store):
                     <= self.access_resolution_s * 1e9):
                 return buf, version
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             if recent is not None:
                 recent.discard(path)
             return None
         try:
             st = os.fstat(fd)
+            if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
+                return None
             return self._serve_open(fd, st, path, self.version_type.of(st), mapped)
         finally:
             os.close(fd)
@@ -577,11 +582,13 @@ class DiskStore(Store):
         its rename keeps: committed, the entry is that same version (with a new ctime)."""
         for path in self.in_flight_paths(identifier):  # newest first
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, READ_FLAGS)
             except FileNotFoundError:  # committed or given up meanwhile
                 continue
             try:
                 st = os.fstat(fd)
+                if not S_ISREG(st.st_mode):
+                    continue
                 version = ServedVersion.of(st)
                 try:
                     head = os.pread(fd, min(st.st_size, _HEAD_READ), 0)
@@ -755,10 +762,14 @@ class DiskStore(Store):
         return self._stat_path(name, str(self.root / name / ENTRY_FILE))
 
     def _stat_path(self, name: str, path: str, with_version: bool = False):
+        ident = from_name(name) or name
         try:
             fd = open_untracked(path)  # listing is not a use: keep LRU access times
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except NotAFile:
+            info = EntryInfo(ident, 0, None, None, None, "not-a-file")
+            return (info, (0, 0, 0)) if with_version else info
         try:
             st = os.fstat(fd)
             head = os.pread(fd, _HEAD_READ, 0)
@@ -770,7 +781,6 @@ class DiskStore(Store):
                 pass  # reported by info_from_blob_header
         finally:
             os.close(fd)
-        ident = from_name(name) or name
         info = info_from_blob_header(ident, st.st_size, head, st.st_mtime, st.st_atime)
         if from_name(name) is not None and info.identifier != ident:
             # the name is what consumers look up; keep it and flag the mismatch

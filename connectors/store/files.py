@@ -19,6 +19,7 @@ import errno
 import json
 import mmap
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -174,14 +175,42 @@ def filesystem_type(path) -> str | None:
         return None
 
 
+#: how every reader opens an entry file: never blocking, so a FIFO (or a device) put
+#: where an entry belongs cannot hang a load or a scan (O_NONBLOCK changes nothing for a
+#: regular file); the reader's ``fstat`` then tells it is not one (:func:`regular`)
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK
+
+
+class NotAFile(OSError):
+    """Something other than a regular file (a directory, a FIFO…) where an entry file
+    belongs: unreadable as an entry, reported as one (``not-a-file``), never waited on."""
+
+    def __init__(self, path):
+        super().__init__(errno.EINVAL, "not a regular file", os.fspath(path))
+
+
+def regular(st: os.stat_result, path) -> None:
+    """Raise :class:`NotAFile` unless ``st`` (an open entry file's ``fstat``) is a
+    regular file's."""
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAFile(path)
+
+
 def open_untracked(path) -> int:
-    """Open for reading without touching the access time (O_NOATIME where permitted:
-    the file's owner or root), so scans, verify and warm never count as a use."""
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
+    """Open an entry file for reading without touching the access time (O_NOATIME where
+    permitted: the file's owner or root), so scans, verify and warm never count as a
+    use. Raises :class:`NotAFile` for anything but a regular file."""
+    flags = READ_FLAGS | getattr(os, "O_NOATIME", 0)
     try:
-        return os.open(path, flags)
+        fd = os.open(path, flags)
     except PermissionError:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, READ_FLAGS)
+    try:
+        regular(os.fstat(fd), path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_dir(path: Path) -> None:

@@ -179,6 +179,9 @@ class RedisStore(Store):
         parts = urlsplit(url)
         if parts.scheme not in self.SCHEMES:
             raise StoreError(f"not a {self.__class__.__name__} URL: {redact(url)}")
+        db = parts.path.strip("/") if parts.scheme in ("redis", "rediss") else ""
+        if db and not db.isdigit():  # (redis-py would silently use database 0)
+            raise StoreError(f"bad Redis URL {redact(url)}: database {db!r} is not a number")
         query = parse_qsl(parts.query, keep_blank_values=True)
         own = {k: v for k, v in query if k in self.URL_OPTIONS}
         rest = [(k, v) for k, v in query if k not in self.URL_OPTIONS]

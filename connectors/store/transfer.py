@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .base import Store, StoreError
-from .files import open_untracked
+from .files import NotAFile, open_untracked
 from .entry import CorruptEntry, decode, parse_header
 from .keys import split_lora
 
@@ -165,7 +165,7 @@ def warm_page_cache(store, identifiers: Iterable[str] | None = None, *,
             continue
         try:
             fd = open_untracked(entry_path(ident))
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError, NotAFile):
             report.missing += 1
             continue
         except ValueError:  # invalid identifier

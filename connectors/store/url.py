@@ -22,7 +22,11 @@ def redact(url: str) -> str:
     Edits the string in place rather than re-assembling it (``urlunsplit`` would turn
     ``unix:///path`` into ``unix:/path``).
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a well-formed URL: hide whatever could be a password
+        url = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+        return re.sub(r"(password=)[^&#]*", r"\1***", url)
     if parts.password is not None:
         prefix = parts.scheme + "://"
         userinfo, _, hostpart = parts.netloc.rpartition("@")

@@ -154,11 +154,11 @@ def read_untracked_with_stat(store: Store, identifier: str):
     or the store has no entry files."""
     if not store.supports_entry_path:
         return store.get(identifier), None
-    from .files import open_untracked
+    from .files import NotAFile, open_untracked
 
     try:
         fd = open_untracked(store.entry_path(identifier))
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, NotAFile):  # (the scan says which)
         return None, None
     with os.fdopen(fd, "rb", buffering=0) as f:
         before = os.fstat(fd)
@@ -220,6 +220,16 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
                 rep.models[m] += 1
         if progress is not None:
             progress(done)
+    if model is not None and not rep.models.get(model):
+        # no entry at all was made for ``model``: a mistyped name (or an empty one from a
+        # cron job's unset variable), not a store of wrong entries; a repair keeps them
+        others = [b for b in rep.bad if b[1] == "wrong-model"]
+        if others:
+            rep.bad = [b for b in rep.bad if b[1] != "wrong-model"]
+            rep.warnings.append(Finding(
+                "", "warning", "no-entry-for-model",
+                f"no entry was made for {model!r}: the {len(others):,} made for other "
+                f"models are not repaired (remove them with encache purge --model NAME)"))
     if model is None and len([k for k in rep.models if k is not None]) > 1:
         mix = ", ".join(f"{k!r} ({n:,})" for k, n in rep.models.most_common() if k is not None)
         rep.info.append(Finding("", "info", "mixed-models",

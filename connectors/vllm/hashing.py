@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 
 from ..media import sniff, suffix_kind
@@ -307,8 +308,11 @@ def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = Non
     path = os.fspath(path)
     if os.path.isdir(path):
         raise MediaError("a directory, not a media file")
-    try:
-        with open(path, "rb") as f:
+    try:  # (never blocking: a FIFO given as a file must not hang the run)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise MediaError("not a regular file")
             data = f.read()
     except OSError as e:
         raise MediaError(f"cannot read {path}: {e.strerror}") from None

@@ -23,7 +23,7 @@ import torch
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
 
 from ..store import memfd
-from ..store.files import file_version
+from ..store.files import READ_FLAGS, file_version
 
 TORCH_DTYPES = {
     "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
@@ -88,7 +88,7 @@ def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
 
     for candidate in candidates():
         try:
-            fd = os.open(candidate, os.O_RDONLY)
+            fd = os.open(candidate, READ_FLAGS)
         except OSError:
             continue
         try:
@@ -135,7 +135,7 @@ def open_ref(ref) -> tuple[int, os.stat_result]:
     except OSError:
         if path is None:
             raise
-        f = os.open(path, os.O_RDONLY)
+        f = os.open(path, READ_FLAGS)
     try:
         st = os.fstat(f)
         if file_version(st) != tuple(version):

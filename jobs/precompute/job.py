@@ -91,11 +91,10 @@ def record_encoded(store, todo: dict, result: Encoded, summary: Summary) -> None
             summary.bytes_written += info.size
 
 
-def check_capacity(store, summary: Summary, wanted: int) -> None:
-    """Compare what the corpus needs with the store's capacity; note it once (numbers)."""
+def check_capacity(store, summary: Summary, wanted: int, cap: int | None) -> None:
+    """Compare what the corpus needs with the capacity ``cap``; note it once (numbers)."""
     from ...connectors.capacity import capacity_note, mean_entry_bytes
 
-    cap = store.max_bytes
     if not cap or not wanted:
         return
     if summary.encoded > summary.evicted_own and summary.bytes_written:
@@ -129,14 +128,18 @@ def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, s
                     store.read_counters().get("evictions", 0) - evictions_before))
     finally:
         todo.close()
-    check_capacity(store, summary, summary.present + len(todo.files))
+    check_capacity(store, summary, summary.present + len(todo.files),
+                   options.max_bytes or store.max_bytes)
 
 
-def _open(options: PrecomputeOptions, stage: Stage):
+def _open(options: PrecomputeOptions, stage: Stage, *, dry_run: bool = False):
+    """The store, with the capacity ``options.max_bytes`` set (kept in the store) unless
+    this is a dry run, which changes nothing (its capacity note uses the option)."""
     from ...connectors.store import open_store
 
     store = open_store(options.store, create=True,
-                       **({"max_bytes": options.max_bytes} if options.max_bytes else {}))
+                       **({"max_bytes": options.max_bytes}
+                          if options.max_bytes and not dry_run else {}))
     summary = stage.summary_class(store=store.url, model=options.model, lora=options.lora,
                                   over_capacity=options.over_capacity)
     summary.encoder_config = options.encoder_config
@@ -201,7 +204,7 @@ def precompute_corpus(corpus: str, options: PrecomputeOptions, *, shard: str | N
     shard_spec = validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
     options.check()
     stage = stage or LocalStage()
-    store, summary = _open(options, stage)
+    store, summary = _open(options, stage, dry_run=dry_run)
     t_start = time.perf_counter()
     try:
         with store.lock("precompute", wait=wait):

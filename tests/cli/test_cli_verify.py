@@ -105,6 +105,23 @@ def test_model_consistency(clean):
     assert len(d["problems"]) == 7
 
 
+def test_a_repair_for_a_model_no_entry_was_made_for_removes_none_of_them(clean):
+    """A mistyped ``--model`` (or a cron job's unset variable) flagged every entry as
+    made for another model, and the repair then removed every one. With no entry made
+    for the model named, wrong-model entries are reported and kept (a warning says so);
+    other damage is still repaired."""
+    before = file_sizes(clean)
+    r, d = verify(clean.root, "--model", "org/mistyped", "--repair", "--delete")
+    assert r.exit_code == errors.EXIT_PROBLEMS and len(d["problems"]) == 8
+    assert "no-entry-for-model" in reasons(d, "warnings").values()
+    assert d["repair"]["deleted"] == 0 and file_sizes(clean) == before
+    _damage(clean)
+    r, d = verify(clean.root, "--model", "org/mistyped", "--repair", "--delete")
+    assert d["repair"]["deleted"] == 2 and len(file_sizes(clean)) == 6
+    r, d = verify(clean.root, "--model", "m", "--repair", "--delete")  # some are for "m"
+    assert d["repair"]["deleted"] == 1 and H[5] not in file_sizes(clean)
+
+
 def test_lora_mismatch(clean):
     put_entry(clean, "ad2:" + H[0], lora="ad3")
     r, d = verify(clean.root)

@@ -80,6 +80,21 @@ def test_entries_of_another_encoder_config_are_not_present(tmp_path, corpus):
     assert json.loads(run(*args).stdout)["other_config"] == 5
 
 
+def test_a_dry_run_keeps_the_store_capacity_as_it_was(tmp_path, corpus):
+    """``--dry-run --max-bytes`` wrote the capacity into the store, and the next write
+    then evicted nearly every entry to honour a size the user only tried. A dry run uses
+    it for its capacity note and changes nothing; a real run keeps it."""
+    fill(tmp_path / "s", corpus)
+    args = ("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json",
+            "-q", "--max-bytes", "1000")
+    r = run(*args, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["capacity"] is not None  # the corpus needs more than that
+    assert open_store(str(tmp_path / "s")).max_bytes is None
+    assert run(*args).exit_code == 0
+    assert open_store(str(tmp_path / "s")).max_bytes == 1000
+
+
 def test_manifest_skips_unchanged_files_without_reading_them(tmp_path, corpus):
     fill(tmp_path / "s", corpus)
     first = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--json").stdout)

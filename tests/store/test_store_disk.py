@@ -60,6 +60,42 @@ def test_empty_directory_is_not_an_entry(tmp_path):
     assert tmp_path / ("ee" * 32) in s.stray_files()
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_something_else_where_an_entry_file_belongs_is_reported_never_waited_on(tmp_path,
+                                                                                kind):
+    """A FIFO there hung every scan (list, stats, verify, purge) and would have hung a
+    consumer's load; a directory there stopped every scan with an error. Each is an
+    entry with the problem ``not-a-file``: listed, verified, quarantined by a repair;
+    a load of it is a miss, and the media hasher refuses a FIFO the same way."""
+    from encache.connectors.lookup import EntryLookup
+    from encache.connectors.store.verify import verify_store
+    from encache.connectors.vllm.hashing import MediaError, identify_file
+
+    s = DiskStore(tmp_path / "s")
+    good, bad = "a" * 64, "b" * 64
+    s.put(good, blob(good))
+    s.put(bad, blob(bad))
+    path = s.entry_path(bad)
+    path.unlink()
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    for use_index in (True, False, True):
+        assert {e.identifier: e.error for e in s.scan(use_index=use_index)} == {
+            good: None, bad: "not-a-file"}
+    assert s.read_entry(bad) is None and s.read_verified(bad) is None
+    look = EntryLookup(s, index_refresh_s=3600, load_threads=1)
+    try:
+        assert look.load_now(bad) is None and look.load_now(good) is not None
+    finally:
+        look.close()
+    rep = verify_store(s, repair=True)
+    assert [(f.identifier, f.reason) for f in rep.problems] == [(bad, "not-a-file")]
+    assert rep.repair.quarantined == [bad] and [e.identifier for e in s.scan()] == [good]
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "page.png")
+        with pytest.raises(MediaError, match="not a regular file"):
+            identify_file(tmp_path / "page.png", "org/model")
+
+
 def test_missing_store_is_an_error_when_not_creating(tmp_path):
     from encache.connectors.store import StoreError
     with pytest.raises(StoreError, match="no store"):
@@ -69,6 +105,20 @@ def test_missing_store_is_an_error_when_not_creating(tmp_path):
 def test_file_url(tmp_path):
     s = open_store(f"file://{tmp_path}/st")
     assert isinstance(s, DiskStore) and s.root == tmp_path / "st"
+    assert open_store(f"file://localhost{tmp_path}/st").root == tmp_path / "st"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("file://", "names a path on this host"),  # (was the current directory)
+    ("file://tmp/st", "names a path on this host"),  # (was /st: the host dropped)
+    ("redis://[::1", "bad store URL"), ("//[x", "bad store URL"),
+    ("redis://u:secret@[::1/0", "bad store URL"),
+])
+def test_a_malformed_store_url_is_a_store_error(url, message):
+    from encache.connectors.store import StoreError
+    with pytest.raises(StoreError, match=message) as e:
+        open_store(url)
+    assert "secret" not in str(e.value)
 
 
 def test_truncated_file_detected_from_header(tmp_path):

@@ -230,6 +230,12 @@ def test_counters_are_shared_between_handles(store):
     assert store.read_counters() == {}
 
 
+def test_a_database_that_is_not_a_number_is_an_error(redis_server):
+    """redis-py reads ``/abc`` as no database at all: database 0, silently."""
+    with pytest.raises(StoreError, match="database 'abc' is not a number"):
+        open_store(redis_server.url.rsplit("/", 1)[0] + "/abc")
+
+
 def test_damaged_bookkeeping_keys_are_read_past(store):
     """A counter that is not a finite number is left out; a generation key that is not a
     number, a journal record that is not UTF-8 or a cursor that is not the store's make
