@@ -59,7 +59,7 @@ def _decoding(kind: str):
     except Exception as e:
         from ..media import error_text
         text = error_text(e)
-        raise MediaError(f"not a readable {kind} ({type(e).__name__}: {text})"[:300]) from e
+        raise MediaError(f"not a readable {kind} ({text})"[:300]) from e
 
 
 @dataclass(frozen=True)

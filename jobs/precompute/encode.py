@@ -73,7 +73,7 @@ def media_item(ident: str, f, decode=None) -> tuple[tuple | None, str | None]:
             return (ident, decode(data), "image"), None
         except Exception as e:  # noqa: BLE001 - any decoder error is this file's failure
             # worded as the hashing phase words the same failure (hashing._decoding)
-            return None, f"not a readable image ({type(e).__name__}: {error_text(e)})"[:300]
+            return None, f"not a readable image ({error_text(e)})"[:300]
     return (ident, data_url(data, mime=mime_type(found)), found.kind), None
 
 

@@ -113,7 +113,7 @@ def test_identify_file_good_and_hostile(hostile):
             identify_file(root / rel, MODEL)
         msg = str(e.value)
         assert msg.startswith("not a readable") and "\n" not in msg and len(msg) <= 300
-    with pytest.raises(MediaError, match="DecompressionBombError"):
+    with pytest.raises(MediaError, match="could be decompression bomb"):
         identify_file(root / "bomb.png", MODEL)
     with pytest.raises(MediaError, match="empty file"):
         identify_file(root / "empty.png", MODEL)

@@ -59,7 +59,7 @@ def test_hostile_files_are_per_file_failures_and_non_media_is_listed(tmp_path, c
     d = json.loads(r.stdout)
     assert {f["path"] for f in d["failures"]} == BAD
     errors = {f["path"]: f["error"] for f in d["failures"]}
-    assert "DecompressionBombError" in errors["bomb.png"]
+    assert "decompression bomb" in errors["bomb.png"]
     assert "empty file" in errors["empty.png"] and "text" in errors["text.jpg"]
     assert errors["truncated.mp4"].startswith("not a readable video")
     assert all("\n" not in e and len(e) <= 300 for e in errors.values())
@@ -124,7 +124,7 @@ def test_unexpected_decoder_exception_is_one_files_failure(tmp_path, monkeypatch
     assert r.exit_code == 3, r.output
     d = json.loads(r.stdout)
     assert [f["path"] for f in d["failures"]] == ["img1.gif"]
-    assert d["failures"][0]["error"] == "not a readable image (RuntimeError: decoder exploded second line)"
+    assert d["failures"][0]["error"] == "not a readable image (decoder exploded second line)"
     assert d["hashed"] == 3
 
 
