@@ -15,9 +15,19 @@ import typer
 
 from ..connectors.errors import EXIT_USAGE, EncacheError
 from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
-from .options import LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt
+from .options import LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt, not_empty, parse_size
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
+
+
+def _check_timeout(value: float | None) -> float | None:
+    """``--load-timeout-s``: a finite number of seconds, 0 or more (NaN or inf would be
+    invalid JSON in the config, a negative wait is meaningless); else a usage error."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a number of seconds (0 or more)")
+    return value
 
 
 def build_config(store: str, role: str, extra: dict | None = None) -> dict:
@@ -40,16 +50,25 @@ def register(app: typer.Typer) -> None:
     def connector_config(
         store: StoreOpt,
         role: Annotated[str, typer.Option(help="ec_consumer | ec_producer | ec_both")] = "ec_consumer",
-        max_bytes: Annotated[int | None, typer.Option(help="Disk capacity (bytes) the connector enforces.")] = None,
-        load_timeout_s: Annotated[float | None, typer.Option(help="Max seconds a request waits for a load before re-encoding.")] = None,
+        max_bytes: Annotated[int | None, typer.Option(
+            metavar="SIZE", parser=parse_size,
+            help="Disk capacity the connector enforces (bytes, or 500M, 50G…).")] = None,
+        load_timeout_s: Annotated[float | None, typer.Option(
+            callback=_check_timeout,
+            help="Max seconds a request waits for a load before re-encoding.")] = None,
         load_mode: Annotated[str | None, typer.Option(help="Disk loads: auto (map files on local filesystems) | mmap | read.")] = None,
         verify: Annotated[str | None, typer.Option(help="Checksums: once (each stored version; default) | always | off.")] = None,
-        model: Annotated[str | None, typer.Option("--model", "-m", help="Print a full vllm serve command for this model (stderr).")] = None,
+        model: Annotated[str | None, typer.Option(
+            "--model", "-m", callback=not_empty,
+            help="Print a full vllm serve command for this model (stderr).")] = None,
         tag: TagOpt = None,
         local_tier: LocalTierOpt = None,
         local_tier_max_bytes: LocalTierMaxOpt = None,
     ) -> None:
         """Print the --ec-transfer-config JSON that points vLLM at this store."""
+        from ..connectors.store import check_url
+
+        check_url(store)  # (a store that need not exist yet: nothing is opened)
         extra = {}
         if local_tier_max_bytes is not None and not local_tier:
             raise EncacheError("--local-tier-max-bytes needs --local-tier DIR", EXIT_USAGE)
@@ -67,7 +86,7 @@ def register(app: typer.Typer) -> None:
             if verify not in ("once", "always", "off"):
                 raise EncacheError("--verify must be one of once, always, off", EXIT_USAGE)
             extra["verify"] = verify  # the connector parses these words (lookup.parse_verify)
-        if max_bytes:
+        if max_bytes is not None:
             extra["max_bytes"] = max_bytes
         if load_timeout_s is not None:
             extra["load_timeout_s"] = load_timeout_s

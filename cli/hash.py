@@ -25,20 +25,28 @@ from typing import Annotated, Optional
 
 import typer
 
-from encache.cli.options import JsonOpt, LoraOpt, OptionalStoreOpt
+from encache.cli.options import JsonOpt, LoraOpt, OptionalStoreOpt, not_empty, parse_json
 
 HASH_ALGOS = ("blake3", "sha256", "sha512")
 
 
-def _json_dict(value: str | None) -> dict | None:
+def _json_dict(value: str | None, option: str, *, by_modality: bool = False) -> dict | None:
+    """The JSON object ``option`` gives, checked here so a bad one is a usage error naming
+    the option (not every file's error, nor a traceback). ``by_modality``: media io kwargs,
+    ``{"image": {...}, "video": {...}}``, an object per modality."""
     if value is None:
         return None
     try:
-        d = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise typer.BadParameter(f"not JSON: {e.msg}") from None
+        d = parse_json(value)
+    except ValueError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint=option) from None
     if not isinstance(d, dict):
-        raise typer.BadParameter("expected a JSON object")
+        raise typer.BadParameter("expected a JSON object", param_hint=option)
+    for modality, kwargs in d.items() if by_modality else ():
+        if not isinstance(kwargs, dict):
+            raise typer.BadParameter(
+                f"the value of {modality!r} is not a JSON object (expected e.g. "
+                '{"image": {...}, "video": {...}})', param_hint=option)
     return d
 
 
@@ -173,11 +181,11 @@ def register(app: typer.Typer) -> None:
     @app.command("hash")
     def hash_images(
         images: Annotated[list[Path], typer.Argument(
-            metavar="FILE...", exists=True,
+            metavar="FILE...",  # no exists=True: a missing file is its own error, not all's
             help="Image or video files, as they will be sent to the server "
                  "(image_url / video_url; told apart by content).")],
         model: Annotated[str, typer.Option(
-            "--model", "-m", metavar="MODEL",
+            "--model", "-m", metavar="MODEL", callback=not_empty,
             help="Model id exactly as given to `vllm serve --model`.")],
         lora: LoraOpt = None,
         store: OptionalStoreOpt = None,
@@ -205,9 +213,10 @@ def register(app: typer.Typer) -> None:
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, progress
 
-        mio = _json_dict(media_io_kwargs)
-        rmio = _json_dict(request_media_io_kwargs)
-        mpk = _json_dict(mm_processor_kwargs)
+        mio = _json_dict(media_io_kwargs, "--media-io-kwargs", by_modality=True)
+        rmio = _json_dict(request_media_io_kwargs, "--request-media-io-kwargs",
+                          by_modality=True)
+        mpk = _json_dict(mm_processor_kwargs, "--mm-processor-kwargs")
         paths = [str(p) for p in images]
         with contextlib.ExitStack() as stack:
             st = stack.enter_context(opened(store)) if store else None
@@ -228,7 +237,8 @@ def register(app: typer.Typer) -> None:
         if failed:
             from encache.cli.render import note
 
-            for r in records:
+            for r in records:  # each line names its file (once: "cannot read PATH: …")
                 if r.get("error"):
-                    note(f"Error: {r['error']}")
+                    err, path = r["error"], r["path"]
+                    note(f"Error: {err}" if f" {path}:" in f" {err}" else f"Error: {path}: {err}")
             raise typer.Exit(errors.EXIT_USAGE if failed == len(records) else errors.EXIT_PARTIAL)

@@ -199,9 +199,12 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
-        from encache.cli.common import display_url, make_filter, no_gc, opened
+        from encache.cli.common import display_url, make_filter, no_gc, opened, usage
         from encache.cli.render import progress
 
+        if quiet and json_:  # two output formats: which one was meant is a guess
+            raise usage("-q and --json cannot be combined",
+                        hint="-q: identifiers, one per line; --json: full records")
         flt = make_filter(lora=lora, model=model, older_than=older_than)
         with no_gc():  # the rendering too: 100,000 records, no cycles to collect
             with opened(store) as st:

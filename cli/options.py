@@ -10,6 +10,7 @@ Typer reports a usage error (exit 2).
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 from typing import Annotated, Optional
 
@@ -32,7 +33,45 @@ def parse_size(value: str) -> int:
     """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
     from encache.connectors.store.scanning import parse_size
 
-    return parse_size(value)  # ValueError -> Typer usage error (exit 2)
+    n = parse_size(value)  # ValueError -> Typer usage error (exit 2)
+    if n <= 0:  # "0.5" is 0 bytes: no capacity at all, never what was meant
+        raise ValueError(f"invalid size {value!r}: less than one byte")
+    return n
+
+
+def parse_json(text: str):
+    """``text`` as strict JSON: ``NaN``, ``Infinity`` and numbers beyond a float (``1e999``)
+    are errors here, not a traceback later (vLLM's hasher and ``--json`` output reject
+    them). Raises ValueError with a one-line message."""
+    import json
+    import math
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not allowed")
+
+    def number(s: str) -> float:
+        x = float(s)
+        if not math.isfinite(x):
+            raise ValueError(f"{s} is out of range")
+        return x
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=number)
+    except json.JSONDecodeError as e:
+        raise ValueError(e.msg) from None
+
+
+def not_empty(value: str | None) -> str | None:
+    """Typer ``callback=`` for names (``--model``, ``--lora``): an empty one matches no entry,
+    so a filter or a repair given one would act on the wrong set; a usage error (exit 2)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("must not be empty")
+    return value
+
+
+#: upper bound of ``-j N`` (processes or threads): a typo'd huge N must not start that many
+#: (64, or 4 per CPU on bigger machines)
+MAX_JOBS = max(64, 4 * (os.cpu_count() or 1))
 
 
 LocalTierOpt = Annotated[Optional[str], typer.Option(
@@ -71,11 +110,12 @@ DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", "-n", help="Show what would be done, change nothing.")]
 
 ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", metavar="MODEL",
+    "--model", "-m", metavar="MODEL", callback=not_empty,
     help="Model id exactly as given to `vllm serve --model`.")]
 
 LoraOpt = Annotated[Optional[str], typer.Option(
-    "--lora", metavar="NAME", help="LoRA adapter name (identifiers NAME:<hash>).")]
+    "--lora", metavar="NAME", callback=not_empty,
+    help="LoRA adapter name (identifiers NAME:<hash>).")]
 
 TagOpt = Annotated[Optional[str], typer.Option(
     "--tag", help="Label entered into the encoder-config stamp (connector setting 'tag'): bump "

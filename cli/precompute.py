@@ -13,7 +13,6 @@ calls the job (:func:`encache.jobs.precompute.precompute_corpus`, or the Ray job
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Annotated
 
@@ -24,7 +23,7 @@ from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
 from .common import quiet_engine_start
 from ..connectors.errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
-                      ModelOpt, QuietOpt, StoreOpt, TagOpt)
+                      ModelOpt, QuietOpt, StoreOpt, TagOpt, parse_json, parse_size)
 
 
 def _render(summary: Summary, as_json: bool) -> None:
@@ -37,8 +36,15 @@ def _render(summary: Summary, as_json: bool) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=f"precompute → {summary.store}", show_header=False, title_justify="left")
+    from .render import literal
+
+    def line(tag: str, style: str, text: str) -> Text:  # data (paths, errors) printed as is
+        return Text.assemble((tag, style), " ", text)
+
+    t = Table(title=literal(f"precompute → {summary.store}", "table.title"), show_header=False,
+              title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
     rows = [("files", summary.files), ("hashed (new/changed)", summary.hashed),
@@ -62,17 +68,18 @@ def _render(summary: Summary, as_json: bool) -> None:
     console = Console()
     console.print(t)
     if summary.capacity:
-        console.print(f"[yellow]over capacity:[/] {summary.capacity['message']}")
+        console.print(line("over capacity:", "yellow", summary.capacity["message"]))
     for note in summary.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(line("note:", "yellow", note))
     for fail in summary.failures[:20]:
-        console.print(f"[red]failed[/] {fail['path']}: {fail['error']}")
+        console.print(line("failed", "red", f"{fail['path']}: {fail['error']}"))
     if len(summary.failures) > 20:
         console.print(f"… and {len(summary.failures) - 20} more (see --json)")
     if summary.non_media:
         shown = ", ".join(n["path"] for n in summary.non_media[:5])
         more = f" and {len(summary.non_media) - 5} more" if len(summary.non_media) > 5 else ""
-        console.print(f"[dim]not images or videos, skipped: {shown}{more} (reasons: --json)[/]")
+        console.print(Text(f"not images or videos, skipped: {shown}{more} (reasons: --json)",
+                           style="dim"))
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +99,9 @@ def register(app: typer.Typer) -> None:
         max_model_len: MaxModelLenOpt = None,
         dtype: DtypeOpt = None,
         engine_arg: EngineArgOpt = None,
-        max_bytes: Annotated[int | None, typer.Option(help="Store capacity in bytes (disk: LRU eviction past it).")] = None,
+        max_bytes: Annotated[int | None, typer.Option(
+            metavar="SIZE", parser=parse_size,
+            help="Store capacity (bytes, or 500M, 50G…; disk: LRU eviction past it).")] = None,
         tag: TagOpt = None,
         over_capacity: Annotated[str, typer.Option(
             "--over-capacity", metavar="keep-served|skip",
@@ -141,8 +150,9 @@ def _request_kwargs(text: str | None) -> dict | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise EncacheError(f"--request-mm-processor-kwargs is not JSON: {e.msg}", EXIT_USAGE) from None
+        value = parse_json(text)
+    except ValueError as e:
+        raise EncacheError(f"--request-mm-processor-kwargs is not JSON: {e}",
+                           EXIT_USAGE) from None
     return check_request_kwargs(value, None)
 

@@ -81,14 +81,20 @@ def can_prompt() -> bool:
 
 def confirm(question: str, *, refusal: str, declined: str, hint: str | None = None) -> None:
     """Ask ``question`` on stderr (default: no). Raises the exit-6 error ``refusal`` (with
-    ``hint``) when no person can answer, ``declined`` when the answer is no."""
+    ``hint``) when no person can answer, ``declined`` when the answer is no or the prompt
+    is left with Ctrl-D / Ctrl-C."""
     import typer
 
     from encache.connectors import errors
 
     if not can_prompt():
         raise errors.EncacheError(refusal, errors.EXIT_ABORTED, hint=hint)
-    if not typer.confirm(question, default=False, err=True):
+    try:
+        answer = typer.confirm(question, default=False, err=True)
+    except typer.Abort:  # Ctrl-D / Ctrl-C at the prompt: declined too, not Typer's exit 1
+        note("")  # the error line starts on a line of its own, not after the prompt
+        answer = False
+    if not answer:
         raise errors.EncacheError(declined, errors.EXIT_ABORTED)
 
 
@@ -142,20 +148,33 @@ def or_dash(x) -> str:
 def table(columns: Sequence[str | tuple[str, dict]], rows: Sequence[Sequence[str]],
           title: str | None = None, caption: str | None = None):
     """A Rich table; a column is ``"Name"`` or ``("Name", {column kwargs})``. Column
-    names ending in ``>`` are right-aligned (numbers)."""
+    names ending in ``>`` are right-aligned (numbers). Cells, title and caption are
+    printed literally (:func:`literal`): they hold data (identifiers, models, paths)."""
     from rich import box
     from rich.table import Table
 
-    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, title_justify="left",
-              caption_justify="left", pad_edge=False)
+    t = Table(title=literal(title, "table.title"), caption=literal(caption, "table.caption"),
+              box=box.SIMPLE_HEAD, title_justify="left", caption_justify="left",
+              pad_edge=False)
     for c in columns:
         name, kw = (c, {}) if isinstance(c, str) else c
         if name.endswith(">"):
             name, kw = name[:-1], {"justify": "right", **kw}
         t.add_column(name, **kw)
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(literal(cell) for cell in r))
     return t
+
+
+def literal(text, style: str = ""):
+    """``text`` as a Rich ``Text`` in ``style`` (printed as is: ``[bold]`` or ``[/]`` in an
+    identifier or a file name is neither a style nor a markup error); anything else
+    (None, a renderable) unchanged."""
+    if not isinstance(text, str):
+        return text
+    from rich.text import Text
+
+    return Text(text, style=style)
 
 
 #: above this many rows a table is drawn as plain aligned text: Rich lays out every cell
@@ -292,4 +311,6 @@ class PhaseProgress:
             except KeyError:  # a transient bar removed by the phase that followed
                 return
             if failed and self.show_failures:
-                self.console.print(f"[yellow]failed[/] {failed}")
+                from rich.text import Text  # the path is data: printed as is
+
+                self.console.print(Text.assemble(("failed", "yellow"), " ", failed))

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from encache.cli.options import JsonOpt, LocalTierOpt, StoreOpt
+from encache.cli.options import MAX_JOBS, JsonOpt, LocalTierOpt, StoreOpt
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -273,9 +273,9 @@ def register(app: typer.Typer) -> None:
         reset_counters: Annotated[bool, typer.Option(
             "--reset-counters", help="After printing, zero the consumer counters.")] = False,
         workers: Annotated[Optional[int], typer.Option(
-            "--workers", "-j", min=1, metavar="N",
-            help="Processes for the header scan (default: 1, or one per idle CPU when 4+ "
-                 "are idle and the store is big).")] = None,
+            "--workers", "-j", min=1, max=MAX_JOBS, metavar="N",
+            help=f"Processes for the header scan, at most {MAX_JOBS} (default: 1, or one per "
+                 "idle CPU when 4+ are idle and the store is big).")] = None,
         quiet: Annotated[bool, typer.Option(
             "--quiet", "-q", help="No progress or notes on stderr.")] = False,
         local_tier: LocalTierOpt = None,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from encache.cli.options import JsonOpt, ModelOpt, StoreOpt, parse_age
+from encache.cli.options import MAX_JOBS, JsonOpt, ModelOpt, StoreOpt, parse_age
 
 if TYPE_CHECKING:  # the job is library code, loaded on first use (``--help`` imports none)
     from encache.connectors.store.verify import Finding, VerifyReport
@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
             help="Temp files younger than AGE are left alone, and any a running writer "
                  "holds. Default 1h.")] = None,
         threads: Annotated[Optional[int], typer.Option(
-            "--threads", "-j", min=1, metavar="N", help="Reader threads.")] = None,
+            "--threads", "-j", min=1, max=MAX_JOBS, metavar="N",
+            help=f"Reader threads, at most {MAX_JOBS}.")] = None,
         json_: JsonOpt = False,
         quiet: Annotated[bool, typer.Option(
             "--quiet", "-q", help="No progress; print nothing when the store is clean (cron).")

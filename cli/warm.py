@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
     def warm(
         store: StoreOpt,
         images: Annotated[Optional[list[Path]], typer.Argument(
-            metavar="IMAGE", exists=True, readable=True, show_default=False,
+            metavar="IMAGE", show_default=False,  # a missing one is its own failure
             help="Only the entries of these images or videos (directories are searched "
                  "recursively, media found by content); needs --model.")] = None,
         source: Annotated[Optional[str], typer.Option(

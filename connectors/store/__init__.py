@@ -35,13 +35,27 @@ def open_store(url: str, *, create: bool = True, local_tier: str | None = None,
         raise
 
 
-def _open_backend(url: str, *, create: bool = True, **options) -> Store:
+def check_url(url: str):
+    """``url``'s parts when it names a store a backend serves (nothing is opened: the
+    store need not exist yet); else :class:`StoreError`, as :func:`open_store` raises."""
     if not url:
         raise StoreError("no store given (use --store PATH or redis://host:port/db)")
     try:
         parts = urlsplit(url)
     except ValueError as e:  # e.g. an unclosed "[" of an IPv6 host
         raise StoreError(f"bad store URL {redact(url)}: {e}") from None
+    scheme = parts.scheme
+    if scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path):
+        raise StoreError(f"a file:// URL names a path on this host (file:///abs/path), "
+                         f"not {url!r}")
+    if scheme and len(scheme) > 1 and scheme not in (*REDIS_SCHEMES, "file"):
+        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, "
+                         "redis://, rediss://, unix://, redis+cluster://, rediss+cluster://)")
+    return parts
+
+
+def _open_backend(url: str, *, create: bool = True, **options) -> Store:
+    parts = check_url(url)
     scheme = parts.scheme
     if scheme in REDIS_SCHEMES:
         try:
@@ -53,13 +67,7 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
             raise StoreError(f"Redis support unavailable: {e}") from None
         return cls(url, **{k: v for k, v in options.items() if k in cls.OPTIONS})
     if scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path:
-            raise StoreError(f"a file:// URL names a path on this host (file:///abs/path), "
-                             f"not {url!r}")
         url = parts.path
-    elif scheme and len(scheme) > 1:
-        raise StoreError(f"unsupported store URL scheme {scheme!r} (use a path, file://, redis://, rediss://, unix://, "
-                         "redis+cluster://, rediss+cluster://)")
     from .disk import DiskStore
 
     disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction", "load_mode")}
@@ -67,5 +75,6 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
 
 __all__ = [
     "COUNTER_NAMES", "CorruptEntry", "EntryInfo", "EntryMeta", "LockBusy", "Store",
-    "StoreError", "StoreInfo", "decode", "encode", "encode_parts", "open_store", "redact",
+    "StoreError", "StoreInfo", "check_url", "decode", "encode", "encode_parts", "open_store",
+    "redact",
 ]
