@@ -94,11 +94,13 @@ LoraPathOpt = Annotated[Optional[str], typer.Option(
     help="LoRA adapter to load in the producer (tower-connector LoRA).")]
 
 StoreOpt = Annotated[str, typer.Option(
-    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
+    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP,
+    callback=not_empty)]
 
 #: the same option where a store is optional (``encache hash``: "is it in the store?")
 OptionalStoreOpt = Annotated[Optional[str], typer.Option(
-    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP)]
+    "--store", "-s", envvar=STORE_ENVVAR, show_envvar=True, metavar="URL", help=STORE_HELP,
+    callback=not_empty)]
 
 JsonOpt = Annotated[bool, typer.Option(
     "--json", help="Machine-readable JSON on stdout (raw bytes, epoch seconds).")]

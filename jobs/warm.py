@@ -356,7 +356,8 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
                    "--dtype": dtype, "--engine-arg": engine_args or None, "--tag": tag}
     stray = [k for k, v in engine_opts.items() if v is not None]
     if stray and not compute:
-        raise _usage(f"{', '.join(stray)} only apply with --compute-missing")
+        raise _usage(f"{', '.join(stray)} only appl{'y' if len(stray) > 1 else 'ies'} with "
+                     "--compute-missing")
     if lora_path and not lora:
         raise _usage("--lora-path needs --lora NAME")
     for ident in identifiers:

@@ -89,6 +89,14 @@ def test_empty_filters_are_usage_errors(store, args):
     assert ids(store) == ALL_IDS
 
 
+@pytest.mark.parametrize("command", ["list", "stats", "verify", "size", "connector-config"])
+def test_an_empty_store_is_a_usage_error(command):
+    """(It was exit 7, a store error, where the table says a missing ``--store`` is 2.)"""
+    r = invoke(command, "-s", "")
+    assert r.exit_code == errors.EXIT_USAGE, r.output
+    assert "must not be empty" in " ".join(r.stderr.replace("│", " ").split())
+
+
 def test_empty_model_for_precompute_hash_warm_and_connector_config(store, tmp_path,
                                                                    fake_precompute):
     (tmp_path / "c").mkdir()

@@ -260,7 +260,7 @@ def test_page_cache_does_not_touch_access_times(src):
     (["--from", "SRC", "IMG"], "--model"),
     (["--from", "SRC", "--compute-missing", "-m", "x"], "--compute-missing needs IMAGE"),
     (["--from", "SRC", "--lora", "adA", "-i", "x"], "--lora"),
-    (["--from", "SRC", "--dtype", "float32"], "only apply with --compute-missing"),
+    (["--from", "SRC", "--dtype", "float32"], "only applies with --compute-missing"),
     (["--from", "SRC", "--store", "SRC"], "same store"),
     (["--from", "SRC", "-i", "bad\x00id"], "bad --identifier"),
 ])
