@@ -86,7 +86,8 @@ class LiveCounters:
     """This process's counter file (one writer; many readers in other processes)."""
 
     def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.parent.mkdir(exist_ok=True)  # (.encache: never the store's own directory)
+        directory.mkdir(exist_ok=True)
         pid, start = os.getpid(), _start_ticks() or 0
         self.path = directory / f"{_host()}-{pid}-{start}{SUFFIX}"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -649,8 +649,10 @@ class DiskStore(Store):
     def _entry_dirs(self) -> Iterator[os.DirEntry]:
         try:
             it = os.scandir(self.root)
-        except FileNotFoundError:
-            return
+        except FileNotFoundError:  # removed since it was opened: say so (a consumer's
+            # index refresh then warns and counts the store as down; it was every
+            # request a silent miss)
+            raise StoreError(f"the store directory {self.root} is gone") from None
         with it:
             for d in it:
                 if is_entry_name(d.name) and d.is_dir(follow_symlinks=False):
@@ -923,7 +925,9 @@ class DiskStore(Store):
 
     @contextlib.contextmanager
     def _counters_locked(self, shared: bool = False):
-        self._meta("").mkdir(parents=True, exist_ok=True)
+        # (never parents: bookkeeping must not make a removed store's directory again,
+        # empty, where a consumer would then miss everything without a word)
+        self._meta("").mkdir(exist_ok=True)
         with open(self._meta("counters.lock"), "a") as lk:
             fcntl.flock(lk, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             try:

@@ -199,7 +199,8 @@ class VerifiedLog:
         if self._fd is not None and os.fstat(self._fd).st_ino != _inode(self.path):
             self._close()
         if self._fd is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.parent.mkdir(exist_ok=True)  # (.encache, never the store itself)
+            self.directory.mkdir(exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                | os.O_CLOEXEC, 0o644)
         return self._fd

@@ -2,14 +2,37 @@
 
 Every key is optional except the store. ``path`` and ``shared_storage_path`` are
 accepted as aliases of ``store`` so encache is a drop-in replacement for vLLM's
-``ECExampleConnector`` configuration.
+``ECExampleConnector`` configuration. Every value is checked when the engine starts (its
+type and range): a bad one stops the start with a line naming the key, where it would
+otherwise fail a request later, stop a background thread, or mean the opposite of what
+was written (``"false"`` is a true string).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
 
 from ..lookup.verified import parse_verify
+from ..store.disk import EVICTION_POLICIES, LOAD_MODES
+
+log = logging.getLogger("encache.connector")
+
+#: what each setting takes, checked at start (``ConnectorConfig.__post_init__``)
+#: sizes: bytes, a whole number (or ``"50G"``) at least this; None where optional
+_SIZES = {"max_bytes": 1, "local_tier_max_bytes": 1, "staging_bytes": 0,
+          "verify_ahead_start_bytes": 0, "max_pending_write_bytes": 1}
+_OPTIONAL = ("max_bytes", "local_tier_max_bytes", "prefix", "local_tier")
+_COUNTS = ("load_threads", "write_threads")  # a whole number, at least 1
+#: seconds: a finite number, above 0 (False) or 0 allowed too (True)
+_SECONDS = {"load_timeout_s": False, "inline_wait_s": True, "index_refresh_s": False,
+            "counters_flush_s": False, "store_stats_s": False, "save_wait_s": True}
+_FLAGS = ("fsync", "verify_ahead", "remember_verified", "check_encoder_config",
+          "skip_existing")  # JSON true / false
+_TEXTS = ("prefix", "local_tier", "tag")
 
 
 @dataclass(frozen=True)
@@ -62,30 +85,78 @@ class ConnectorConfig:
     WORKER_LOADS = ("auto", "bytes", "files")
 
     def __post_init__(self):
-        if self.worker_loads not in self.WORKER_LOADS:
-            raise ValueError(f"encache connector: worker_loads must be one of "
-                             f"{self.WORKER_LOADS}, not {self.worker_loads!r}")
+        def refuse(key: str, want: str):
+            raise ValueError(f"encache connector: {key} must be {want}, not "
+                             f"{getattr(self, key)!r}")
+
+        for key, least in _SIZES.items():
+            value = getattr(self, key)
+            if value is None and key in _OPTIONAL:
+                continue
+            if isinstance(value, str):  # "50G" as well as a number
+                from ..store.scanning import parse_size
+                try:
+                    value = parse_size(value)
+                except ValueError:
+                    refuse(key, 'a number of bytes (or a size such as "50G")')
+            if type(value) is not int or value < least:
+                refuse(key, f'a whole number of bytes, at least {least} (or a size such as '
+                            f'"50G")')
+            object.__setattr__(self, key, value)
+        for key in _COUNTS:
+            if type(getattr(self, key)) is not int or getattr(self, key) < 1:
+                refuse(key, "a whole number, at least 1")
+        for key, zero in _SECONDS.items():
+            value = getattr(self, key)
+            if (type(value) not in (int, float) or not math.isfinite(value) or value < 0
+                    or (value == 0 and not zero)):
+                refuse(key, f"a number of seconds, {'0 or more' if zero else 'above 0'}")
+            object.__setattr__(self, key, float(value))
+        for key in _FLAGS:
+            if type(getattr(self, key)) is not bool:
+                refuse(key, "true or false (JSON booleans)")
+        for key in _TEXTS:
+            value = getattr(self, key)
+            if not (isinstance(value, str) or (value is None and key in _OPTIONAL)):
+                refuse(key, "a string")
+        for key, words in (("eviction", EVICTION_POLICIES), ("load_mode", LOAD_MODES),
+                           ("worker_loads", self.WORKER_LOADS)):
+            if getattr(self, key) not in words:
+                refuse(key, f"one of {', '.join(words)}")
+        if type(self.verify) is not bool:
+            try:
+                if not isinstance(self.verify, str):
+                    raise ValueError
+                parse_verify(self.verify)
+            except ValueError:
+                refuse("verify", "true, false or \"always\"")
 
     @classmethod
     def from_extra(cls, extra: dict) -> ConnectorConfig:
         extra = dict(extra)
-        store = None
-        for key in cls.ALIASES:
-            if extra.get(key):
-                store = str(extra.pop(key))
-                break
+        given = [key for key in cls.ALIASES if key in extra]
+        if len(given) > 1:
+            raise ValueError(f"encache connector: {', '.join(given)} all name the store: "
+                             "give one")
+        store = extra.pop(given[0]) if given else None
         if not store:
             raise ValueError("encache connector: ec_connector_extra_config needs a 'store' "
                              "(a directory, redis:// or redis+cluster:// URL)")
+        if not isinstance(store, str):
+            raise ValueError(f"encache connector: {given[0]} must be a string (a directory "
+                             f"or a URL), not {store!r}")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - names - set(cls.ALIASES))
+        unknown = sorted(set(extra) - names)
         if unknown:
             raise ValueError(f"encache connector: unknown ec_connector_extra_config keys {unknown}")
-        for key in ("max_bytes", "local_tier_max_bytes"):  # "50G" as well as a number
-            if isinstance(extra.get(key), str):
-                from ..store.scanning import parse_size
-                extra[key] = parse_size(extra[key])
-        return cls(store=store, **{k: v for k, v in extra.items() if k in names})
+        config = cls(store=store, **extra)
+        for key in ("store", "local_tier"):
+            path = getattr(config, key)
+            if path and not urlsplit(path).scheme and not os.path.isabs(path):
+                log.warning("encache connector: %s %r is a relative path: it is resolved "
+                            "against the server's working directory (%s)", key, path,
+                            os.getcwd())
+        return config
 
     def store_options(self) -> dict:
         opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync,
