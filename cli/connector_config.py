@@ -15,19 +15,10 @@ import typer
 
 from ..connectors.errors import EXIT_USAGE, EncacheError
 from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
-from .options import LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt, not_empty, parse_size
+from .options import (LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt, not_empty,
+                      not_negative, parse_size)
 
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
-
-
-def _check_timeout(value: float | None) -> float | None:
-    """``--load-timeout-s``: a finite number of seconds, 0 or more (NaN or inf would be
-    invalid JSON in the config, a negative wait is meaningless); else a usage error."""
-    import math
-
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter(f"{value} is not a number of seconds (0 or more)")
-    return value
 
 
 def build_config(store: str, role: str, extra: dict | None = None) -> dict:
@@ -54,7 +45,7 @@ def register(app: typer.Typer) -> None:
             metavar="SIZE", parser=parse_size,
             help="Disk capacity the connector enforces (bytes, or 500M, 50G…).")] = None,
         load_timeout_s: Annotated[float | None, typer.Option(
-            callback=_check_timeout,
+            callback=not_negative,
             help="Max seconds a request waits for a load before re-encoding.")] = None,
         load_mode: Annotated[str | None, typer.Option(help="Disk loads: auto (map files on local filesystems) | mmap | read.")] = None,
         verify: Annotated[str | None, typer.Option(help="Checksums: once (each stored version; default) | always | off.")] = None,

@@ -61,6 +61,17 @@ def parse_json(text: str):
         raise ValueError(e.msg) from None
 
 
+def not_negative(value: float | None) -> float | None:
+    """Typer ``callback=`` for seconds and other amounts: a finite number, 0 or more (NaN,
+    inf or a negative wait is meaningless, and NaN passes Typer's own ``min=``); else a
+    usage error (exit 2)."""
+    import math
+
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a finite number, 0 or more")
+    return value
+
+
 def not_empty(value: str | None) -> str | None:
     """Typer ``callback=`` for names (``--model``, ``--lora``): an empty one matches no entry,
     so a filter or a repair given one would act on the wrong set; a usage error (exit 2)."""
@@ -83,7 +94,7 @@ LocalTierMaxOpt = Annotated[Optional[int], typer.Option(
 
 # -- the producer engine's options (precompute; warm --compute-missing) -------------------
 MaxModelLenOpt = Annotated[Optional[int], typer.Option(
-    "--max-model-len", metavar="N", help="Engine max_model_len.")]
+    "--max-model-len", metavar="N", min=1, help="Engine max_model_len.")]
 DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Engine dtype (auto, float16, bfloat16, float32).")]
 EngineArgOpt = Annotated[Optional[list[str]], typer.Option(

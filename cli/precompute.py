@@ -23,7 +23,8 @@ from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
 from .common import quiet_engine_start
 from ..connectors.errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
-                      ModelOpt, QuietOpt, StoreOpt, TagOpt, parse_json, parse_size)
+                      ModelOpt, QuietOpt, StoreOpt, TagOpt, not_negative, parse_json,
+                      parse_size)
 
 
 def _render(summary: Summary, as_json: bool) -> None:
@@ -91,7 +92,9 @@ def register(app: typer.Typer) -> None:
         lora: LoraOpt = None,
         lora_path: LoraPathOpt = None,
         batch: Annotated[int, typer.Option(help="Images per engine call.")] = 16,
-        wait: Annotated[float, typer.Option(help="Seconds to wait for another run's lock before giving up.")] = 0.0,
+        wait: Annotated[float, typer.Option(
+            callback=not_negative,
+            help="Seconds to wait for another run's lock before giving up.")] = 0.0,
         prune_missing: Annotated[bool, typer.Option("--prune-missing", help="Delete entries whose source images left the corpus.")] = False,
         shard: Annotated[str | None, typer.Option(help="Process only shard i of N (i/N), for multi-host runs.")] = None,
         no_manifest: Annotated[bool, typer.Option("--no-manifest", help="Re-read and re-hash every file.")] = False,
@@ -112,8 +115,10 @@ def register(app: typer.Typer) -> None:
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
         ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs the ray extra (pip install encache\\[ray]). See docs/ray.md.")] = None,
-        engines: Annotated[int, typer.Option(help="With --ray: number of engine actors.")] = 1,
-        gpus_per_engine: Annotated[float, typer.Option(help="With --ray: GPUs per engine actor.")] = 0.0,
+        engines: Annotated[int, typer.Option(
+            min=1, help="With --ray: number of engine actors.")] = 1,
+        gpus_per_engine: Annotated[float, typer.Option(
+            callback=not_negative, help="With --ray: GPUs per engine actor.")] = 0.0,
         cpus_per_engine: Annotated[float | None, typer.Option(help="With --ray: CPUs per engine actor (default 1 with GPUs, else 0.5).")] = None,
     ) -> None:
         """Encode a corpus of images and videos with a real vLLM engine into the store."""

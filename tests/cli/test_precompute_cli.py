@@ -195,6 +195,9 @@ def test_killed_holder_releases_the_lock(tmp_path, corpus):
     (["{corpus}", "--request-mm-processor-kwargs", "[1]"], 2),
     (["{corpus}", "--request-mm-processor-kwargs", '{"max_pixels": 50176}',
       "--engine-arg", 'media_io_kwargs={"image": {"rgba_background_color": [0, 0, 0]}}'], 2),
+    (["{corpus}", "--wait", "-1"], 2), (["{corpus}", "--wait", "nan"], 2),
+    (["{corpus}", "--engines", "0"], 2), (["{corpus}", "--gpus-per-engine", "-1"], 2),
+    (["{corpus}", "--max-model-len", "-1"], 2),
 ])
 def test_usage_errors(tmp_path, corpus, args, code):
     args = [a.replace("{corpus}", str(corpus)) for a in args]
