@@ -578,15 +578,28 @@ class RedisStore(Store):
             if cursor == 0:
                 return
 
+    def _idents(self, page: list[bytes]) -> list[str]:
+        """The identifiers of a page of entry keys. A key no encache writer made (its name
+        not UTF-8, or not an identifier: another program's, under this prefix) is left
+        out: it stopped every listing, and a consumer's index refresh counted the store
+        as down for good."""
+        out = []
+        for key in page:
+            try:
+                out.append(validate(self._ident(key)))
+            except ValueError:
+                continue
+        return out
+
     def identifiers(self) -> Iterator[str]:
         for page in self._scan_pages():
-            yield from (self._ident(k) for k in page)
+            yield from self._idents(page)
 
     def scan(self) -> Iterator[EntryInfo]:
         sides: dict = {}  # (meta, atime) -> [entries seen under it, records it holds or 0]
         found: set = set()  # side-key pairs the key walk came across (cluster)
         for page in self._scan_pages(found):
-            ids = [self._ident(k) for k in page]
+            ids = self._idents(page)
             raw = [_enc(i) for i in ids]
             with self._errors():
                 metas, atimes = self._page_records(raw, sides)
@@ -596,7 +609,16 @@ class RedisStore(Store):
                 value = metas[n] if metas[n] is not None else repaired.get(ident)
                 if value is None:  # deleted between SCAN and now
                     continue
-                yield self._info(ident, value, atimes[n])
+                info = self._info(ident, value, atimes[n])
+                if info.error is not None and metas[n] is not None:
+                    # the side record may be what is damaged, not the entry: its own
+                    # header decides (and is written back), so a repair never removes a
+                    # good entry for a bad side record
+                    with self._errors():
+                        again = self._read_heads([ident]).get(ident)
+                    if again is not None:
+                        info = self._info(ident, again, atimes[n])
+                yield info
         with contextlib.suppress(StoreError), self._errors():
             drift = self._drifted(found, sides)
             if drift:

@@ -230,6 +230,36 @@ def test_counters_are_shared_between_handles(store):
     assert store.read_counters() == {}
 
 
+def test_keys_no_encache_writer_made_and_damaged_side_records(store):
+    """A key under the entry prefix whose name is not UTF-8 (another program's) stopped
+    every listing, and a consumer's index refresh counted the store as down for good: it
+    is left out. A damaged side record (the ``meta`` row of a good entry) made verify
+    report the entry, and a repair removed it: the entry's own header decides, and the
+    row is written again."""
+    from encache.connectors.lookup import EntryLookup
+    from encache.connectors.store.verify import verify_store
+
+    good, damaged, bad = "a" * 64, "b" * 64, "c" * 64
+    for ident in (good, damaged, bad):
+        store.put(ident, blob(ident))
+    r, prefix = store._r, store.prefix.encode()
+    r.set(prefix + b"e:\xff\xfe", b"x")  # not an identifier
+    r.hset(store._meta_key, damaged.encode(), b"\xff\xfe not a header record")
+    r.set(prefix + b"e:" + bad.encode(), b"not an entry")  # a bad entry
+    assert sorted(store.identifiers()) == [good, damaged, bad]
+    scanned = {e.identifier: e.error for e in store.scan()}
+    assert scanned[good] is None and scanned[damaged] is None  # (bad: its row is still good)
+    rep = verify_store(store, repair=True)
+    assert [f.identifier for f in rep.problems] == [bad]
+    assert sorted(store.identifiers()) == [good, damaged]
+    look = EntryLookup(store.reopen(), index_refresh_s=3600, load_threads=1)
+    try:
+        assert not look.breaker.is_open()
+        assert look.load_now(good) is not None and look.load_now(damaged) is not None
+    finally:
+        look.close()
+
+
 def test_a_database_that_is_not_a_number_is_an_error(redis_server):
     """redis-py reads ``/abc`` as no database at all: database 0, silently."""
     with pytest.raises(StoreError, match="database 'abc' is not a number"):
