@@ -3,8 +3,10 @@
 :func:`atomic_write_json` — a JSON file replaced whole or not at all (temp file in the
 same directory, then ``os.replace``): a reader or a crash never sees half a file. Used for
 precompute manifests (:mod:`encache.connectors.corpus`) and the disk store's bookkeeping
-(config, counters, notes), which :func:`read_json_object` reads back. :func:`file_version` is what a served entry file's version is
-(verify-once, kept buffers, pinned files). And what every file-backed reader shares:
+(config, counters, notes), which :func:`read_json_object` reads back (a damaged file as
+none). :func:`file_version` is what a served entry file's version is (verify-once, kept
+buffers, pinned files). And what every file-backed reader shares: entry files opened
+never blocking (:data:`READ_FLAGS`; anything but a regular file is :class:`NotAFile`),
 reading without touching the access time (:func:`open_untracked`), buffers that are not
 zero-filled first, page-cache hints for mapped entries (:func:`prefault`,
 :func:`populate`), disk blocks reserved before a write (:func:`preallocate`), a
@@ -177,7 +179,7 @@ def filesystem_type(path) -> str | None:
 
 #: how every reader opens an entry file: never blocking, so a FIFO (or a device) put
 #: where an entry belongs cannot hang a load or a scan (O_NONBLOCK changes nothing for a
-#: regular file); the reader's ``fstat`` then tells it is not one (:func:`regular`)
+#: regular file); the reader's ``fstat`` then tells it is not one
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK
 
 

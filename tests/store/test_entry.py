@@ -82,7 +82,8 @@ def _with_tensor(blob: bytes, **info) -> bytes:
     ({"shape": [4, 3]}, "wrong-shape"), ({"data_offsets": [0]}, "bad-header"),
     ({"data_offsets": [0, 32, 64]}, "bad-header"), ({"data_offsets": [32, 0]}, "bad-header"),
     ({"dtype": "F12"}, "bad-header"), ({"dtype": []}, "bad-header"),
-    ({"dtype": {"F16": 2}}, "bad-header"), ({"shape": [8, 4], "data_offsets": [0, 64]}, "truncated"),
+    ({"dtype": {"F16": 2}}, "bad-header"),
+    ({"shape": [8, 4], "data_offsets": [0, 64]}, "truncated"),
 ])
 def test_malformed_tensor_descriptions(info, reason):
     arr = np.ones((4, 4), np.float16)
