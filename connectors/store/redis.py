@@ -600,6 +600,8 @@ class RedisStore(Store):
         found: set = set()  # side-key pairs the key walk came across (cluster)
         for page in self._scan_pages(found):
             ids = self._idents(page)
+            if not ids:  # (a page of keys no encache writer made)
+                continue
             raw = [_enc(i) for i in ids]
             with self._errors():
                 metas, atimes = self._page_records(raw, sides)

@@ -240,10 +240,11 @@ def test_keys_no_encache_writer_made_and_damaged_side_records(store):
     from encache.connectors.store.verify import verify_store
 
     good, damaged, bad = "a" * 64, "b" * 64, "c" * 64
-    for ident in (good, damaged, bad):
-        store.put(ident, blob(ident))
     r, prefix = store._r, store.prefix.encode()
     r.set(prefix + b"e:\xff\xfe", b"x")  # not an identifier
+    assert list(store.scan()) == [] and list(store.identifiers()) == []  # (a page of it)
+    for ident in (good, damaged, bad):
+        store.put(ident, blob(ident))
     r.hset(store._meta_key, damaged.encode(), b"\xff\xfe not a header record")
     r.set(prefix + b"e:" + bad.encode(), b"not an entry")  # a bad entry
     assert sorted(store.identifiers()) == [good, damaged, bad]
