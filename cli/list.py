@@ -155,7 +155,8 @@ def _records(entries):
             both[1], "null" if e.error is None else enc(e.error))
 
 
-def render_table(url: str, entries: list, filtered: str) -> None:
+def render_table(url: str, entries: list, filtered: str, found: int | None = None) -> None:
+    """``found``: how many entries matched before ``--limit`` (the caption says "of")."""
     import time
 
     from encache.cli.render import human_ago, note, or_dash, print_table, shape_str
@@ -182,6 +183,8 @@ def render_table(url: str, entries: list, filtered: str) -> None:
         rows.append(row)
     total = sum(e.size for e in entries)
     caption = f"{len(entries):,} entries, {human_bytes(total)}"
+    if found is not None and found > len(entries):
+        caption = f"{len(entries):,} of {found:,} entries (--limit), {human_bytes(total)}"
     print_table(cols, rows, caption=caption)
 
 
@@ -210,8 +213,11 @@ def register(app: typer.Typer) -> None:
             with opened(store) as st:
                 url = display_url(store, st)
                 with progress("Scanning", quiet=quiet or json_) as tick:
-                    entries = build_list(st, flt, parse_sort(sort) if sort else None, limit,
+                    entries = build_list(st, flt, parse_sort(sort) if sort else None, None,
                                          tick)
+            found = len(entries)
+            if limit is not None:
+                entries = entries[:limit]
             if quiet:
                 import sys
 
@@ -219,5 +225,5 @@ def register(app: typer.Typer) -> None:
             elif json_:
                 render_json(url, entries)
             else:
-                render_table(url, entries, flt.describe())
+                render_table(url, entries, flt.describe(), found=found)
 

@@ -33,10 +33,7 @@ def parse_size(value: str) -> int:
     """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
     from encache.connectors.store.scanning import parse_size
 
-    n = parse_size(value)  # ValueError -> Typer usage error (exit 2)
-    if n <= 0:  # "0.5" is 0 bytes: no capacity at all, never what was meant
-        raise ValueError(f"invalid size {value!r}: less than one byte")
-    return n
+    return parse_size(value)  # ValueError -> Typer usage error (exit 2)
 
 
 def parse_json(text: str):
@@ -141,7 +138,7 @@ OlderThanOpt = Annotated[Optional[float], typer.Option(
     help="Entries not written or read for AGE (90s, 30m, 12h, 7d, 2w).")]
 
 LimitOpt = Annotated[Optional[int], typer.Option(
-    "--limit", min=0, metavar="N", help="At most N rows.")]
+    "--limit", min=1, metavar="N", help="At most N rows.")]
 
 
 class GroupBy(str, Enum):

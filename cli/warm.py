@@ -69,8 +69,10 @@ def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> N
             rows.append(("LoRA", summary.lora))
         if summary.requested is not None:
             rows.append(("requested", f"{summary.requested:,}"))
-        rows += [("copied", f"{summary.copied:,}"),
-                 ("already there (skipped)", f"{summary.skipped:,}")]
+        rows.append(("copied", f"{summary.copied:,}"))
+        if summary.evicted:
+            rows.append(("evicted again (capacity)", f"{summary.evicted:,}"))
+        rows.append(("already there (skipped)", f"{summary.skipped:,}"))
         if summary.computed:
             rows.append(("computed (engine)", f"{summary.computed:,}"))
         rows += [("failed", f"{summary.failed:,}"), ("bytes written", human_bytes(summary.bytes))]
@@ -181,6 +183,13 @@ def register(app: typer.Typer) -> None:
         if any(f["reason"] == "missing" and f["path"] for f in summary.failures) and not compute:
             hint = ("Some images have no entry in the source: add --compute-missing to "
                     "encode them.")
+        if summary.evicted:
+            from encache.connectors.store.scanning import human_bytes
+            cap = f" ({human_bytes(summary.capacity)})" if summary.capacity else ""
+            hint = ((hint + "\n") if hint else "") + (
+                f"{summary.evicted:,} of the entries copied were evicted again by later ones: "
+                f"the destination's capacity{cap} is below the selection (raise "
+                f"{'--local-tier-max-bytes' if local_tier else 'its max_bytes'}, or warm less).")
         if json_ or not quiet or summary.failed:
             render(summary, json_, hint=hint)
         raise typer.Exit(errors.EXIT_PARTIAL if summary.failed else errors.EXIT_OK)

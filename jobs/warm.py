@@ -61,6 +61,8 @@ class WarmSummary:
     lora: str | None = None
     requested: int | None = None  # explicit identifiers asked for (None: all entries)
     copied: int = 0
+    evicted: int = 0  # of those, gone again: the destination's capacity is below the selection
+    capacity: int | None = None  # the destination's max_bytes, when it evicted copies
     skipped: int = 0  # already in the destination
     computed: int = 0  # encoded by the producer engine (--compute-missing)
     entries: int = 0  # page cache: entry files read
@@ -165,11 +167,15 @@ def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: Warm
 
     paths = paths or {}
     done = 0
+    copied: list[str] = []
+    evictions_before = _evictions(dst)
     t0 = time.perf_counter()
 
     def on_item(ident: str, outcome: str, nbytes: int) -> None:
         nonlocal done
         done += 1
+        if outcome == "copied":
+            copied.append(ident)
         if progress is not None:
             progress(done)
 
@@ -184,6 +190,15 @@ def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: Warm
         raise
     summary.seconds = time.perf_counter() - t0
     _add_report(summary, report, paths)
+    if copied and _evictions(dst) > evictions_before:
+        # a capacity below the selection: later copies evicted earlier ones (the store is
+        # the truth, asked only when it evicted at all)
+        summary.evicted = sum(1 for ident in copied if not dst.contains(ident))
+        summary.capacity = dst.max_bytes
+
+
+def _evictions(store: Store) -> float:
+    return store.read_counters().get("evictions", 0)
 
 
 def _add_report(summary: WarmSummary, report, paths: dict[str, str]) -> None:

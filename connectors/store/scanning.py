@@ -35,11 +35,15 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def parse_size(text: str) -> int:
     """``"50G"`` -> 53687091200. Units K, M, G, T (powers of 1024; ``KiB``, ``GB``
-    spelled out too); a bare number is bytes. Raises ValueError fit for a usage error."""
+    spelled out too); a bare number is bytes. Raises ValueError fit for a usage error, also
+    for a size under one byte (``"0.5"``)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text or "", re.IGNORECASE)
-    if not m or float(m.group(1)) <= 0:
+    if not m:
         raise ValueError(f"invalid size {text!r} (use e.g. 500M, 50G, 2T)")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if n <= 0:  # "0.5" is 0 bytes: no capacity at all, never what was meant
+        raise ValueError(f"invalid size {text!r}: less than one byte")
+    return n
 
 
 def parse_age(text: str) -> float:

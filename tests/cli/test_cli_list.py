@@ -83,13 +83,15 @@ def test_sort_and_limit(store):
     assert newest[-1] == H[7]  # the 10-day-old entry comes last
     top = ids(invoke("list", "-s", store.root, "-q", "--sort", "size", "--limit", "2"))
     assert top == desc[:2]
+    table = invoke("list", "-s", store.root, "--sort", "size", "--limit", "2")
+    assert f"2 of {len(ALL_IDS)} entries (--limit)" in table.output, table.output
     by_name = ids(invoke("list", "-s", store.root, "-q", "--sort", "identifier"))
     assert by_name == sorted(ALL_IDS)
 
 
 def test_usage_errors(store):
     for bad in (["--sort", "colour"], ["--sort", "size:up"], ["--older-than", "7 days"],
-                ["--limit", "-1"]):
+                ["--limit", "-1"], ["--limit", "0"]):
         r = invoke("list", "-s", store.root, *bad)
         assert r.exit_code == errors.EXIT_USAGE, (bad, r.output)
 

@@ -65,6 +65,26 @@ def test_warm_fills_the_tier_and_the_tier_serves_it(shared, tmp_path):
         tiered.close()
 
 
+def test_warm_into_a_tier_too_small_says_what_it_holds(shared, tmp_path):
+    """A capacity below the selection: each copy evicts the one before. warm reports the
+    copies as copied and, as evicted again, those the tier no longer holds, with a hint."""
+    url, store = shared
+    tier = tmp_path / "tier"
+    size = store.stat("a" * 64).size
+    r = invoke("warm", "--store", url, "--local-tier", tier, "--local-tier-max-bytes",
+               str(size + 100), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    local = open_store(str(tier), create=False)
+    held = local.count()
+    assert got["copied"] == 3 and held < 3
+    assert got["evicted"] == 3 - held and got["capacity"] == size + 100
+    r = invoke("warm", "--store", url, "--local-tier", tier, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert "evicted again (capacity)" in r.output
+    assert "below the selection" in r.output and "--local-tier-max-bytes" in r.output
+
+
 def test_warm_local_tier_usage_errors(shared, tmp_path):
     url, _ = shared
     tier = ("--local-tier", tmp_path / "t")

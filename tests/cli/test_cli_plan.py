@@ -6,7 +6,7 @@ import pytest
 
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.plan import build_purge_plan, build_repair_plan, execute
-from encache.connectors.store.scanning import EntryFilter, format_age, parse_age
+from encache.connectors.store.scanning import EntryFilter, format_age, parse_age, parse_size
 from cli_support import ALL_IDS, H, file_sizes, populated
 
 
@@ -85,6 +85,20 @@ def test_parse_age(text, seconds):
 def test_parse_age_rejects(text):
     with pytest.raises(ValueError):
         parse_age(text)
+
+
+@pytest.mark.parametrize("text, n", [("500M", 500 << 20), ("50G", 50 << 30), ("1.5KiB", 1536),
+                                     ("2tb", 2 << 40), ("4096", 4096), ("1", 1)])
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "0", "0.5", "-5", "-1G", "lots", "5X"])
+def test_parse_size_rejects(text):
+    """The library refuses a size under one byte too ("0.5" is 0 bytes: a capacity of
+    nothing), not only the CLI: connector settings parse sizes with it."""
+    with pytest.raises(ValueError):
+        parse_size(text)
 
 
 def test_format_age():
