@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, EncacheError
 from ..connectors.media import unreadable_reason
-from ..connectors.store.base import Store
+from ..connectors.store.base import Store, StoreError
 from ..connectors.store.keys import split_lora
 from .precompute import PrecomputeOptions, engine_encoder_config, hashing_settings
 
@@ -190,15 +190,21 @@ def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: Warm
         raise
     summary.seconds = time.perf_counter() - t0
     _add_report(summary, report, paths)
-    if copied and _evictions(dst) > evictions_before:
+    if copied and evictions_before is not None and (_evictions(dst) or 0) > evictions_before:
         # a capacity below the selection: later copies evicted earlier ones (the store is
         # the truth, asked only when it evicted at all)
-        summary.evicted = sum(1 for ident in copied if not dst.contains(ident))
-        summary.capacity = dst.max_bytes
+        with contextlib.suppress(StoreError):
+            summary.evicted = sum(1 for ident in copied if not dst.contains(ident))
+            summary.capacity = dst.max_bytes
 
 
-def _evictions(store: Store) -> float:
-    return store.read_counters().get("evictions", 0)
+def _evictions(store: Store) -> float | None:
+    """The store's eviction count; None where it cannot be read (the copy's report does
+    not depend on it)."""
+    try:
+        return store.read_counters().get("evictions", 0)
+    except StoreError:
+        return None
 
 
 def _add_report(summary: WarmSummary, report, paths: dict[str, str]) -> None:
