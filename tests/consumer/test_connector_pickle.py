@@ -175,6 +175,19 @@ assert item.blob is None and item.ref is not None and item.ref[3] is None
 sys.stdout.buffer.write(w._to_tensor(item).numpy().tobytes())
 """
 
+#: the same for several items (a pickled list of pickled items), their bytes one after
+#: the other
+WORKERS = r"""
+import pickle, sys, torch
+from encache.connectors.vllm.worker import EncacheWorkerConnector
+w = object.__new__(EncacheWorkerConnector)
+w.model_dtype, w._device = torch.float16, torch.device("cpu")
+for data in pickle.loads(sys.stdin.buffer.read()):
+    item = pickle.loads(data)
+    assert item.blob is None and item.ref is not None
+    sys.stdout.buffer.write(w._to_tensor(item).numpy().tobytes())
+"""
+
 
 def memfds() -> int:
     """How many of this process's descriptors are entries' shared memory."""
@@ -243,7 +256,7 @@ def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_serve
     node's tier copy is pinned as that file (``Store.file_store``), not shipped as bytes
     in the step's metadata; a worker process started afresh reads the exact bytes, also
     after the copy was dropped from the tier. A load served remotely goes through shared
-    memory."""
+    memory. (One worker process reads both items: starting one costs a vLLM import.)"""
     import subprocess
     import sys
     import uuid
@@ -256,35 +269,34 @@ def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_serve
                        local_tier=str(tmp_path / "tier"))
     big = np.random.default_rng(4).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
     store.put("big", encode("big", big.view(np.uint8), "F16", big.shape, model="m"))
-    lookups = []
+    lookups, consumers, items = [], [], []
     try:
         for where in ("remote", "local"):
             lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600,
                              load_threads=1, shared_from=WORKER_READS_MIN_BYTES)
             lookups.append(lk)
             c = consumer_scheduler(store, lk, redis_server.url)
-            try:
-                st = lk.load_now("big")
-                assert st is not None and store.served_from(st.version) == where
-                assert isinstance(st.blob, SharedBuffer) == (where == "remote")
-                c._need_loads = {"big": st}
-                item = c.build_connector_meta(None).loads[0]
-                assert item.ref is not None
-                assert (item.ref[3] is None) == (where == "remote")  # a path: the tier file
-                data = pickle.dumps(item, protocol=5)
-                assert len(data) < 1024  # no tensor bytes in the step's metadata
-                if where == "local":
-                    store.tier.delete("big")  # the pinned file is still read
-                out = subprocess.run([sys.executable, "-c", WORKER.replace(
-                    "and item.ref[3] is None", "")], input=data, capture_output=True,
-                    timeout=120)
-                assert out.returncode == 0, out.stderr.decode()[-2000:]
-                assert out.stdout == big.tobytes()
-            finally:
-                c._release_pins(everything=True)
-            store.flush()  # the remote read's copy, written behind into the tier,
-            store.sync()  # is served once a sync checked it
+            consumers.append(c)
+            st = lk.load_now("big")
+            assert st is not None and store.served_from(st.version) == where
+            assert isinstance(st.blob, SharedBuffer) == (where == "remote")
+            c._need_loads = {"big": st}
+            item = c.build_connector_meta(None).loads[0]
+            assert item.ref is not None
+            assert (item.ref[3] is None) == (where == "remote")  # a path: the tier file
+            items.append(pickle.dumps(item, protocol=5))
+            assert len(items[-1]) < 1024  # no tensor bytes in the step's metadata
+            if where == "remote":
+                store.flush()  # the remote read's copy, written behind into the tier,
+                store.sync()  # is served once a sync checked it
+        store.tier.delete("big")  # the pinned file is still read
+        out = subprocess.run([sys.executable, "-c", WORKERS], input=pickle.dumps(items),
+                             capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()[-2000:]
+        assert out.stdout == big.tobytes() * 2
     finally:
+        for c in consumers:
+            c._release_pins(everything=True)
         for lk in lookups:
             lk.close()
         store.close()
