@@ -34,10 +34,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import stat
 from dataclasses import asdict, dataclass, field
 
 from ..media import sniff, suffix_kind
+from ..store.files import READ_FLAGS, NotAFile, regular
 
 DEFAULT_HASH_ALGO = "blake3"  # vLLM's default --mm-hasher-algorithm
 
@@ -309,11 +309,12 @@ def identify_file(path: str | os.PathLike, model: str, *, lora: str | None = Non
     if os.path.isdir(path):
         raise MediaError("a directory, not a media file")
     try:  # (never blocking: a FIFO given as a file must not hang the run)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, READ_FLAGS)
         with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise MediaError("not a regular file")
+            regular(os.fstat(fd), path)
             data = f.read()
+    except NotAFile:
+        raise MediaError("not a regular file") from None
     except OSError as e:
         raise MediaError(f"cannot read {path}: {e.strerror}") from None
     found = sniff(data, name=path)
