@@ -165,18 +165,9 @@ def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
         os.close(fd)
 
 
-WORKER = r"""
-import pickle, sys, torch
-from encache.connectors.vllm.worker import EncacheWorkerConnector
-w = object.__new__(EncacheWorkerConnector)
-w.model_dtype, w._device = torch.float16, torch.device("cpu")
-item = pickle.loads(sys.stdin.buffer.read())
-assert item.blob is None and item.ref is not None and item.ref[3] is None
-sys.stdout.buffer.write(w._to_tensor(item).numpy().tobytes())
-"""
-
-#: the same for several items (a pickled list of pickled items), their bytes one after
-#: the other
+#: a worker process started afresh (it inherits nothing): reads the items it is sent (a
+#: pickled list of pickled step items, each a reference, no bytes) and writes their tensor
+#: bytes one after the other
 WORKERS = r"""
 import pickle, sys, torch
 from encache.connectors.vllm.worker import EncacheWorkerConnector
@@ -232,14 +223,15 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
         assert not isinstance(c._need_loads["small"].blob, SharedBuffer)
         items = {i.identifier: i for i in c.build_connector_meta(None).loads}
         assert items["small"].ref is None and items["big"].ref is not None
+        assert items["big"].ref[3] is None  # shared memory, not a file
         data = pickle.dumps(items["big"], protocol=5)
         assert len(data) < 1024  # no tensor bytes in the step's metadata
         del items
         lk.close()  # the staged copy is gone: the pin alone keeps the memory
         gc.collect()
         assert memfds() == before + 1
-        out = subprocess.run([sys.executable, "-c", WORKER], input=data, capture_output=True,
-                             timeout=120)
+        out = subprocess.run([sys.executable, "-c", WORKERS], input=pickle.dumps([data]),
+                             capture_output=True, timeout=120)
         assert out.returncode == 0, out.stderr.decode()[-2000:]
         assert out.stdout == big.tobytes()
     finally:
