@@ -63,8 +63,9 @@ def entry_dict(e) -> dict:
 
 
 def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
-               limit: int | None = None, progress=None) -> list:
-    """The entries to show, filtered, sorted and limited (EntryInfo objects)."""
+               progress=None) -> list:
+    """The entries to show, filtered and sorted (EntryInfo objects); the command cuts
+    them to ``--limit`` itself, to say how many matched."""
     from encache.connectors.store.scanning import scan
 
     entries = list(scan(store, flt if flt is not None and flt.active else None, progress))
@@ -77,8 +78,6 @@ def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
         unknown = [e for e in entries if getattr(e, key) is None]
         known.sort(key=lambda e: (getattr(e, key), e.identifier), reverse=desc)
         entries = known + sorted(unknown, key=lambda e: e.identifier)
-    if limit is not None:
-        entries = entries[:limit]
     return entries
 
 
@@ -213,8 +212,7 @@ def register(app: typer.Typer) -> None:
             with opened(store) as st:
                 url = display_url(store, st)
                 with progress("Scanning", quiet=quiet or json_) as tick:
-                    entries = build_list(st, flt, parse_sort(sort) if sort else None, None,
-                                         tick)
+                    entries = build_list(st, flt, parse_sort(sort) if sort else None, tick)
             found = len(entries)
             if limit is not None:
                 entries = entries[:limit]
