@@ -63,6 +63,10 @@ def register(app: typer.Typer) -> None:
         extra = {}
         if local_tier_max_bytes is not None and not local_tier:
             raise EncacheError("--local-tier-max-bytes needs --local-tier DIR", EXIT_USAGE)
+        if local_tier and role == "ec_producer":
+            raise EncacheError("--local-tier holds copies of the entries a consumer loads; an "
+                               "ec_producer (encode-only) loads none: leave it out",
+                               EXIT_USAGE)
         if local_tier:
             import os
             extra["local_tier"] = os.path.abspath(os.path.expanduser(local_tier))

@@ -43,6 +43,9 @@ def test_connector_config_prints_the_tier_keys(tmp_path):
     assert bad.exit_code == 2 and "invalid size" in bad.output
     alone = invoke("connector-config", "--store", "redis://c:1/0", "--local-tier-max-bytes", "1G")
     assert alone.exit_code == 2 and "needs --local-tier" in alone.output
+    encoder = invoke("connector-config", "--store", "redis://c:1/0", "--role", "ec_producer",
+                     "--local-tier", tmp_path / "tier")
+    assert encoder.exit_code == 2 and "ec_producer (encode-only) loads none" in encoder.output
 
 
 def test_warm_fills_the_tier_and_the_tier_serves_it(shared, tmp_path):

@@ -143,3 +143,18 @@ def test_precompute_with_a_tag_replaces_other_config_entries(tiny_model, pages, 
     assert again.engine_started is False and again.present == len(pages)
     assert precompute_corpus(corpus, default, dry_run=True).other_config == len(pages)
 
+
+
+def test_a_producer_leaves_a_local_tier_unused(tiny_model, pages, tmp_path):
+    """A local tier holds copies of loaded entries; an encode-only producer loads none, so a
+    config that names one (by hand: ``connector-config`` refuses it) is told so and the
+    tier is never made."""
+    store, tier = str(tmp_path / "store"), tmp_path / "tier"
+    llm = make_llm(tiny_model, consumer_config(store, role="ec_producer", local_tier=str(tier)))
+    try:
+        chat_texts(llm, pages)
+        _wait_saves()
+        assert len(list(open_store(store).identifiers())) == len(pages)
+        assert not tier.exists()
+    finally:
+        shutdown(llm)
