@@ -203,9 +203,17 @@ class DiskStore(Store):
         self.low_watermark = low_watermark
         self._config = self._read_config()
         if max_bytes is not None and max_bytes != self._config.get("max_bytes"):
+            before = self._config.get("max_bytes")
             self._config["max_bytes"] = int(max_bytes) if max_bytes > 0 else None
             if not self.read_only:
                 self._write_config()
+                if before is not None:
+                    # the capacity is the store's, shared by every writer: one opener
+                    # configured apart from the others changes it for all of them
+                    log.warning("encache: %s's capacity (max_bytes) changed from %s bytes "
+                                "to %s: it holds for every writer of the store", self.root,
+                                f"{before:,}", f"{self.max_bytes:,} bytes" if self.max_bytes
+                                else "no limit")
         self._lock = threading.Lock()
         self._written_log = None  # the verified log puts of encoded_here bytes go to
         self._used: int | None = None
@@ -964,6 +972,8 @@ class DiskStore(Store):
         from . import counters
 
         meta = self._meta("")
+        if not meta.is_dir():  # nothing has counted here: no bookkeeping to make for a read
+            return counters.read_totals(meta)
         try:
             with self._counters_locked():
                 counters.compact(meta, atomic_write_json)

@@ -181,3 +181,12 @@ def test_encoder_config_breakdown_and_mismatch_counter(tmp_path):
         assert text in out, text
     s.delete(H[2])  # one config only: no breakdown table for it
     assert "Encoder config" not in invoke("stats", "-s", s.root).stdout
+
+
+def test_reading_a_directory_nothing_wrote_to_leaves_it_as_it_was(tmp_path):
+    """A read-only command pointed at a directory that holds no store (a new path, a typo)
+    reports it empty and writes nothing there: no ``.encache/`` appears."""
+    for command in ("stats", "list", "verify"):
+        r = invoke(command, "--store", tmp_path)
+        assert r.exit_code == 0, r.output
+        assert list(tmp_path.iterdir()) == [], command

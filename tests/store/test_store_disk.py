@@ -155,6 +155,22 @@ def test_capacity_persists_in_store_config(tmp_path):
     assert DiskStore(tmp_path).info().max_bytes == 12345
 
 
+def test_an_opener_that_changes_the_capacity_says_so(tmp_path, caplog):
+    """The capacity is the store's: one writer configured apart from the others changes it
+    for all of them, which is logged (setting it the first time, or to the same value,
+    is not)."""
+    with caplog.at_level("WARNING", logger="encache.connectors.store.disk"):
+        DiskStore(tmp_path, max_bytes=50_000)
+        DiskStore(tmp_path, max_bytes=50_000)
+        DiskStore(tmp_path)
+        assert not caplog.records
+        DiskStore(tmp_path, max_bytes=20_000)
+    [record] = caplog.records
+    assert "changed from 50,000 bytes to 20,000 bytes" in record.getMessage()
+    assert str(tmp_path) in record.getMessage()
+    assert DiskStore(tmp_path).max_bytes == 20_000
+
+
 def test_get_records_access_time(tmp_path):
     s = DiskStore(tmp_path)
     s.put("a", blob("a"))
