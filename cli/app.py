@@ -162,18 +162,39 @@ def _register_all() -> None:
 _register_all()
 
 
+def usage_line(e: BaseException) -> str:
+    """The one line printed for a usage error Typer found (a bad option value, an unknown
+    command or option, a missing ``--store``), with where the help is."""
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see: {ctx.command_path} -h)" if ctx is not None else ""
+    return "Error: " + " ".join(e.format_message().split()) + hint
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``encache``)."""
+    """Console-script entry point (``encache``). Typer parses and runs the command; usage
+    errors come back here and are printed as one line, as every other error is (Typer
+    would draw a box around them under a usage block)."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        app(args=argv, prog_name="encache")
+        code = app(args=args, prog_name="encache", standalone_mode=False)
     except SystemExit:
         raise
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as e:  # outside a command (an option callback, completion)
+    except Exception as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare `encache`: the help is shown
+            sys.exit(getattr(e, "exit_code", errors.EXIT_USAGE))
+        if isinstance(e, typer.Abort):  # end of input at a confirmation prompt
+            print("Aborted.", file=sys.stderr)
+            sys.exit(1)
+        if _is_typer_control(e) and hasattr(e, "format_message"):
+            sys.stdout.flush()
+            print(usage_line(e), file=sys.stderr, flush=True)
+            sys.exit(getattr(e, "exit_code", errors.EXIT_USAGE))
         if _is_typer_control(e) or _debug():
             raise
-        sys.exit(report(e))
+        sys.exit(report(e))  # outside a command (an option callback, completion)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,14 +26,20 @@ def parse_age(value: str) -> float:
     """Typer ``parser=`` for AGE options (``90s``, ``12h``, ``7d``…)."""
     from encache.connectors.store.scanning import parse_age
 
-    return parse_age(value)  # ValueError -> Typer usage error (exit 2)
+    try:
+        return parse_age(value)
+    except ValueError as e:  # a usage error (exit 2) that says only what is wrong
+        raise typer.BadParameter(str(e)) from None
 
 
 def parse_size(value: str) -> int:
     """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
     from encache.connectors.store.scanning import parse_size
 
-    return parse_size(value)  # ValueError -> Typer usage error (exit 2)
+    try:
+        return parse_size(value)
+    except ValueError as e:  # a usage error (exit 2) that says only what is wrong
+        raise typer.BadParameter(str(e)) from None
 
 
 def parse_json(text: str):

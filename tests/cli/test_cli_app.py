@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -145,6 +146,32 @@ def test_process_exit_code_and_single_stderr_line(tmp_path):
     assert p.returncode == errors.EXIT_STORE
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("Error: ")
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize("args, says", [
+    (["list", "-s", "S", "--limit", "0"],
+     "Error: Invalid value for '--limit': Input should be greater than or equal to 1 "
+     "(see: encache list -h)"),
+    (["list"], "Error: Missing option '--store' / '-s' (env var: 'ENCACHE_STORE'). "
+               "(see: encache list -h)"),
+    (["lst"], "Error: No such command 'lst'. Did you mean 'list'? (see: encache -h)"),
+    (["connector-config", "-s", "S", "--max-bytes", "9Q"],
+     "Error: Invalid value for '--max-bytes': invalid size"),
+])
+def test_usage_errors_are_one_line_with_exit_2(tmp_path, args, says):
+    """What Typer finds wrong with the command line is one line too (not a boxed panel
+    under a usage block), with where the help is; the store is left alone."""
+    p = _run(*[tmp_path if a == "S" else a for a in args])
+    assert p.returncode == errors.EXIT_USAGE, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith(says), p.stderr
+    assert p.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_bare_command_shows_the_help_and_a_command_succeeds(tmp_path):
+    bare = _run()
+    assert bare.returncode == errors.EXIT_USAGE and "Usage: encache" in bare.stdout
+    ok = _run("stats", "-s", tmp_path, "--json")
+    assert ok.returncode == 0 and ok.stderr == "" and json.loads(ok.stdout)["entries"] == 0
 
 
 def test_management_commands_do_not_import_vllm_or_torch(tmp_path):
