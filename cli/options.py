@@ -22,24 +22,27 @@ STORE_HELP = ("Store URL: PATH, file://PATH, redis://host:port/db, rediss://…,
               "redis+cluster://host:port[,host:port…]")
 
 
+def _usage_error_on_value_error(parse, value: str):
+    """``parse(value)``; its ValueError becomes a usage error (exit 2) that says only
+    what is wrong (Typer would prefix the message with "Value error,")."""
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 def parse_age(value: str) -> float:
     """Typer ``parser=`` for AGE options (``90s``, ``12h``, ``7d``…)."""
     from encache.connectors.store.scanning import parse_age
 
-    try:
-        return parse_age(value)
-    except ValueError as e:  # a usage error (exit 2) that says only what is wrong
-        raise typer.BadParameter(str(e)) from None
+    return _usage_error_on_value_error(parse_age, value)
 
 
 def parse_size(value: str) -> int:
     """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
     from encache.connectors.store.scanning import parse_size
 
-    try:
-        return parse_size(value)
-    except ValueError as e:  # a usage error (exit 2) that says only what is wrong
-        raise typer.BadParameter(str(e)) from None
+    return _usage_error_on_value_error(parse_size, value)
 
 
 def parse_json(text: str):

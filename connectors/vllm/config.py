@@ -158,12 +158,16 @@ class ConnectorConfig:
                             os.getcwd())
         return config
 
-    def store_options(self) -> dict:
+    def store_options(self, loads: bool = True) -> dict:
+        """``open_store`` keywords. ``loads``: the connector loads entries (a consumer);
+        else the local tier, which holds copies of loaded entries, is left out."""
         opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync,
-                "load_mode": self.load_mode, "local_tier": self.local_tier,
-                "local_tier_max_bytes": self.local_tier_max_bytes,
-                # without checksums a torn copy would be served: then the tier fsyncs
-                "local_tier_fsync": not parse_verify(self.verify)[0]}
+                "load_mode": self.load_mode}
+        if loads:
+            opts.update(local_tier=self.local_tier,
+                        local_tier_max_bytes=self.local_tier_max_bytes,
+                        # without checksums a torn copy would be served: then the tier fsyncs
+                        local_tier_fsync=not parse_verify(self.verify)[0])
         if self.prefix is not None:
             opts["prefix"] = self.prefix
         return {k: v for k, v in opts.items() if v is not None}

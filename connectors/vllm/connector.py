@@ -104,15 +104,11 @@ class EncacheConnector(ECConnectorBase):
         _warn_if_unchecked_vllm()
         tc = vllm_config.ec_transfer_config
         self.config = ConnectorConfig.from_extra(tc.ec_connector_extra_config or {})
-        options = self.config.store_options()
-        if "local_tier" in options and not self.is_consumer:
-            # a tier holds copies of loaded entries: an encode-only producer loads none
+        if self.config.local_tier and not self.is_consumer:
             log.warning("encache connector: local_tier %s is left unused: an ec_producer "
-                        "loads no entries (a tier serves consumers)", options["local_tier"])
-            options.pop("local_tier")
-            options.pop("local_tier_max_bytes", None)
-            options.pop("local_tier_fsync", None)
-        self.store = open_store(self.config.store, **options)
+                        "loads no entries (a tier serves consumers)", self.config.local_tier)
+        self.store = open_store(self.config.store,
+                                **self.config.store_options(loads=self.is_consumer))
         model_config = vllm_config.model_config
         mm_config = getattr(model_config, "multimodal_config", None)
         # what vLLM's identifier leaves out but the encoder output depends on
