@@ -8,6 +8,7 @@ it, then build the next (fixtures here are module- or session-scoped accordingly
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import mimetypes
 import os
@@ -81,6 +82,32 @@ def wait_consumer_sees(llm, identifiers, why: str, timeout: float = 60) -> None:
     while not all(lookup.probably_stored(i) for i in identifiers):
         assert time.monotonic() < deadline, why
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def store_troubles(llm):
+    """While in the block: every warning the in-process consumer's lookup gives (those its
+    rate limit keeps out of the log too) and every opening of its breaker, in order, as
+    ``(seconds since the block began, what)``: what a test that expects no miss reports
+    when one happens anyway."""
+    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    warning, trip = lookup.warn.warning, lookup.breaker.trip
+
+    def warned(key, msg, *args):
+        seen.append((round(time.monotonic() - t0, 3), msg % args))
+        return warning(key, msg, *args)
+
+    def tripped():
+        seen.append((round(time.monotonic() - t0, 3), "breaker opened"))
+        trip()
+
+    lookup.warn.warning, lookup.breaker.trip = warned, tripped
+    try:
+        yield seen
+    finally:
+        del lookup.warn.warning, lookup.breaker.trip
 
 
 def shutdown(llm) -> None:
