@@ -99,9 +99,10 @@ def store_troubles(llm):
         seen.append((round(time.monotonic() - t0, 3), msg % args))
         return warning(key, msg, *args)
 
-    def tripped():
-        seen.append((round(time.monotonic() - t0, 3), "breaker opened"))
-        trip()
+    def tripped(domain=None):
+        seen.append((round(time.monotonic() - t0, 3),
+                     f"breaker opened for {domain}" if domain else "breaker opened"))
+        trip(domain)
 
     lookup.warn.warning, lookup.breaker.trip = warned, tripped
     try:

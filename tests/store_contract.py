@@ -185,10 +185,29 @@ class StoreContract:
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
                      "supports_live_counters", "supports_verified_log", "supports_verified_reads",
                      "supports_change_journal", "journal_complete", "supports_in_flight",
-                     "local", "read_only"):
+                     "supports_failure_domains", "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url
         assert store.max_bytes is None or store.max_bytes > 0
+
+    def test_failure_domains_name_the_part_serving_an_entry(self, store):
+        """``supports_failure_domains``: once the store was reached, every entry's domain
+        is a name, the same for the same entry, and a probe of a serving part answers;
+        without it, no entry has one (the store fails as a whole) and a probe is a ping."""
+        ids = [f"fd{i:02d}" for i in range(8)]
+        for i in ids:
+            store.put(i, blob(i))
+        assert store.get(ids[0]) is not None
+        domains = [store.failure_domain(i) for i in ids]
+        if not store.supports_failure_domains:
+            assert domains == [None] * len(ids)
+        else:
+            assert all(isinstance(d, str) and d for d in domains)
+            assert domains == [store.failure_domain(i) for i in ids]
+            for d in set(domains):
+                store.probe_domain(d)
+            store.probe_domain("no-such-part:1")  # not in the store: served by others
+        store.probe_domain("any")  # (no raise: the store serves)
 
     def test_live_counters_are_read_back(self, store):
         live = store.live_counters()

@@ -4,7 +4,8 @@ One object per scheduler-side connector (:mod:`encache.connectors.vllm.scheduler
 wires the parts together and runs their background thread; each part is its own module:
 
 * :mod:`.index` — what the store holds (``StoreIndex``);
-* :mod:`.breaker` — store down: every lookup a miss for a while (``CircuitBreaker``);
+* :mod:`.breaker` — store down: every lookup a miss for a while (``CircuitBreaker``); of a
+  store whose parts fail apart (a Redis Cluster), only the lookups the failed part serves;
 * :mod:`.loader` — the load pool, in-flight reads, inline loads, verify ahead;
 * :mod:`.verified` — verify once per stored version (``VerifiedVersions``);
 * :mod:`.staging` — validated bytes waiting for the worker (``StagingArea``);
@@ -13,7 +14,8 @@ wires the parts together and runs their background thread; each part is its own 
 * :mod:`.metrics` — counters to the store and to vLLM's metrics (``LookupMetrics``).
 
 The background thread (``encache-index``) refreshes the index every ``index_refresh_s``
-(and queues verify-ahead passes for new entries), samples store-wide facts every
+(and queues verify-ahead passes for new entries; probes the parts of the store whose
+breaker is open), samples store-wide facts every
 ``store_stats_s`` and flushes counters every ``counters_flush_s``. Once, after the first
 refresh, a thread (``encache-verify-start``) verifies the most recently used entries this
 engine can use, up to ``verify_ahead_start_bytes``: a restarted consumer forgot which
@@ -129,6 +131,7 @@ class EntryLookup:
         while not self._closed.is_set():
             now = time.monotonic()
             if now >= next_index:
+                failed = None
                 try:
                     new = self.index.refresh()
                     if self.verify_ahead and self.index.is_ready() and new:
@@ -136,9 +139,12 @@ class EntryLookup:
                     self._revalidate_staged()
                     self.breaker.reset()
                 except Exception as e:  # store down: keep the old index, retry later
-                    self.breaker.trip()
+                    # (one part of it down: only that part's lookups miss meanwhile)
+                    failed = getattr(e, "domain", None)
+                    self.breaker.trip(failed)
                     self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
                                       self.store.url, e)
+                self._probe_domains(skip=failed)
                 try:  # e.g. drop kept buffers of entries other processes removed
                     self.store.maintain()
                 except Exception as e:
@@ -158,6 +164,47 @@ class EntryLookup:
                                   self.store.url, e)
             self._closed.wait(tick)
 
+    def _probe_domains(self, skip: str | None) -> None:
+        """Ask each part of the store whose breaker is open whether it serves again
+        (``Store.probe_domain``; ``skip``: the one this refresh just found down): the
+        first answer closes that part's breaker, as the refresh does the store's."""
+        for domain in self.breaker.tripped_domains():
+            if domain == skip:
+                continue
+            try:
+                self.store.probe_domain(domain)
+            except Exception as e:
+                self.breaker.trip(domain)
+                self.warn.warning("probe", "encache: %s: %s still fails: %s",
+                                  self.store.url, domain, e)
+            else:
+                self.breaker.reset(domain)
+
+    def _unchanged(self, entries) -> list[bool | None]:
+        """``Store.unchanged`` per failure domain of a store whose parts fail apart: a
+        part that cannot answer trips its breaker and its entries stay unknown (None:
+        kept, checked again next time) while the other parts' are checked."""
+        if not self.store.supports_failure_domains:
+            return self.store.unchanged(entries)
+        parts: dict[str | None, list[int]] = {}
+        for n, (identifier, _, _) in enumerate(entries):
+            parts.setdefault(self.store.failure_domain(identifier), []).append(n)
+        out: list[bool | None] = [None] * len(entries)
+        for domain, positions in parts.items():
+            try:
+                answers = self.store.unchanged(
+                    entries if len(parts) == 1 else [entries[n] for n in positions])
+            except Exception as e:
+                if domain is None:
+                    raise
+                self.breaker.trip(domain)
+                self.warn.warning("probe", "encache: %s: %s fails: %s", self.store.url,
+                                  domain, e)
+                continue
+            for n, ok in zip(positions, answers):
+                out[n] = ok
+        return out
+
     def _revalidate_staged(self) -> None:
         """What a purge, a quarantine or a rewrite elsewhere changed is no longer served
         from memory: staged entries the store's journal names as changed are checked
@@ -176,10 +223,10 @@ class EntryLookup:
                 everything = True
             if everything:
                 self._next_full_check = now + JOURNAL_FULL_CHECK_S
-            dropped = self.staging.revalidate(self.store.unchanged, everything=everything,
+            dropped = self.staging.revalidate(self._unchanged, everything=everything,
                                               also=changed)
         else:
-            dropped = self.staging.revalidate(self.store.unchanged,
+            dropped = self.staging.revalidate(self._unchanged,
                                               everything=self.index.changed)
         if dropped:
             for identifier in dropped:
@@ -221,14 +268,21 @@ class EntryLookup:
         now = time.monotonic() if now is None else now
         if self.misses.is_rejected(identifier, now):
             return False
-        if self.breaker.is_open(now):  # store down: what this node holds is still served
+        if self.store_down(identifier, now):  # what this node holds is still served
             return self.store.holds_locally(identifier)
         try:
             return self.index.holds(identifier, now)
         except Exception as e:
-            self.breaker.trip()
+            self.breaker.trip(self.store.failure_domain(identifier))
             self.warn.warning("load", "encache: cannot reach %s: %s; re-encoding", self.store.url, e)
             return False
+
+    def store_down(self, identifier: str, now: float) -> bool:
+        """Is the breaker open for ``identifier``: the store's, or that of the part of
+        the store serving it (a failure domain is looked up only once one tripped)."""
+        breaker = self.breaker
+        return breaker.is_open(now) or (breaker.has_tripped_domains() and breaker.is_open(
+            now, self.store.failure_domain(identifier)))
 
     def request(self, identifier: str, inline: bool = False) -> State:
         """Where an item stands; starts a background read for a stored, unstaged item.
@@ -262,7 +316,8 @@ class EntryLookup:
         stored entry (its bytes once whole, or the committed entry), rather than encode
         it again."""
         if not self.store.supports_in_flight or self.misses.is_rejected(identifier, now) \
-                or self.breaker.is_open(now) or not self.loader.waits_for_commit(identifier, now):
+                or self.store_down(identifier, now) \
+                or not self.loader.waits_for_commit(identifier, now):
             return False
         try:
             # the commit may land between the index's look and this one: then the entry

@@ -237,7 +237,9 @@ class Loader:
             self.warn.warning("corrupt", "encache: entry %s in %s is corrupt (%s); re-encoding",
                               identifier, self.store.url, e)
         except Exception as e:  # store unreachable, I/O error: a miss, never an outage
-            self.breaker.trip()
+            # (the part of the store that failed, if it names one: else the entry's part,
+            # or the store as a whole)
+            self.breaker.trip(getattr(e, "domain", None) or self.store.failure_domain(identifier))
             self.metrics.count("load_errors")
             self.warn.warning("load", "encache: cannot load %s from %s: %s; re-encoding",
                               identifier, self.store.url, e)

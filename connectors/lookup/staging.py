@@ -51,7 +51,8 @@ class StagingArea:
         may have read a version just before it was purged), plus those of ``also`` (the
         identifiers the store's journal says changed). Returns the dropped ones.
         Raises what the store raises (the entries stay: an outage serves what was
-        current at the last successful check)."""
+        current at the last successful check); an entry ``unchanged`` answers None for
+        (its part of the store is down) stays too, and is checked again next time."""
         with self._lock:
             if everything:
                 ids = list(self._entries)
@@ -71,7 +72,9 @@ class StagingArea:
         dropped = []
         with self._lock:
             for st, ok in zip(held, current):
-                if not ok and self._entries.get(st.identifier) is st:
+                if ok is None:  # the store could not tell (one part of it down): later
+                    self._unchecked.add(st.identifier)
+                elif not ok and self._entries.get(st.identifier) is st:
                     del self._entries[st.identifier]
                     self._bytes -= st.nbytes
                     dropped.append(st.identifier)

@@ -51,6 +51,12 @@ backend:
                             looking again whenever ``in_flight_wait()`` returns (disk on a
                             local filesystem: the write then runs off the encoder's
                             request); default: never in flight
+``supports_failure_domains`` the store's parts fail apart (a Redis Cluster's primaries):
+                            ``failure_domain(identifier)`` names the part serving an entry
+                            (memory speed, no round trip), a ``StoreError`` names the part
+                            it concerns (``domain``), and ``probe_domain()`` asks one part
+                            whether it serves again: a consumer then misses only what the
+                            failed part holds; default: the store fails as a whole (None)
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -84,7 +90,14 @@ COUNTER_NAMES = ("hits", "misses", "load_errors", "config_mismatches", "load_sec
 
 
 class StoreError(RuntimeError):
-    """The store itself is unusable (unreachable, unwritable, misconfigured)."""
+    """The store itself is unusable (unreachable, unwritable, misconfigured).
+
+    ``domain``: the part of the store the failure concerns, where a store's parts fail
+    apart (``supports_failure_domains``: a Redis Cluster's primary); None: the store."""
+
+    def __init__(self, *args, domain: str | None = None):
+        super().__init__(*args)
+        self.domain = domain
 
 
 class LockBusy(StoreError):
@@ -160,6 +173,7 @@ class Store(ABC):
     #: ``JOURNAL_FULL_CHECK_S``)
     journal_complete: bool = True
     supports_in_flight: bool = False
+    supports_failure_domains: bool = False
 
     @property
     @abstractmethod
@@ -292,6 +306,18 @@ class Store(ABC):
         """A copy of ``identifier`` this node may serve without reaching the store (a
         local tier's current copy): through an outage, such items are still loaded."""
         return False
+
+    def failure_domain(self, identifier: str) -> str | None:
+        """The part of the store that serves ``identifier``, as far as failures go
+        (``supports_failure_domains`` backends: e.g. ``host:port`` of its primary);
+        memory speed, never a round trip. None: the store fails as a whole (default)."""
+        return None
+
+    def probe_domain(self, domain: str) -> None:
+        """Raise ``StoreError`` unless the part ``domain`` serves entries again (a
+        ``failure_domain`` name; a part no longer in the store answers: its entries are
+        served by others now). Default: :meth:`ping`."""
+        self.ping()
 
     @abstractmethod
     def put(self, identifier: str, parts: bytes | Iterable, *, encoded_here: bool = False) -> int:

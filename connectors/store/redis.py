@@ -309,9 +309,11 @@ class RedisStore(Store):
             text = text.replace(pw, "***")
         return text
 
-    def _store_error(self, e: BaseException) -> StoreError:
-        return describe_error(e, url=self._redacted, password=self._password,
-                              socket_timeout=self.socket_timeout)
+    def _store_error(self, e: BaseException, domain: str | None = None) -> StoreError:
+        error = describe_error(e, url=self._redacted, password=self._password,
+                               socket_timeout=self.socket_timeout)
+        error.domain = domain
+        return error
 
     @contextlib.contextmanager
     def _errors(self):

@@ -40,8 +40,9 @@ Consequences:
   migration (ASK / TRYAGAIN: its keys are on two nodes for a moment) is retried with a
   short backoff until the slot has moved (``redirect_wait`` seconds at most).
 * A dead primary: a consumer's loads of its slots fail fast (connection refused →
-  StoreError → a miss, and the consumer's circuit breaker backs off) until the cluster
-  promotes its replica. A client learns the new slot map only from a failed call, so a
+  StoreError → a miss, and the consumer's circuit breaker of that primary backs off: the
+  errors name it, ``supports_failure_domains``, and the other primaries' entries still
+  load) until the cluster promotes its replica. A client learns the new slot map only from a failed call, so a
   load (``get``/``read_entry``/``get_many``) that fails on a stale route (connection
   refused or reset, CLUSTERDOWN, an uncovered slot, MOVED/ASK left over) re-reads the slot
   map once and retries once, at once: the first load after the promotion is a hit, not a
@@ -75,6 +76,7 @@ from urllib.parse import parse_qsl, unquote
 
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
+from redis.crc import key_slot as hashed_slot  # (Redis's own: a key's hash tag decides)
 from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
@@ -102,6 +104,7 @@ class RedisClusterStore(RedisStore):
     """Entries on a Redis Cluster in slot-aligned buckets (see the module docstring)."""
 
     backend = "redis-cluster"
+    supports_failure_domains = True
     SCHEMES = CLUSTER_SCHEMES
     OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
@@ -211,11 +214,16 @@ class RedisClusterStore(RedisStore):
         just failed (a primary dead and not yet replaced, a cluster down) fails fast."""
         before = self._routes()
         try:
+            try:
+                return op()
+            except _STALE_ROUTE:
+                if not self._rerouted(before, slots):
+                    raise
             return op()
-        except _STALE_ROUTE:
-            if not self._rerouted(before, slots):
-                raise
-        return op()
+        except ERRORS as e:  # one primary's failure, if the keys are all on one
+            primaries = {primary_of(before, s) for s in slots}
+            raise self._store_error(e, domain=primaries.pop() if len(primaries) == 1
+                                    else None) from None
 
     def _rerouted(self, before: dict, slots) -> bool:
         """After a failed call made with the map ``before``: re-read the map (unless that
@@ -266,7 +274,7 @@ class RedisClusterStore(RedisStore):
     def index_version(self) -> bytes | None:
         # (a consumer's index refresh: its probe of the store, as cheap as a load)
         return self._load(lambda: RedisStore.index_version.__wrapped__(self),
-                          (key_slot(self._gen_key),))  # (no hash tag: prefixes have no braces)
+                          (hashed_slot(self._gen_key),))
 
     def _journal_keys(self, p: bytes) -> tuple[bytes, bytes]:
         # one hash tag (the prefix: it has no braces) puts both on one slot for the script
@@ -293,7 +301,7 @@ class RedisClusterStore(RedisStore):
     @_wrapped
     def changes_since(self, cursor):
         return self._load(lambda: RedisStore.changes_since.__wrapped__(self, cursor),
-                          (key_slot(self._gen_key),))
+                          (hashed_slot(self._gen_key),))
 
     @_wrapped
     def stat(self, identifier: str):
@@ -377,15 +385,15 @@ class RedisClusterStore(RedisStore):
                 yield from self._scan_node(node, match, seen, found)
             except _STALE_ROUTE as e:
                 if rerouted:
-                    raise self._store_error(e) from None
+                    raise self._store_error(e, domain=node.name) from None
                 rerouted = True
                 self._reread_routes()
                 nodes = [n for n in self._primaries() if n.name not in walked]
                 if any(n.name == node.name for n in nodes):  # still named: it is just down
-                    raise self._store_error(e) from None
+                    raise self._store_error(e, domain=node.name) from None
                 continue
             except ERRORS as e:
-                raise self._store_error(e) from None
+                raise self._store_error(e, domain=node.name) from None
             walked.add(node.name)
 
     def _scan_node(self, node, match: bytes, seen: set, found: set | None):
@@ -437,6 +445,33 @@ class RedisClusterStore(RedisStore):
                     raise v
             out.extend(values)
         return out
+
+    # -- failure domains: one primary's outage misses only its slots --------------------------
+    def failure_domain(self, identifier: str) -> str | None:
+        """The primary (``host:port``) the client's slot map routes ``identifier`` to; None
+        before the client is built (a lookup then treats the cluster as one)."""
+        client = self._r.built()
+        if client is None:
+            return None
+        return primary_of(client.nodes_manager.slots_cache, key_slot(_enc(identifier)))
+
+    @_wrapped
+    def probe_domain(self, domain: str) -> None:
+        """One keyed read (``EXISTS`` of a bucket's header key) on a slot the slot map
+        routes to ``domain``, after re-reading the map (rate-limited): what a load meets,
+        CLUSTERDOWN included. A ``domain`` the map no longer names a primary answers:
+        its slots are served by others now (the primary that replaced it is a domain of
+        its own)."""
+        self._reread_routes()
+        routes = self._routes()
+        slot = next((s for s, nodes in routes.items() if nodes and nodes[0].name == domain),
+                    None)
+        if slot is None:
+            return
+        try:
+            self._r.exists(self._bucket(self._tags[slot]) + b":m")
+        except ERRORS as e:
+            raise self._store_error(e, domain=domain) from None
 
     @_wrapped
     def ping(self) -> float:

@@ -100,6 +100,10 @@ class LazyCluster:
                 client = self._client
         return client
 
+    def built(self):
+        """The client if it was built already, else None (never touches the network)."""
+        return self._client
+
     def register_script(self, script: str) -> Script:
         return Script(self, script.encode())  # (bytes: no encoder, so no connection yet)
 

@@ -104,7 +104,7 @@ class TieredStore(Store):
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
                      "supports_change_journal", "journal_complete", "max_bytes",
-                     "low_watermark", "read_only"):
+                     "low_watermark", "read_only", "supports_failure_domains"):
             setattr(self, flag, getattr(remote, flag))
         self.supports_verified_reads = True
         self.supports_verified_log = local.supports_verified_log
@@ -487,6 +487,12 @@ class TieredStore(Store):
 
     def ping(self) -> float:
         return self.remote.ping()
+
+    def failure_domain(self, identifier: str) -> str | None:
+        return self.remote.failure_domain(identifier)  # (the tier's copies: holds_locally)
+
+    def probe_domain(self, domain: str) -> None:
+        self.remote.probe_domain(domain)
 
     def capacity_warnings(self) -> list[str]:
         return self.remote.capacity_warnings()

@@ -8,7 +8,9 @@
 * a primary SIGKILLed under the serving consumer: requests keep being answered (its
   entries are re-encoded: misses, no crash), and once the replica is promoted the consumer's
   first requests for that node's entries are hits, without a restart (its cluster client
-  still routes those slots to the dead node: the first load re-reads the slot map).
+  still routes those slots to the dead node: the first load re-reads the slot map);
+* a primary lost for good (no replica, no full coverage required) under a serving
+  consumer: only the pages on it are re-encoded, the others hit all through the outage.
 
 Engines run in-process, one at a time (see engine_support.EngineSlot).
 """
@@ -217,6 +219,52 @@ def test_primary_killed_under_consumer_then_hits_resume(cluster, engines, corpus
     assert counter.calls == 0, \
         f"the consumer did not hit the promoted replica's entries; its store troubles: {troubles}"
     print(f"\nfailover under a consumer: promoted and serving after {promoted:.1f}s")
+    store.close()
+
+
+def test_a_dead_primary_costs_a_consumer_only_its_own_entries(cluster, redis_cluster_factory,
+                                                              engines, corpus, idents,
+                                                              reference, counter):
+    """A cluster that serves without full slot coverage loses a primary for good (no
+    replica): the serving consumer re-encodes only the pages stored on it. Every other
+    page is a hit (the tower idle) all through the outage, token for token: the failed
+    loads and the index refreshes that meet the dead node (it holds the store's ``gen``
+    key, every refresh's first read) open its breaker alone."""
+    private = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    url = private.url_for(nodes=3) + "?prefix=eng:"
+    source, store = open_store(cluster_url(cluster)), open_store(url)
+    pages = corpus["pages"]
+    for p in pages:  # the precomputed entries, copied whole
+        store.put(idents[p], bytes(source.get(idents[p])))
+    r = private.client()
+    node_of = {p: r.get_node_from_key(store.key(idents[p])).port for p in pages}
+    # the victim holds the store's gen key too: every index refresh meets the dead node
+    victim = next(n for n in private.primaries()
+                  if n.port == r.get_node_from_key(store._gen_key).port)
+    on_victim = [p for p in pages if node_of[p] == victim.port]
+    elsewhere = [p for p in pages if node_of[p] != victim.port]
+    if len(on_victim) < 1 or len(elsewhere) < 4:
+        pytest.skip("the corpus put too few pages on one side")
+    llm = engines.get("cluster-outage", url, index_refresh_s=0.2, load_timeout_s=5)
+    counter.reset()
+    assert chat_texts(llm, elsewhere[:1]) == [reference[elsewhere[0]]]
+    assert counter.calls == 0  # (the consumer's client is built: it routes to the victim)
+    private.kill(victim)  # SIGKILL by PID; nothing replaces it
+    counter.reset()
+    assert chat_texts(llm, on_victim) == [reference[p] for p in on_victim]
+    assert counter.items == len(on_victim)  # its pages: re-encoded, answered
+    t0 = time.monotonic()
+    counter.reset()
+    with store_troubles(llm) as troubles:
+        texts = chat_texts(llm, elsewhere[1:-1])
+        while time.monotonic() - t0 < 2.0:  # (index refreshes meet the dead node meanwhile)
+            time.sleep(0.1)
+        texts += chat_texts(llm, elsewhere[-1:])
+    assert texts == [reference[p] for p in elsewhere[1:]]
+    assert counter.calls == 0, \
+        f"the other primaries' entries were re-encoded; the consumer's store troubles: {troubles}"
+    assert not any(what == "breaker opened" for _, what in troubles), troubles
+    source.close()
     store.close()
 
 

@@ -54,14 +54,20 @@ def _all_nodes_know(c, victim) -> bool:
 
 def _stored_on_a_victim(c, tag: str, n: int):
     """``n`` entries stored under a fresh prefix; ``(url, writer, blobs, victim,
-    identifiers on victim)``, the victim being the first primary."""
-    url = c.url_for(nodes=6) + f"?prefix={tag}-{uuid.uuid4().hex[:8]}:"
+    identifiers on victim)``, the victim being the first primary, which also holds the
+    store's ``gen`` key (an index refresh's first read)."""
+    r = c.client()
+    victim = c.primaries()[0]
+    while True:
+        prefix = f"{tag}-{uuid.uuid4().hex[:8]}:"
+        if r.get_node_from_key(f"{{{prefix}}}gen").port == victim.port:
+            break
+    url = c.url_for(nodes=6) + f"?prefix={prefix}"
     writer = open_store(url)
+    assert writer._gen_key == f"{{{prefix}}}gen".encode()
     blobs = {f"{tag}{i:03d}": blob(f"{tag}{i:03d}", seed=i) for i in range(n)}
     for i, b in blobs.items():
         writer.put(i, b)
-    r = c.client()
-    victim = c.primaries()[0]
     on_victim = [i for i in blobs if r.get_node_from_key(writer.key(i)).port == victim.port]
     return url, writer, blobs, victim, on_victim
 
@@ -88,6 +94,8 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):
         assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
     by_list = open_store(url)  # and a consumer's index refresh (the walk over the primaries)
     assert set(by_list.identifiers()) == set(blobs)
+    by_version = open_store(url, retries=0)  # and its first read: the gen key, on the victim
+    version = by_version.index_version()
     replica = c.replica_of(victim)
     assert replica is not None
     c.wait_replicated(victim)
@@ -123,6 +131,9 @@ def test_first_load_after_promotion_is_a_hit(redis_cluster_factory):
     assert [bytes(g[0]) for g in got] == [blobs[i] for i in on_victim[3:7]]
     assert set(by_list.identifiers()) == set(blobs)  # the first listing walks the new map
     assert by_list.route_refreshes == 1
+    assert by_version.index_version() == version  # (its slot is the hash tag's: rerouted)
+    assert by_version.route_refreshes == 1
+    by_version.close()
     by_list.close()
     for consumer in consumers:
         assert all(bytes(consumer.get(i)) == blobs[i] for i in on_victim)
@@ -175,3 +186,67 @@ def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cl
             assert bytes(consumer.get(i)) == blobs[i]
         consumer.close()
     writer.close()
+
+
+def test_a_dead_primary_makes_misses_of_its_entries_only(redis_cluster_factory):
+    """A consumer's lookup on a cluster whose primary died (and is not replaced: the other
+    slots stay served) misses only that primary's entries: its failed loads and its index
+    refreshes (whose walk meets the dead node) trip the breaker of that primary alone, and
+    the entries on the other primaries still load, for as long as the outage lasts. Once
+    the node serves again, the lookup's probe closes its breaker: an entry written to its
+    slots loads."""
+    from encache.connectors.lookup import EntryLookup
+    from encache.connectors.lookup.loader import State
+
+    c = redis_cluster_factory(3, 1, config={"cluster-replica-no-failover": "yes",
+                                            "cluster-require-full-coverage": "no"})
+    url, writer, blobs, victim, on_victim = _stored_on_a_victim(c, "p", 40)
+    elsewhere = [i for i in blobs if i not in on_victim]
+    assert len(on_victim) >= 4 and len(elsewhere) >= 20
+    store = open_store(url)
+    look = EntryLookup(store, index_refresh_s=0.2, load_threads=2, load_timeout_s=2,
+                       counters_flush_s=3600, store_stats_s=3600)
+    try:
+        assert look.wait_index(10)
+
+        def load(ident: str) -> bool:
+            if look.request(ident) is State.MISS:
+                return False
+            look.wait([ident], 5)
+            return look.is_ready(ident)
+
+        assert load(on_victim[0])  # (routes the victim's slots to it)
+        domain = store.failure_domain(on_victim[0])
+        assert domain == f"{victim.host}:{victim.port}"
+        c.kill(victim)  # SIGKILL by PID
+        assert not load(on_victim[1])  # a miss: a load error...
+        assert look.breaker.is_open(domain=domain) and not look.breaker.is_open()  # ...of one
+        t0 = time.monotonic()
+        hits = 0
+        for n, i in enumerate(elsewhere):  # >= 2 s of refreshes failing on the dead node
+            assert load(i), f"{i} (on a live primary) missed during the outage"
+            hits += 1
+            assert not look.probably_stored(on_victim[2 + n % (len(on_victim) - 2)])
+            if n == 9:
+                while time.monotonic() - t0 < 2.0:
+                    time.sleep(0.1)
+            assert not look.breaker.is_open()  # the store as a whole was never down
+        assert look.breaker.tripped_domains() == [domain]
+        victim.restart()  # back, empty (no persistence), serving its slots again
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                writer.put(on_victim[1], blobs[on_victim[1]])
+                break
+            except StoreError:
+                assert time.monotonic() < deadline, "the restarted primary never served"
+                time.sleep(0.2)
+        while look.breaker.tripped_domains():  # the probe finds it serving
+            assert time.monotonic() < deadline, "the lookup never probed the node back"
+            time.sleep(0.1)
+        assert load(on_victim[1])
+        print(f"\none primary down for {time.monotonic() - t0:.1f}s: {hits} loads from the "
+              "others hit meanwhile")
+    finally:
+        look.close()
+        writer.close()
