@@ -73,11 +73,17 @@ def make_llm(model: str, ec_transfer_config: dict | None = None, **kw):
     return LLM(model=model, **args)
 
 
+def consumer_lookup(llm):
+    """The in-process engine's scheduler-side lookup (``EntryLookup``): its index, breaker
+    and staged entries, for tests that look inside the consumer."""
+    return llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+
+
 def wait_consumer_sees(llm, identifiers, why: str, timeout: float = 60) -> None:
     """Until the in-process consumer's own lookup (its index, its breaker) says every one
     of ``identifiers`` is stored: for tests that must wait for the consumer's view of a
     recovered store rather than sleep past its index refresh. ``why`` names the failure."""
-    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    lookup = consumer_lookup(llm)
     deadline = time.monotonic() + timeout
     while not all(lookup.probably_stored(i) for i in identifiers):
         assert time.monotonic() < deadline, why
@@ -90,7 +96,7 @@ def store_troubles(llm):
     rate limit keeps out of the log too) and every opening of its breaker, in order, as
     ``(seconds since the block began, what)``: what a test that expects no miss reports
     when one happens anyway."""
-    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    lookup = consumer_lookup(llm)
     seen: list[tuple[float, str]] = []
     t0 = time.monotonic()
     warning, trip = lookup.warn.warning, lookup.breaker.trip

@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,24 +62,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serving_common import (ROOT, code_state, finish_run, machine,  # noqa: E402
                             pct, set_engine_env, summary, table)
 
-SIZES = {  # name: (label, build args, image tokens, max_model_len)
-    "small": ("4 KB", [], 16, 256),
-    "gemma": ("2.75 MB", ["--image-size", "128", "--patch", "8", "--text-hidden", "2688"],
-              256, 512),
-    "crops": ("11 MB", ["--image-size", "256", "--patch", "8", "--text-hidden", "2688"],
-              1024, 1536),
+SIZES = {  # name: (label, the tests' model of that entry size, image tokens, max_model_len)
+    "small": ("4 KB", "tiny_model", 16, 256),
+    "gemma": ("2.75 MB", "wide_model", 256, 512),
+    "crops": ("11 MB", "crops_model", 1024, 1536),
 }
 
 
 def model_for(name: str) -> str:
-    label, args, _, _ = SIZES[name]
-    path = ROOT / ".models" / ("tiny-llava" if not args else f"tiny-llava-epd-{name}")
-    if name == "gemma":
-        path = ROOT / ".models" / "tiny-llava-2688"  # the one the tests use
-    if not (path / "encache_tiny_model.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), str(path),
-                        *args], check=True, capture_output=True)
-    return str(path)
+    """The tests' tiny LLaVA of that entry size (built if missing)."""
+    import served_support
+    from engine_support import built_model
+    builder = SIZES[name][1]
+    return built_model("tiny-llava") if builder == "tiny_model" else \
+        getattr(served_support, builder)()
 
 
 def post(base: str, body: dict) -> float:

@@ -14,7 +14,7 @@ import pytest
 
 from encache.connectors.store import decode, encode, open_store
 from engine_support import (PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config,
-                            make_llm, shutdown)
+                            consumer_lookup, make_llm, shutdown)
 
 pytestmark = pytest.mark.engine
 
@@ -96,7 +96,7 @@ def test_consumer_never_encodes_and_matches_reference(consumer, corpus, referenc
     from encache.connectors.lookup import loader
 
     llm, counter, store = consumer
-    lookup = llm.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+    lookup = consumer_lookup(llm)
     assert lookup.start_verify_done.wait(60)
     assert lookup.verified_at_start == len(corpus["pages"]) + len(FAULTS)
     # the producer on this host wrote them: its verified log spared every checksum

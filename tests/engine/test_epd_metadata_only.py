@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from encache.connectors.store import open_store
-from engine_support import TowerTap, consumer_config, data_url, make_llm, shutdown
+from engine_support import TowerTap, consumer_config, consumer_lookup, data_url, make_llm, shutdown
 from served_support import draw_images
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -111,7 +111,7 @@ def test_pd_answers_metadata_only_items_from_the_store_and_fails_the_rest(
     tap = TowerTap(tiny_qwen2_5_vl)
     pd = make_llm(tiny_qwen2_5_vl, consumer_config(store, load_timeout_s=1.0), **KW)
     try:
-        lookup = pd.llm_engine.engine_core.engine_core.scheduler.ec_connector.lookup
+        lookup = consumer_lookup(pd)
         tap.on = True
         for i, uuid in enumerate(UUIDS[:2]):
             out = ask(pd, embeds_part(produced["params"][i][uuid]["metadata"], uuid))
