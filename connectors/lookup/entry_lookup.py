@@ -379,8 +379,15 @@ class EntryLookup:
         self.metrics.observe_load(seconds)
 
     def take_interval(self) -> dict:
-        """Counter deltas and load latencies since the last call (for vLLM's metrics)."""
-        return self.metrics.take_interval(self.staging.nbytes)
+        """Counter deltas and load latencies since the last call (for vLLM's metrics),
+        with the breaker's state: is the store down, and how many of its parts."""
+        data = self.metrics.take_interval(self.staging.nbytes)
+        if data:
+            now = time.monotonic()
+            data["store_down"] = int(self.breaker.is_open(now))
+            data["store_parts_down"] = sum(self.breaker.is_open(now, domain)
+                                           for domain in self.breaker.tripped_domains())
+        return data
 
     def maybe_flush(self, force: bool = False) -> None:
         """Persist counter deltas to the store (called by the background thread)."""

@@ -25,6 +25,12 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
     vllm:embedding_cache_staged_bytes         verified bytes held in memory (gauge)
     vllm:embedding_cache_local_tier_bytes     bytes in this node's local tier (gauge)
     vllm:embedding_cache_local_tier_capacity_bytes  its local_tier_max_bytes (gauge)
+    vllm:embedding_cache_store_down           1 while this engine treats the store as down:
+                                              its circuit breaker is open, every lookup a
+                                              miss (gauge)
+    vllm:embedding_cache_store_parts_down     parts of the store (Redis Cluster primaries)
+                                              this engine treats as down: lookups of their
+                                              entries are misses (gauge)
     store-wide, sampled every ``store_stats_s`` (every engine on a store reports the same
     figures: aggregate them with max(), not sum()):
     vllm:embedding_cache_entries              entries in the store (gauge)
@@ -49,7 +55,9 @@ COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
             "misses_model", "hits_local", "hits_remote", "bytes_loaded", "store_evictions",
             "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes",
-          "local_tier_bytes", "local_tier_capacity_bytes")
+          "local_tier_bytes", "local_tier_capacity_bytes", "store_down", "store_parts_down")
+#: gauges every non-empty interval carries (the others: a store sample was taken)
+INTERVAL_GAUGES = ("staged_bytes", "store_down", "store_parts_down")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -85,7 +93,8 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
-        for key in ("lora_stale", "misses_model", "hits_local", "hits_remote"):  # likewise
+        for key in ("lora_stale", "misses_model", "hits_local", "hits_remote",  # likewise
+                    "store_down", "store_parts_down"):
             if d.get(key):
                 out[key] = int(d[key])
         return out
@@ -95,7 +104,7 @@ class EncacheStats(ECConnectorStats):
         is exported even in an interval without loads, so the gauges stay current while
         the engine serves requests the connector is not asked about)."""
         return (not any(self.data.get(k) for k in COUNTERS + ("load_latencies",))
-                and not any(k in self.data for k in GAUGES if k != "staged_bytes"))
+                and not any(k in self.data for k in GAUGES if k not in INTERVAL_GAUGES))
 
 
 class EncachePromMetrics(ECConnectorPromMetrics):
@@ -153,6 +162,12 @@ class EncachePromMetrics(ECConnectorPromMetrics):
                                       "Bytes held by this node's local tier."),
             "local_tier_capacity_bytes": gauge(p + "local_tier_capacity_bytes",
                                                "Capacity (local_tier_max_bytes) of this node's tier."),
+            "store_down": gauge(p + "store_down",
+                                "1 while the store is treated as down (every lookup a miss)."),
+            "store_parts_down": gauge(
+                p + "store_parts_down",
+                "Parts of the store (Redis Cluster primaries) treated as down "
+                "(lookups of their entries are misses)."),
         }
         self.utilization = gauge(p + "utilization", "Store bytes used / capacity (0-1).")
 

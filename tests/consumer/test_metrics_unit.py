@@ -29,6 +29,14 @@ def test_stats_aggregate_and_reduce():
     assert not EncacheStats(data={"staged_bytes": 0, "local_tier_bytes": 5}).is_empty()
     assert not EncacheStats(data={"store_entries": 3}).is_empty()
     assert EncacheStats(data={"staged_bytes": 7}).is_empty()
+    # the breaker's state: a gauge (latest wins), in the log line only while down
+    down = m.aggregate(EncacheStats(data={"hits": 1, "store_down": 0, "store_parts_down": 1}))
+    down = down.aggregate(EncacheStats(data={"misses": 1, "store_down": 0,
+                                             "store_parts_down": 2}))
+    assert down.data["store_parts_down"] == 2 and down.reduce()["store_parts_down"] == 2
+    assert "store_down" not in down.reduce()
+    assert EncacheStats(data={"staged_bytes": 7, "store_down": 0,
+                              "store_parts_down": 0}).is_empty()
 
 
 def test_connector_builds_its_stats_class():

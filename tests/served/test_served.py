@@ -96,6 +96,7 @@ def test_prometheus_metrics_exported(served):
     used = values.get(p + "current_bytes", 0)
     assert used > 6 * 4096 and values.get(p + "capacity_bytes") == 1 << 30
     assert values.get(p + "utilization") == pytest.approx(used / (1 << 30))
+    assert values.get(p + "store_down") == 0 and values.get(p + "store_parts_down") == 0
 
 
 def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path):

@@ -232,6 +232,8 @@ def test_a_dead_primary_makes_misses_of_its_entries_only(redis_cluster_factory):
                     time.sleep(0.1)
             assert not look.breaker.is_open()  # the store as a whole was never down
         assert look.breaker.tripped_domains() == [domain]
+        gauges = look.take_interval()  # (what the engine's metrics export)
+        assert (gauges["store_down"], gauges["store_parts_down"]) == (0, 1)
         victim.restart()  # back, empty (no persistence), serving its slots again
         deadline = time.monotonic() + 30
         while True:
@@ -245,6 +247,8 @@ def test_a_dead_primary_makes_misses_of_its_entries_only(redis_cluster_factory):
             assert time.monotonic() < deadline, "the lookup never probed the node back"
             time.sleep(0.1)
         assert load(on_victim[1])
+        gauges = look.take_interval()
+        assert (gauges["store_down"], gauges["store_parts_down"]) == (0, 0)
         print(f"\none primary down for {time.monotonic() - t0:.1f}s: {hits} loads from the "
               "others hit meanwhile")
     finally:
