@@ -93,6 +93,8 @@ _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotC
 #: (not TimeoutError, not TRYAGAIN: the retry would wait, or meet the same half-moved slot)
 _STALE_ROUTE = (RedisConnectionError, ClusterDownError, SlotNotCoveredError, MovedError, AskError)
 REROUTE_EVERY_S = 0.5  # a store re-reads the slot map for its loads at most this often
+#: how long writes and header reads wait out a failover by default (``redirect_wait``)
+REDIRECT_WAIT_S = 10.0
 # one bucket's part of a SCAN page: KEYS = meta, atime; ARGV = identifiers
 _PAGE_LUA = """
 return {redis.call('HLEN', KEYS[1]), redis.call('ZCARD', KEYS[2]),
@@ -115,7 +117,7 @@ class RedisClusterStore(RedisStore):
         if redirect_wait is None:
             query = dict(parse_qsl(url.partition("?")[2]))
             try:
-                redirect_wait = float(query.get("redirect_wait", 10.0))
+                redirect_wait = float(query.get("redirect_wait", REDIRECT_WAIT_S))
             except ValueError:
                 raise StoreError(f"bad redirect_wait={query['redirect_wait']!r} in "
                                  f"{redact(url)}") from None

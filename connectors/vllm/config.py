@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from ..lookup.verified import parse_verify
 from ..store.disk import EVICTION_POLICIES, LOAD_MODES
+from ..store.url import CLUSTER_SCHEMES
 
 log = logging.getLogger("encache.connector")
 
@@ -29,7 +30,8 @@ _OPTIONAL = ("max_bytes", "local_tier_max_bytes", "prefix", "local_tier")
 _COUNTS = ("load_threads", "write_threads")  # a whole number, at least 1
 #: seconds: a finite number, above 0 (False) or 0 allowed too (True)
 _SECONDS = {"load_timeout_s": False, "inline_wait_s": True, "index_refresh_s": False,
-            "counters_flush_s": False, "store_stats_s": False, "save_wait_s": True}
+            "counters_flush_s": False, "store_stats_s": False, "save_wait_s": True,
+            "redirect_wait": True}
 _FLAGS = ("fsync", "verify_ahead", "remember_verified", "check_encoder_config",
           "skip_existing")  # JSON true / false
 _TEXTS = ("prefix", "local_tier", "tag")
@@ -77,6 +79,11 @@ class ConnectorConfig:
     # a step (and so an encoder instance's request) ends once its entries are in the
     # store, waiting at most this long (0: do not wait; precompute drains at the end)
     save_wait_s: float = 10.0
+    # Redis Cluster: how long a write or a producer's header read waits out a failover (a
+    # primary down, its replica not promoted yet). 0: a serving engine's step never waits
+    # on a dead primary (those entries fail at once; consumers encode them themselves);
+    # precompute waits as long as the store's default (a batch job rides through)
+    redirect_wait: float = 0.0
     write_threads: int = 2
     max_pending_write_bytes: int = 1 << 30
     skip_existing: bool = True
@@ -170,6 +177,9 @@ class ConnectorConfig:
                         local_tier_fsync=not parse_verify(self.verify)[0])
         if self.prefix is not None:
             opts["prefix"] = self.prefix
+        url = urlsplit(self.store or "")
+        if url.scheme in CLUSTER_SCHEMES and "redirect_wait=" not in url.query:
+            opts["redirect_wait"] = self.redirect_wait  # (the URL's own value wins)
         return {k: v for k, v in opts.items() if v is not None}
 
     def lookup_options(self) -> dict:

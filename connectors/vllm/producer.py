@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..store.redis_cluster import REDIRECT_WAIT_S
 from . import CONNECTOR_MODULE
 
 log = logging.getLogger("encache.producer")
@@ -64,8 +65,10 @@ class ProducerEngine:
 
         self.opts = opts
         self._supported: frozenset | None = None  # model_takes()
-        # a batch job: writes overlap the next batch's encoding, wait_for_saves() drains them
-        extra_config = {"store": opts.store, "save_wait_s": 0, **(opts.store_options or {})}
+        # a batch job: writes overlap the next batch's encoding, wait_for_saves() drains them,
+        # and on a Redis Cluster they wait out a failover (a serving engine does not)
+        extra_config = {"store": opts.store, "save_wait_s": 0,
+                        "redirect_wait": REDIRECT_WAIT_S, **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,
             # one item per prompt; video only when asked for (a model without video

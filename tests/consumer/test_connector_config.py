@@ -72,3 +72,22 @@ def test_a_relative_store_path_is_warned_about(caplog):
         ConnectorConfig.from_extra({"store": "redis://h:6379/0"})
     assert [r.getMessage().split(" is ")[0] for r in caplog.records] == [
         "encache connector: store 'cache/encache'"]
+
+
+def test_a_serving_engine_never_waits_out_a_cluster_failover():
+    """``redirect_wait`` reaches a Redis Cluster store only: 0 for a serving engine (its
+    writes and header reads for a dead primary fail at once), what precompute's engine
+    passes (the store's default: a batch job rides through a failover), and never over
+    the URL's own value. Other stores take no such option."""
+    from encache.connectors.store.redis_cluster import REDIRECT_WAIT_S
+    cluster = "redis+cluster://127.0.0.1:7000?prefix=p:"
+    assert ConnectorConfig.from_extra({"store": cluster}).store_options()["redirect_wait"] == 0
+    assert ConnectorConfig.from_extra({"store": cluster, "redirect_wait": REDIRECT_WAIT_S}
+                                      ).store_options()["redirect_wait"] == REDIRECT_WAIT_S
+    assert "redirect_wait" not in ConnectorConfig.from_extra(
+        {"store": cluster + "&redirect_wait=3"}).store_options()
+    assert "redirect_wait" not in config(redirect_wait=5).store_options()  # a directory
+    assert "redirect_wait" not in ConnectorConfig.from_extra(
+        {"store": "redis://127.0.0.1:6379/0"}).store_options()
+    with pytest.raises(ValueError, match="redirect_wait"):
+        config(redirect_wait=-1)

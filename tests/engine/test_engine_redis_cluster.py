@@ -24,8 +24,9 @@ import time
 import pytest
 
 from encache.connectors.store import decode, open_store
-from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, engine_module_fixtures,
-                            store_troubles, wait_consumer_sees)
+from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, consumer_config,
+                            engine_module_fixtures, make_llm, shutdown, store_troubles,
+                            wait_consumer_sees)
 from redis_cluster_fixture import LocalCluster
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -266,6 +267,44 @@ def test_a_dead_primary_costs_a_consumer_only_its_own_entries(cluster, redis_clu
     assert not any(what == "breaker opened" for _, what in troubles), troubles
     source.close()
     store.close()
+
+
+def test_a_dead_primary_never_stalls_a_serving_encoder(redis_cluster_factory, engines, corpus,
+                                                        idents, tiny_model):
+    """An encoder instance (``ec_producer``, serving defaults) on a cluster that lost a
+    primary for good: its requests are answered at their usual pace. Its header reads
+    and writes for the dead primary's slots fail at once (``redirect_wait`` 0 for a
+    serving engine; precompute waits a failover out instead) rather than holding every
+    step for up to ``redirect_wait`` + ``save_wait_s``; the other primaries' entries
+    are written, and consumers encode the rest themselves."""
+    engines.release()
+    private = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    url = private.url_for(nodes=3) + "?prefix=enc:"
+    store = open_store(url)
+    r = private.client()
+    pages = corpus["pages"]
+    port = {p: r.get_node_from_key(store.key(idents[p])).port for p in pages[1:]}
+    victim = max(private.primaries(), key=lambda n: sum(v == n.port for v in port.values()))
+    on_victim = [p for p in pages[1:] if port[p] == victim.port]
+    elsewhere = [p for p in pages[1:] if port[p] != victim.port]
+    if len(on_victim) < 2 or len(elsewhere) < 2:
+        pytest.skip("the corpus put too few pages on one side")
+    enc = make_llm(tiny_model, consumer_config(url, role="ec_producer"))
+    try:
+        chat_texts(enc, pages[:1], max_tokens=1)  # (the encoder's client is built)
+        private.kill(victim)  # SIGKILL by PID; nothing replaces it
+        took = []
+        for p in pages[1:]:
+            t = time.monotonic()
+            chat_texts(enc, [p], max_tokens=1)
+            took.append(time.monotonic() - t)
+        assert max(took) < 5, f"requests stalled on the dead primary: {took}"
+        assert all(store.get(idents[p]) is not None for p in elsewhere)
+        print(f"\nencoder with a dead primary: slowest request {max(took):.2f}s; "
+              f"{len(elsewhere)} entries written, {len(on_victim)} left to consumers")
+    finally:
+        shutdown(enc)
+        store.close()
 
 
 def test_ec_both_on_the_cluster_saves_then_loads_across_restarts(cluster, engines, corpus,
