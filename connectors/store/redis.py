@@ -310,10 +310,13 @@ class RedisStore(Store):
         return text
 
     def _store_error(self, e: BaseException, domain: str | None = None) -> StoreError:
+        """One line for ``e``; ``domain``: the node it concerns (a cluster's primary),
+        named at the end (the URL lists every startup node)."""
         error = describe_error(e, url=self._redacted, password=self._password,
                                socket_timeout=self.socket_timeout)
-        error.domain = domain
-        return error
+        if domain is None:
+            return error
+        return StoreError(f"{error} [primary {domain}]", domain=domain)
 
     @contextlib.contextmanager
     def _errors(self):

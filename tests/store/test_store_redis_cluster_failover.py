@@ -164,8 +164,10 @@ def test_loads_fail_fast_and_refreshes_are_rate_limited_until_promotion(redis_cl
                 t = time.monotonic()
                 try:  # (both load paths: redis-py's GET, and the one-pass receive)
                     consumer.read_entry(i) if n % 2 else consumer.read_verified(i)
-                except StoreError as e:
+                except StoreError as e:  # one line, naming the dead primary
                     assert "\n" not in str(e)
+                    assert e.domain == f"{victim.host}:{victim.port}", e
+                    assert str(e).endswith(f" [primary {e.domain}]"), e
                     failed += 1
                 took.append(time.monotonic() - t)
         elapsed = time.monotonic() - t0
