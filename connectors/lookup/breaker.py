@@ -37,7 +37,8 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._store = _State()
         #: domain -> its state, for the domains tripped since they last answered (read
-        #: without the lock: the dict is replaced whole, never changed in place)
+        #: without the lock: the dict is replaced whole when a domain comes or goes; a
+        #: state's backoff changes in place)
         self._domains: dict[str, _State] = {}
 
     def trip(self, domain: str | None = None) -> None:
@@ -47,10 +48,11 @@ class CircuitBreaker:
             if domain is None:
                 self._store.trip()
                 return
-            domains = dict(self._domains)
-            state = domains.setdefault(domain, _State())
+            state = self._domains.get(domain)
+            if state is None:  # a new domain: readers see the old dict or the new one
+                state = _State()
+                self._domains = {**self._domains, domain: state}
             state.trip()
-            self._domains = domains
 
     def reset(self, domain: str | None = None) -> None:
         """The store answered: close the breaker (the store's; or ``domain``'s, which
@@ -70,6 +72,11 @@ class CircuitBreaker:
             return True
         state = self._domains.get(domain) if domain is not None else None
         return state is not None and now < state.down_until
+
+    def open_domains(self, now: float | None = None) -> int:
+        """How many domains are within their own backoff (whatever the store's state)."""
+        now = time.monotonic() if now is None else now
+        return sum(now < state.down_until for state in self._domains.values())
 
     def has_tripped_domains(self) -> bool:
         return bool(self._domains)

@@ -385,8 +385,7 @@ class EntryLookup:
         if data:
             now = time.monotonic()
             data["store_down"] = int(self.breaker.is_open(now))
-            data["store_parts_down"] = sum(self.breaker.is_open(now, domain)
-                                           for domain in self.breaker.tripped_domains())
+            data["store_parts_down"] = self.breaker.open_domains(now)
         return data
 
     def maybe_flush(self, force: bool = False) -> None:

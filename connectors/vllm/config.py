@@ -14,7 +14,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, fields
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from ..lookup.verified import parse_verify
 from ..store.disk import EVICTION_POLICIES, LOAD_MODES
@@ -178,7 +178,7 @@ class ConnectorConfig:
         if self.prefix is not None:
             opts["prefix"] = self.prefix
         url = urlsplit(self.store or "")
-        if url.scheme in CLUSTER_SCHEMES and "redirect_wait=" not in url.query:
+        if url.scheme in CLUSTER_SCHEMES and "redirect_wait" not in dict(parse_qsl(url.query)):
             opts["redirect_wait"] = self.redirect_wait  # (the URL's own value wins)
         return {k: v for k, v in opts.items() if v is not None}
 

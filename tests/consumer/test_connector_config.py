@@ -86,6 +86,9 @@ def test_a_serving_engine_never_waits_out_a_cluster_failover():
                                       ).store_options()["redirect_wait"] == REDIRECT_WAIT_S
     assert "redirect_wait" not in ConnectorConfig.from_extra(
         {"store": cluster + "&redirect_wait=3"}).store_options()
+    for query in ("&xredirect_wait=3", "&redirect_wait="):  # (as the store parses its URL)
+        assert ConnectorConfig.from_extra({"store": cluster + query}
+                                          ).store_options()["redirect_wait"] == 0
     assert "redirect_wait" not in config(redirect_wait=5).store_options()  # a directory
     assert "redirect_wait" not in ConnectorConfig.from_extra(
         {"store": "redis://127.0.0.1:6379/0"}).store_options()

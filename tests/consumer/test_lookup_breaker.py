@@ -28,7 +28,8 @@ def test_circuit_breaker_backs_off_and_closes():
 def test_a_domain_trips_alone_and_is_probed_until_it_answers():
     """A store whose parts fail apart: an error of one part (a domain) opens its breaker
     alone, with its own backoff; the store's and the other domains' stay closed; the
-    tripped domains are listed (to probe) until each is reset."""
+    tripped domains are listed (to probe) until each is reset, and counted while within
+    their own backoff."""
     from encache.connectors.lookup.breaker import CircuitBreaker
 
     b = CircuitBreaker()
@@ -42,8 +43,10 @@ def test_a_domain_trips_alone_and_is_probed_until_it_answers():
     assert sorted(b.tripped_domains()) == ["a:1", "b:2"] and b.has_tripped_domains()
     b.reset("a:1")
     assert not b.is_open(domain="a:1") and b.tripped_domains() == ["b:2"]
+    assert b.open_domains() == 1 and b.open_domains(time.monotonic() + 2) == 0
     b.trip()  # the store as a whole: every domain's lookups too
     assert b.is_open() and b.is_open(domain="a:1")
+    assert b.open_domains() == 1  # (the parts down: the store's own state apart)
     b.reset()  # (the store's breaker: a domain still tripped stays so)
     assert not b.is_open() and b.is_open(domain="b:2") and not b.is_open(domain="a:1")
     b.reset("b:2")
