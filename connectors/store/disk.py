@@ -48,10 +48,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from stat import S_ISREG
 
-from . import header_index
+from . import header_index, read_ahead
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
 from .disk_journal import DiskJournal
 from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
@@ -311,7 +312,7 @@ class DiskStore(Store):
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
-                                         verify=hashing)
+                                         verify=hashing, ahead=partial(read_ahead.start, fd))
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
@@ -608,9 +609,10 @@ class DiskStore(Store):
                         meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
                     else:
                         buf = uninitialized(st.st_size)
-                        meta, offset = read_verified(lambda view: os.readv(fd, [view]),
-                                                     st.st_size, buf, chunk=FILE_CHUNK,
-                                                     identifier=identifier, verify=hashing)
+                        meta, offset = read_verified(
+                            lambda view: os.readv(fd, [view]), st.st_size, buf,
+                            chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
+                            ahead=partial(read_ahead.start, fd) if hashing else None)
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

@@ -28,7 +28,11 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       an accelerator from this process does it (HostStaging): read and
                       hashed in one pass into staging, here a reused buffer as torch's
                       caching host allocator hands back a freed page-locked block; it
-                      ends there (the device copy goes from it: no host copy after)
+                      ends there (the device copy goes from it: no host copy after). Read
+                      on two threads: a helper reads 1 MiB steps ahead while the load
+                      hashes the step before (store.read_ahead; entries of 1 MiB or more)
+  encache.first.staging.one_thread  the same with the read-ahead helper off: read and
+                      hashed on the load's thread alone (4 MiB steps)
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
@@ -62,14 +66,19 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       (entry.read_verified in entry.FILE_CHUNK steps, one pass; the tensor
                       views that buffer, no copy)
   onepass.reused      breakdown, not a load: entry.read_verified alone into the buffer
-                      readinto reads into (no copy after): the floor of
-                      encache.first.staging
-  onepass.reused.256k the same in 256 KiB steps (entry.STREAM_CHUNK, a socket's step):
+                      readinto reads into (no copy after), on one thread: the floor of
+                      encache.first.staging.one_thread
+  onepass.reused.ahead the same with the read-ahead helper (store.read_ahead): the floor
+                      of encache.first.staging
+  onepass.reused.256k the same on one thread in 256 KiB steps (entry.STREAM_CHUNK, a socket's step):
                       what the file step's size saves
   encache.repeat.mmap / encache.repeat.read   breakdown: the repeat load without buffer
                       reuse with load_mode mmap (every entry mapped) / read (every entry
                       read into a fresh buffer); auto picks by size (MMAP_MIN_BYTES: no
                       kept buffers)
+
+Each method's CPU time per load (all threads: process_time) is in the JSON beside its
+wall time (``cpu_ms_per_load``): a load on two threads costs more CPU than its wall time.
 
 Ratios are medians of per-round ratios (method median / readinto median within the same
 round) and the overall median-time ratios; both are in the JSON. MB = 10^6 bytes.
@@ -87,6 +96,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from math import prod
 from pathlib import Path
 
@@ -96,13 +106,14 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.staging", "encache.first.ahead", "encache.first.encoded",
+           "encache.first.staging", "encache.first.staging.one_thread",
+           "encache.first.ahead", "encache.first.encoded",
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
-           "onepass.fresh", "onepass.reused", "onepass.reused.256k"]
+           "onepass.fresh", "onepass.reused", "onepass.reused.ahead", "onepass.reused.256k"]
 NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh", "onepass.reused",
-             "onepass.reused.256k")
+             "onepass.reused.ahead", "onepass.reused.256k")
 GOAL_VS_READINTO = 0.9
 
 
@@ -116,6 +127,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
         ECExampleConnector, ECExampleConnectorMetadata, MMMeta)
 
     from encache.connectors.lookup import EntryLookup, State
+    from encache.connectors.store import read_ahead
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import (FILE_CHUNK, STREAM_CHUNK, encode_parts,
                                                 read_verified)
@@ -300,12 +312,23 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                     return pre[:n]
 
             def prepare_staging():
-                """As prepare_first, for a consumer whose lookup reads into staging."""
-                restarted("staging", verify_ahead_start_bytes=0, remember_verified=False,
-                          host_staging=ReusedStaging())
+                """As prepare_first, for two consumers whose lookups read into staging
+                (the second with the read-ahead helper off)."""
+                for key in ("staging", "staging.one_thread"):
+                    restarted(key, verify_ahead_start_bytes=0, remember_verified=False,
+                              host_staging=ReusedStaging())
 
-            def staging_first(i):
-                return to_tensor(lk["staging"].load_now(ids[i]))  # (a view: no copy)
+            def staging_first(i, key="staging"):
+                return to_tensor(lk[key].load_now(ids[i]))  # (a view: no copy)
+
+            def one_thread(i):
+                """staging_first with the read-ahead helper off (read_ahead.start declines
+                every range, as when no helper is free)."""
+                floor, read_ahead.MIN_BYTES = read_ahead.MIN_BYTES, float("inf")
+                try:
+                    return staging_first(i, "staging.one_thread")
+                finally:
+                    read_ahead.MIN_BYTES = floor
 
             def prepare_first():
                 """A consumer that never saw these versions, nor did any other this boot
@@ -335,14 +358,16 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 kept.append(buf)
                 return buf
 
-            def onepass(i, into, chunk=FILE_CHUNK):
-                """Entry ``i`` read into ``into(size)`` and hashed in one pass."""
+            def onepass(i, into, chunk=FILE_CHUNK, ahead=False):
+                """Entry ``i`` read into ``into(size)`` and hashed in one pass (``ahead``:
+                with the read-ahead helper)."""
                 fd = os.open(store.entry_path(ids[i]), os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
                     buf = into(size)
                     read_verified(lambda view: os.readv(fd, [view]), size, buf,
-                                  chunk=chunk, identifier=ids[i])
+                                  chunk=chunk, identifier=ids[i],
+                                  ahead=partial(read_ahead.start, fd) if ahead else None)
                 finally:
                     os.close(fd)
                 return buf
@@ -359,10 +384,12 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
                    "onepass.reused": onepass_reused,
+                   "onepass.reused.ahead": lambda i: onepass(i, ReusedStaging(), ahead=True),
                    "onepass.reused.256k": lambda i: onepass(i, ReusedStaging(), STREAM_CHUNK),
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
+                   "encache.first.staging.one_thread": one_thread,
                    "encache.first.ahead": encache("ahead", ahead_ids),
                    "encache.first.encoded": encache("encoded", encoded_ids),
                    "encache.first.restart": encache("restart", ids),
@@ -388,6 +415,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                     assert torch.equal(fns[m](0).view(torch.int16), want.view(torch.int16)), m
 
             times = {m: [] for m in METHODS}
+            cpu = {m: [] for m in METHODS}  # CPU seconds per load, per round
             per_round = {m: [] for m in METHODS}
             ahead_verified, restart_verified, tail_trusted = [], [], []
             la0 = loadavg()
@@ -403,13 +431,16 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 round_t = {}
                 for m in order:
                     fn, ts = fns[m], []
+                    c0 = time.process_time()
                     for i in range(n):
                         t0 = time.perf_counter()
                         fn(i)
                         ts.append(time.perf_counter() - t0)
+                    c1 = time.process_time()
                     round_t[m] = statistics.median(ts)
                     if r:
                         times[m] += ts
+                        cpu[m].append((c1 - c0) / n)
                 if r:
                     for m in METHODS:
                         per_round[m].append(round_t["readinto"] / round_t[m])
@@ -418,6 +449,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             for m in METHODS:
                 s = summary(times[m], 1e3)
                 methods[m] = {"ms": s, "mb_s": nbytes / (s["p50"] / 1e3) / 1e6,
+                              "cpu_ms_per_load": statistics.median(cpu[m]) * 1e3,
                               "vs_readinto": base / statistics.median(times[m]),
                               "vs_readinto_rounds": per_round[m],
                               "vs_readinto_round_median": statistics.median(per_round[m])}
@@ -452,7 +484,7 @@ def goals(results: dict) -> dict:
         m = row["methods"]
         g = {}
         for name in ("encache.repeat", "encache.first", "encache.first.staging",
-                     "encache.first.ahead",
+                     "encache.first.staging.one_thread", "encache.first.ahead",
                      "encache.first.encoded", "encache.first.restart",
                      "encache.first.restart.tail", "encache.staged",
                      "encache.always", "encache.repeat.noreuse"):
@@ -472,9 +504,11 @@ def report(results: dict) -> str:
     rows = []
     for row in results["sizes"]:
         for m, d in row["methods"].items():
-            rows.append([row["label"], m, f"{d['ms']['p50']:.3f}", f"{d['mb_s']:,.0f}",
-                         f"{d['vs_readinto_round_median']:.2f}", f"{d['vs_ecexample']:.2f}"])
-    return table(rows, ["size", "method", "p50 ms", "MB/s p50", "x readinto", "x ECExample"])
+            rows.append([row["label"], m, f"{d['ms']['p50']:.3f}", f"{d['cpu_ms_per_load']:.3f}",
+                         f"{d['mb_s']:,.0f}", f"{d['vs_readinto_round_median']:.2f}",
+                         f"{d['vs_ecexample']:.2f}"])
+    return table(rows, ["size", "method", "p50 ms", "CPU ms", "MB/s p50", "x readinto",
+                        "x ECExample"])
 
 
 def plot_load(results: dict, name: str) -> None:

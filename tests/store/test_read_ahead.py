@@ -1,0 +1,230 @@
+"""A checksummed read of a file entry with the read-ahead helper (store.read_ahead): real
+files, the real helper threads. The bytes and every check are those of a read on one
+thread; the helper never outlives the read (it never writes into a buffer handed back);
+a load that finds no helper free reads on its own thread."""
+
+import json
+import os
+import struct
+import threading
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+
+from encache.connectors.store import read_ahead
+from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.entry import FILE_CHUNK, CorruptEntry, encode, read_verified
+
+
+@pytest.fixture(autouse=True)
+def helpers(monkeypatch):
+    """At least one helper, whatever the CPU count (one CPU has none by default)."""
+    monkeypatch.setattr(read_ahead, "_pool", read_ahead._Pool(max(1, read_ahead.HELPERS)))
+
+
+def _blob(nbytes: int = 3 << 20, seed: int = 0, ident: str = "x") -> bytes:
+    arr = np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
+    return encode(ident, arr, "U8", arr.shape)
+
+
+class _Spy:
+    """read_ahead.start, counting the jobs it handed to a helper."""
+
+    def __init__(self, fd: int, chunk: int = read_ahead.CHUNK):
+        self.fd, self.chunk, self.jobs = fd, chunk, 0
+
+    def __call__(self, view, size):
+        job = read_ahead.start(self.fd, view, size, chunk=self.chunk)
+        self.jobs += job is not None
+        return job
+
+
+def _read(path, size=None, *, chunk=read_ahead.CHUNK, identifier=None, buf=None):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size if size is None else size
+        buf = bytearray(size) if buf is None else buf
+        spy = _Spy(fd, chunk)
+        meta, offset = read_verified(lambda view: os.readv(fd, [view]), size, buf,
+                                     chunk=FILE_CHUNK, identifier=identifier, ahead=spy)
+        return buf, meta, offset, spy.jobs
+    finally:
+        os.close(fd)
+
+
+def _write(tmp_path, blob: bytes, name: str = "e") -> str:
+    path = tmp_path / name
+    path.write_bytes(blob)
+    return str(path)
+
+
+@pytest.mark.parametrize("chunk", [4096, 300_001, read_ahead.CHUNK])
+def test_the_helper_reads_what_one_thread_would(tmp_path, chunk):
+    blob = _blob()
+    buf, meta, offset, jobs = _read(_write(tmp_path, blob), chunk=chunk, identifier="x")
+    assert jobs == 1 and bytes(buf) == blob and meta.identifier == "x"
+    assert offset == len(blob) - meta.data_bytes
+
+
+def _split(size: int) -> int:
+    """Where the helper's part of a ``size``-byte entry starts."""
+    return max(64 << 10, int(size * read_ahead.FRONT) // (64 << 10) * (64 << 10))
+
+
+@pytest.mark.parametrize("where", ["front", "before the split", "at the split",
+                                   "helper's part", "last byte"])
+def test_a_flipped_byte_anywhere_is_caught(tmp_path, where):
+    blob = bytearray(_blob())
+    split = _split(len(blob))
+    at = {"front": 1000, "before the split": split - 1, "at the split": split,
+          "helper's part": (split + len(blob)) // 2, "last byte": len(blob) - 1}[where]
+    blob[at] ^= 1
+    with pytest.raises(CorruptEntry) as e:
+        _read(_write(tmp_path, bytes(blob)), chunk=256 << 10)
+    assert e.value.reason == "checksum"
+
+
+def test_a_file_that_ends_early_is_truncated(tmp_path):
+    """The size promised (an fstat a moment before) is more than the file holds: the
+    helper's short read is the load's ``truncated``, not a hang."""
+    blob = _blob()
+    path = _write(tmp_path, blob[:-(1 << 20)])
+    with pytest.raises(CorruptEntry) as e:
+        _read(path, size=len(blob))
+    assert e.value.reason == "truncated"
+
+
+def test_a_header_longer_than_the_front_is_read_from_the_helpers_steps(tmp_path):
+    arr = np.arange(1 << 18, dtype=np.float32)
+    header = {"__metadata__": {"encache_format": "1", "identifier": "x",
+                               "note": "n" * (700 << 10)},
+              "ec_cache": {"dtype": "F32", "shape": [arr.size],
+                           "data_offsets": [0, arr.nbytes]}}
+    raw = json.dumps(header).encode()
+    blob = struct.pack("<Q", len(raw)) + raw + arr.tobytes()
+    assert 8 + len(raw) > _split(len(blob))
+    buf, meta, offset, jobs = _read(_write(tmp_path, blob), chunk=4096)
+    assert jobs == 1 and bytes(buf) == blob and meta.extra["note"].startswith("nnn")
+    assert offset == 8 + len(raw)
+
+
+def test_an_error_on_the_helper_reaches_the_load(tmp_path):
+    """The helper's read fails (here: its descriptor is a directory's): the load raises
+    that OSError."""
+    blob = _blob()
+    path = _write(tmp_path, blob)
+    fd, dfd = os.open(path, os.O_RDONLY), os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(IsADirectoryError):
+            read_verified(lambda view: os.readv(fd, [view]), len(blob), bytearray(len(blob)),
+                          chunk=FILE_CHUNK, ahead=partial(read_ahead.start, dfd))
+    finally:
+        os.close(fd)
+        os.close(dfd)
+    # the helper is free again: the next load has it
+    assert _read(path)[3] == 1
+
+
+def test_the_helper_is_done_before_the_load_returns(tmp_path):
+    """A load that stops early (the wrong entry) ends the helper's job before it raises:
+    nothing writes into the buffer afterwards."""
+    blob = _blob(16 << 20)
+    buf = bytearray(len(blob))
+    with pytest.raises(CorruptEntry) as e:
+        _read(_write(tmp_path, blob), identifier="y", buf=buf, chunk=4096)
+    assert e.value.reason == "wrong-identifier"
+    buf[:] = bytes(len(buf))
+    time.sleep(0.05)
+    assert not any(buf)
+
+
+def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path, monkeypatch):
+    """The helper starts its job late (its CPU busy; here it sleeps first): the load
+    reads the back part itself and returns at once, and the helper, when it runs, finds
+    every step taken and touches nothing."""
+    real_run = read_ahead.Job._run
+
+    def late(job):
+        time.sleep(1.0)
+        real_run(job)
+    monkeypatch.setattr(read_ahead.Job, "_run", late)
+    blob = _blob()
+    buf = bytearray(len(blob))
+    t0 = time.monotonic()
+    _, meta, _, jobs = _read(_write(tmp_path, blob), buf=buf, identifier="x")
+    assert time.monotonic() - t0 < 0.5 and jobs == 1 and bytes(buf) == blob
+    buf[:] = bytes(len(buf))
+    time.sleep(1.2)
+    assert not any(buf)
+
+
+def test_small_entries_and_no_free_helper_read_on_the_loads_thread(tmp_path, monkeypatch):
+    small = _blob(read_ahead.MIN_BYTES // 2)
+    buf, _, _, jobs = _read(_write(tmp_path, small, "small"), identifier="x")
+    assert jobs == 0 and bytes(buf) == small
+    monkeypatch.setattr(read_ahead, "_pool", read_ahead._Pool(0))  # every helper busy
+    blob = _blob()
+    buf, _, _, jobs = _read(_write(tmp_path, blob), identifier="x")
+    assert jobs == 0 and bytes(buf) == blob
+
+
+def test_concurrent_loads_share_the_helpers(tmp_path):
+    """More loads at once than helpers: each is read whole and checked, by a helper or
+    on its own thread."""
+    blobs = [_blob(2 << 20, seed=i, ident=f"e{i}") for i in range(6)]
+    paths = [_write(tmp_path, b, f"e{i}") for i, b in enumerate(blobs)]
+    errors, jobs = [], []
+
+    def load(i):
+        try:
+            for _ in range(20):
+                buf, meta, _, n = _read(paths[i], identifier=f"e{i}")
+                assert bytes(buf) == blobs[i]
+                jobs.append(n)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(len(paths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(jobs) == 20 * len(paths) and sum(jobs) > 0
+
+
+class _Staging:
+    """A device copy's reused staging (HostStaging): what makes a mapped-size entry be
+    read rather than mapped."""
+    stages = True
+
+    def __call__(self, n):
+        return np.empty(n, np.uint8)
+
+
+def test_a_store_read_into_staging_uses_the_helper(tmp_path, monkeypatch):
+    jobs = []
+    real = read_ahead.start
+
+    def spy(*a, **kw):
+        job = real(*a, **kw)
+        jobs.append(job is not None)
+        return job
+    monkeypatch.setattr(read_ahead, "start", spy)
+    store = DiskStore(tmp_path / "s", fsync=False)
+    arr = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
+    blob = encode("k", arr, "U8", arr.shape)
+    store.put("k", blob)
+    buf, _, meta, offset, hashed = store.read_verified("k", into=_Staging())
+    assert hashed and jobs == [True]
+    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
+    path = store.entry_path("k")
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(CorruptEntry) as e:
+        store.read_verified("k", into=_Staging())
+    assert e.value.reason == "checksum"
