@@ -9,10 +9,12 @@ token's logprobs equal those of an engine without the connector, and each stored
 equals what that engine's own tower computes for the image.
 
 Two families also run at a realistic entry size (a language model 2688 wide, fp32: the
-width of Gemma 3 27B's fp16 entries in bytes), where loads map the entry files and a
-tiny model's 4 KB entries would hide copies and sizes: Gemma 3 with pan-and-scan and
-its real 256 tokens per tile (one entry holds the global view and every crop, 2.75 MB
-each, up to 11 MB), and Qwen3-VL (DeepStack: entries twice as wide, up to 5.5 MB).
+width of Gemma 3 27B's fp16 entries in bytes), where a tiny model's 4 KB entries would
+hide copies and sizes: Gemma 3 with pan-and-scan and its real 256 tokens per tile (one
+entry holds the global view and every crop, 2.75 MB each, up to 11 MB; its consumer maps
+the entry files), and Qwen3-VL (DeepStack: entries twice as wide, up to 5.5 MB; its
+consumer reads and hashes every load, as a GPU engine reads into staging: on two
+threads).
 
 One engine per role per family (plain reference, producer, consumer), one after the other
 (vLLM keeps the worker-side connector in a process global).
@@ -37,7 +39,8 @@ MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
 # per family: engine settings shared by the reference, the producer (one image per prompt,
 # as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
 # ``fixed``: one resolution for every image; ``arch`` + ``build``: a model built with other
-# sizes (conftest's tiny_family); ``mm_kwargs``: the server's --mm-processor-kwargs
+# sizes (conftest's tiny_family); ``mm_kwargs``: the server's --mm-processor-kwargs;
+# ``consumer``: the consumer's connector settings
 FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
@@ -55,8 +58,11 @@ FAMILIES = {
     "gemma3@2688": dict(arch="gemma3", build=dict(text_hidden=2688, image_size=256),
                         max_model_len=2048, limits={"image": 2}, width=2688,
                         mm_kwargs={"do_pan_and_scan": True}),
+    # its consumer reads and hashes every load (load_mode read, verify always), as a GPU
+    # engine reads entries into staging: 2-5.5 MB entries read on two threads
     "qwen3_vl@2688": dict(arch="qwen3_vl", build=dict(text_hidden=2688), max_model_len=2048,
-                          limits={"image": 2, "video": 0}, width=2 * 2688),
+                          limits={"image": 2, "video": 0}, width=2 * 2688,
+                          consumer=dict(load_mode="read", verify="always")),
 }
 
 
@@ -113,6 +119,27 @@ class captured_warnings:  # noqa: N801 - used as a context manager
         logging.getLogger("encache").removeHandler(self.handler)
 
 
+class read_ahead_jobs:  # noqa: N801 - used as a context manager
+    """How many checksummed reads ran on two threads (``store.read_ahead`` jobs) while the
+    block runs (the engine is in this process)."""
+
+    def __enter__(self) -> list:
+        from encache.connectors.store import read_ahead
+
+        self.module, self.real, jobs = read_ahead, read_ahead.start, []
+
+        def start(*a, **kw):
+            job = self.real(*a, **kw)
+            if job is not None:
+                jobs.append(job.begin)
+            return job
+        read_ahead.start = start
+        return jobs
+
+    def __exit__(self, *exc) -> None:
+        self.module.start = self.real
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tiny_family, tmp_path_factory):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
@@ -136,16 +163,18 @@ def family(request, tiny_family, tmp_path_factory):
                                     dtype="float32", engine_args=engine)
         summary = precompute_corpus(str(root / "corpus"), options)
         with captured_warnings() as warnings:
-            llm = make_llm(model, consumer_config(store), **engine_kw(spec))
+            llm = make_llm(model, consumer_config(store, **spec.get("consumer", {})),
+                           **engine_kw(spec))
         tap.on = True
-        served = serve_all(llm, tap, images, spec)
+        with read_ahead_jobs() as jobs:
+            served = serve_all(llm, tap, images, spec)
         tap.on = False
         shutdown(llm)
     finally:
         tap.close()
     yield {"arch": arch, "spec": spec, "model": model, "store": store, "images": images,
            "summary": summary, "reference": reference, "served": served,
-           "consumer_warnings": warnings}
+           "consumer_warnings": warnings, "read_ahead_jobs": jobs}
 
 
 def test_precompute_encodes_every_image(family):
@@ -159,6 +188,24 @@ def test_every_item_hits_and_the_tower_stays_idle(family):
     assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
     runs = {name: len(items) for name, (_, items) in family["served"].items()}
     assert runs == {name: 0 for name in runs}, runs
+
+
+def test_a_consumer_that_reads_its_loads_hashes_them_on_two_threads(family):
+    """A consumer whose loads read and hash the entry (load_mode read, verify always: a GPU
+    engine's loads into staging) reads its entries of 1 MiB or more on two threads;
+    every item still hit with the plain engine's output (the tests above)."""
+    if family["spec"].get("consumer", {}).get("load_mode") != "read":
+        pytest.skip("this family's consumer maps its entries")
+    from encache.connectors.store import read_ahead
+    if read_ahead.HELPERS == 0:
+        pytest.skip("one CPU: no read-ahead helper")
+    store = open_store(family["store"])
+    sizes = [store.stat(identify_file(family["images"][n], family["model"]).identifier).size
+             for n in (*SINGLE, *MULTI)]
+    big = [n for n in sizes if n >= read_ahead.MIN_BYTES]
+    # (each such load on two threads when the helper is free: loads may run side by side)
+    assert big and 0 < len(family["read_ahead_jobs"]) <= len(big), (sizes,
+                                                                    family["read_ahead_jobs"])
 
 
 def test_the_consumer_starts_without_a_warning(family):
