@@ -28,7 +28,8 @@ def open_store(url: str, *, create: bool = True, local_tier: str | None = None,
 
     try:
         tier = DiskStore(urlsplit(str(local_tier)).path or local_tier, max_bytes=local_tier_max_bytes,
-                         fsync=local_tier_fsync)
+                         fsync=local_tier_fsync,
+                         **{k: v for k, v in options.items() if k == "read_threads"})
         return TieredStore(store, tier)
     except BaseException:
         store.close()
@@ -70,7 +71,8 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
         url = parts.path
     from .disk import DiskStore
 
-    disk_opts = {k: v for k, v in options.items() if k in ("max_bytes", "fsync", "eviction", "load_mode")}
+    disk_opts = {k: v for k, v in options.items()
+                 if k in ("max_bytes", "fsync", "eviction", "load_mode", "read_threads")}
     return DiskStore(url, create=create, **disk_opts)
 
 __all__ = [

@@ -75,6 +75,8 @@ GENERATION_MAX = 64 * 1024  # .encache/generation restarts from empty past this 
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
+#: threads a checksummed read of one entry uses by default (read_ahead.py; 1 or 2)
+READ_THREADS = 2
 # Below this a read() into a fresh buffer beats mapping when nothing is kept: setting up
 # and tearing down a mapping and faulting its pages in costs more than the copy for small
 # entries (benchmarks/load.json, rows encache.repeat.noreuse and encache.repeat.mmap at
@@ -155,7 +157,7 @@ class DiskStore(Store):
                  create: bool = True, fsync: bool = True, eviction: str = "lru",
                  low_watermark: float = 0.9, load_mode: str = "auto",
                  access_resolution_s: float = ACCESS_RESOLUTION_S, reuse_buffers: bool = True,
-                 preallocate: bool = True):
+                 preallocate: bool = True, read_threads: int = READ_THREADS):
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         #: the store's directory cannot be written (a read-only mount, a store synced
         #: without its .encache/): serving reads and read-only commands still work
@@ -175,7 +177,12 @@ class DiskStore(Store):
             raise ValueError(f"eviction must be one of {EVICTION_POLICIES}")
         if load_mode not in LOAD_MODES:
             raise ValueError(f"load_mode must be one of {LOAD_MODES}")
+        if read_threads not in (1, 2):
+            raise ValueError("read_threads must be 1 or 2")
         self.fsync = fsync
+        #: threads a checksummed read of one entry may use (2: a helper reads part of an
+        #: entry of 1 MiB or more while the load hashes, read_ahead.py; 1: the load alone)
+        self.read_threads = read_threads
         self.access_resolution_s = float(access_resolution_s)
         self.load_mode = load_mode
         self.fs_type = filesystem_type(self.root)
@@ -235,7 +242,7 @@ class DiskStore(Store):
                          low_watermark=self.low_watermark, load_mode=self.load_mode,
                          access_resolution_s=self.access_resolution_s,
                          reuse_buffers=self._recent is not None or not self.mapped_loads,
-                         preallocate=self.preallocates)
+                         preallocate=self.preallocates, read_threads=self.read_threads)
 
     def file_store(self, version) -> DiskStore | None:
         return self if self.local else None
@@ -312,11 +319,16 @@ class DiskStore(Store):
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
-                                         verify=hashing, ahead=partial(read_ahead.start, fd))
+                                         verify=hashing, ahead=self._ahead(fd))
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
+
+    def _ahead(self, fd: int):
+        """How a checksummed read of the open entry ``fd`` starts its read-ahead job
+        (:func:`.entry.read_verified`'s ``ahead``), or None: one thread."""
+        return partial(read_ahead.start, fd) if self.read_threads > 1 else None
 
     def _touch(self, fd: int, st: os.stat_result, version, now: int):
         """Refresh the entry's access time (the LRU clock) when it is older than
@@ -612,7 +624,7 @@ class DiskStore(Store):
                         meta, offset = read_verified(
                             lambda view: os.readv(fd, [view]), st.st_size, buf,
                             chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
-                            ahead=partial(read_ahead.start, fd) if hashing else None)
+                            ahead=self._ahead(fd) if hashing else None)
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

@@ -319,10 +319,6 @@ FILE_CHUNK = 4 << 20
 #: hashed, so small steps overlap the hash with the transfer (64 KiB-4 MiB measured: the
 #: smallest fastest, within noise up to 256 KiB).
 STREAM_CHUNK = 256 << 10
-#: with a read-ahead job (``ahead``): this thread's first read, the header and the first
-#: tensor bytes; the rest of its part follows in ``chunk`` steps (measured here: reading
-#: the part in one step instead ran ~0.1x ``readinto`` slower at 2.75 MB).
-HEAD = 64 << 10
 
 
 def _hasher(recorded: str):
@@ -368,7 +364,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
     stop = size if job is None else job.begin  # this thread reads bytes [0, stop)
     steps = None if job is None else job.landed()
     try:
-        got = min(stop, max(8, chunk if job is None else HEAD))
+        got = min(stop, max(8, chunk))
         fill(0, got)
         need = header_length(view[:got])
         if need > got:  # a header longer than the first step

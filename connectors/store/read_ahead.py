@@ -54,10 +54,10 @@ _ALIGN = 64 << 10  # the front part ends on a multiple of this
 class Job:
     """The back part of a file, read in steps by a helper and by the caller: each step is
     read by whichever thread claims it first. The helper claims the steps in order from
-    :attr:`begin`; :meth:`landed` (the caller) claims, in order, each step the helper
-    has not started and reads it itself, or waits for the helper's. So a helper that is
-    slow to be scheduled (its CPU busy) costs the load nothing but the wait for a step
-    it has started: the caller reads the rest."""
+    :attr:`begin`; :meth:`landed` (the caller) takes them in order too, reading each one
+    the helper has not started, and while the helper reads one it reads the last steps
+    nobody has claimed. So a helper that is slow (its CPU busy) costs the load at most
+    the step it is reading: the caller reads the rest."""
 
     __slots__ = ("begin", "_fd", "_view", "_bounds", "_claims", "_landed", "_ok",
                  "_settled", "_stop", "_error")
@@ -104,18 +104,30 @@ class Job:
                 self._landed[i].release()
 
     def landed(self):
-        """Each step's ``(start, end)`` once its bytes are in, in file order: read here
-        if the helper has not started it. Raises the helper's or this thread's
-        ``OSError``, or ``EOFError(offset)`` where the file ended early."""
+        """Each step's ``(start, end)`` once its bytes are in, in file order. A step the
+        helper has not started is read here; while the helper reads the next step, this
+        thread reads the last step nobody has claimed (the two meet in the middle), so
+        a slow helper leaves it the rest of the part. Raises the helper's or this
+        thread's ``OSError``, or ``EOFError(offset)`` where the file ended early."""
+        claims, settled = self._claims, self._settled
+        last = len(self._bounds) - 1  # steps after this one are claimed (by someone)
         for i, bounds in enumerate(self._bounds):
-            if self._claims[i].acquire(blocking=False):
-                self._settled[i] = True
-                self._read(i)
-            else:
-                self._landed[i].acquire()
-                self._settled[i] = True
-                if not self._ok[i]:
-                    raise self._error if self._error is not None else RuntimeError("read stopped")
+            while not settled[i]:
+                if claims[i].acquire(blocking=False):
+                    settled[i] = True
+                    self._read(i)
+                elif last > i and claims[last].acquire(blocking=False):
+                    settled[last] = True  # the helper reads step i: take one from the end
+                    self._read(last)
+                    last -= 1
+                elif last > i:
+                    last -= 1  # (the helper has it)
+                else:
+                    self._landed[i].acquire()
+                    settled[i] = True
+                    if not self._ok[i]:
+                        raise self._error if self._error is not None else RuntimeError(
+                            "read stopped")
             yield bounds
 
     def close(self) -> None:

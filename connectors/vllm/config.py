@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from urllib.parse import parse_qsl, urlsplit
 
 from ..lookup.verified import parse_verify
-from ..store.disk import EVICTION_POLICIES, LOAD_MODES
+from ..store.disk import EVICTION_POLICIES, LOAD_MODES, READ_THREADS
 from ..store.url import CLUSTER_SCHEMES
 
 log = logging.getLogger("encache.connector")
@@ -46,6 +46,9 @@ class ConnectorConfig:
     fsync: bool = True
     prefix: str | None = None  # Redis key namespace
     load_mode: str = "auto"  # disk: mmap entry files on local filesystems, else read
+    # disk: threads a checksummed read of one entry of 1 MiB+ uses (2: a helper reads part
+    # of it while the load hashes; 1: the load alone)
+    read_threads: int = READ_THREADS
     # a directory on this node's disk in front of a shared store (Redis, Cluster, NFS):
     # loads look there first, remote hits are written behind into it (docs/local-tier.md)
     local_tier: str | None = None
@@ -113,6 +116,8 @@ class ConnectorConfig:
         for key in _COUNTS:
             if type(getattr(self, key)) is not int or getattr(self, key) < 1:
                 refuse(key, "a whole number, at least 1")
+        if type(self.read_threads) is not int or self.read_threads not in (1, 2):
+            refuse("read_threads", "1 or 2")
         for key, zero in _SECONDS.items():
             value = getattr(self, key)
             if (type(value) not in (int, float) or not math.isfinite(value) or value < 0
@@ -169,7 +174,7 @@ class ConnectorConfig:
         """``open_store`` keywords. ``loads``: the connector loads entries (a consumer);
         else the local tier, which holds copies of loaded entries, is left out."""
         opts = {"max_bytes": self.max_bytes, "eviction": self.eviction, "fsync": self.fsync,
-                "load_mode": self.load_mode}
+                "load_mode": self.load_mode, "read_threads": self.read_threads}
         if loads:
             opts.update(local_tier=self.local_tier,
                         local_tier_max_bytes=self.local_tier_max_bytes,

@@ -29,10 +29,15 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       hashed in one pass into staging, here a reused buffer as torch's
                       caching host allocator hands back a freed page-locked block; it
                       ends there (the device copy goes from it: no host copy after). Read
-                      on two threads: a helper reads 1 MiB steps ahead while the load
-                      hashes the step before (store.read_ahead; entries of 1 MiB or more)
-  encache.first.staging.one_thread  the same with the read-ahead helper off: read and
-                      hashed on the load's thread alone (4 MiB steps)
+                      on two threads (read_threads=2, the default; entries of 1 MiB or
+                      more): the load reads and hashes the front while a helper reads the
+                      back part in 1 MiB steps (store.read_ahead)
+  encache.first.staging.one_thread  the same with read_threads=1 (the connector
+                      setting): read and hashed on the load's thread alone (4 MiB steps)
+  encache.first.staging.gil / encache.first.staging.one_thread.gil  the two staging loads
+                      while another Python thread holds the GIL 5 ms of every 10 (a busy
+                      engine loop in the scheduler's process; the readinto of the round
+                      ran without it; their CPU time includes the busy thread's)
   encache.first.ahead the first *request-path* load of a version written while the
                       consumer runs: the lookup's index refresh saw it and verified it in
                       the background (verify-ahead) before it was needed, then the copy
@@ -107,6 +112,7 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
            "encache.first.staging", "encache.first.staging.one_thread",
+           "encache.first.staging.gil", "encache.first.staging.one_thread.gil",
            "encache.first.ahead", "encache.first.encoded",
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
@@ -138,6 +144,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.writer import EntryWriter
 
     torch.set_num_threads(1)
+    busy = GilHog()
     worker = object.__new__(EncacheWorkerConnector)  # the worker half: only these fields matter
     worker.model_dtype = torch.float16
     worker._device = torch.device("cpu")
@@ -286,14 +293,15 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 assert writer.flush(120)
                 writer.close()
 
-            def restarted(key, **kw):
+            def restarted(key, read_threads=2, **kw):
                 """Untimed: lookup ``key`` replaced by a restarted consumer (new store
                 object, new lookup: nothing in memory, no kept buffers), once its start-up
                 thread finished."""
                 old = lk.pop(key, None)
                 if old is not None:
                     old.close()
-                lk[key] = look = EntryLookup(DiskStore(root / "encache", fsync=False),
+                lk[key] = look = EntryLookup(DiskStore(root / "encache", fsync=False,
+                                                       read_threads=read_threads),
                                              counters_flush_s=3600, load_threads=1,
                                              index_refresh_s=3600, **kw)
                 assert look.start_verify_done.wait(120)
@@ -312,23 +320,25 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                     return pre[:n]
 
             def prepare_staging():
-                """As prepare_first, for two consumers whose lookups read into staging
-                (the second with the read-ahead helper off)."""
-                for key in ("staging", "staging.one_thread"):
-                    restarted(key, verify_ahead_start_bytes=0, remember_verified=False,
-                              host_staging=ReusedStaging())
+                """As prepare_first, for the consumers whose lookups read into staging
+                (with read_threads=1: the read-ahead helper off)."""
+                for key, threads in (("staging", 2), ("staging.one_thread", 1),
+                                     ("staging.gil", 2), ("staging.one_thread.gil", 1)):
+                    restarted(key, threads, verify_ahead_start_bytes=0,
+                              remember_verified=False, host_staging=ReusedStaging())
 
             def staging_first(i, key="staging"):
                 return to_tensor(lk[key].load_now(ids[i]))  # (a view: no copy)
 
-            def one_thread(i):
-                """staging_first with the read-ahead helper off (read_ahead.start declines
-                every range, as when no helper is free)."""
-                floor, read_ahead.MIN_BYTES = read_ahead.MIN_BYTES, float("inf")
-                try:
-                    return staging_first(i, "staging.one_thread")
-                finally:
-                    read_ahead.MIN_BYTES = floor
+            def contended(key):
+                """staging_first of lookup ``key`` while ``busy`` holds the GIL."""
+                def fn(i):
+                    busy.on.set()
+                    try:
+                        return staging_first(i, key)
+                    finally:
+                        busy.on.clear()
+                return fn
 
             def prepare_first():
                 """A consumer that never saw these versions, nor did any other this boot
@@ -389,7 +399,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
-                   "encache.first.staging.one_thread": one_thread,
+                   "encache.first.staging.one_thread":
+                       lambda i: staging_first(i, "staging.one_thread"),
+                   "encache.first.staging.gil": contended("staging.gil"),
+                   "encache.first.staging.one_thread.gil": contended("staging.one_thread.gil"),
                    "encache.first.ahead": encache("ahead", ahead_ids),
                    "encache.first.encoded": encache("encoded", encoded_ids),
                    "encache.first.restart": encache("restart", ids),
@@ -470,9 +483,38 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 look.close()
             shutil.rmtree(root, ignore_errors=True)
     finally:
+        busy.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     results["goals"] = goals(results)
     return finish_run(results, out, code0, plot_load if plot else None)
+
+
+class GilHog:
+    """A Python thread that, while ``on`` is set, holds the GIL for 5 ms of every 10 (pure
+    Python spinning, as a busy engine loop in the scheduler's process does between its
+    blocking calls)."""
+
+    def __init__(self, busy_s: float = 0.005, idle_s: float = 0.005):
+        import threading
+
+        self.on, self._stop = threading.Event(), threading.Event()
+        self.busy_s, self.idle_s = busy_s, idle_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.on.wait(0.05):
+                continue
+            t = time.perf_counter()
+            while time.perf_counter() - t < self.busy_s:
+                pass
+            time.sleep(self.idle_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.on.set()
+        self._thread.join(5)
 
 
 def goals(results: dict) -> dict:

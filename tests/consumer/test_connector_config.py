@@ -74,6 +74,24 @@ def test_a_relative_store_path_is_warned_about(caplog):
         "encache connector: store 'cache/encache'"]
 
 
+def test_read_threads_reach_disk_stores(tmp_path):
+    """``read_threads`` (1 or 2) reaches the store and its local tier; anything else is
+    refused in one line."""
+    from encache.connectors.store import open_store
+
+    assert config().store_options()["read_threads"] == 2
+    options = ConnectorConfig.from_extra({"store": str(tmp_path / "shared"), "read_threads": 1,
+                                          "local_tier": str(tmp_path / "tier")}).store_options()
+    store = open_store(str(tmp_path / "shared"), **options)
+    try:
+        assert store.remote.read_threads == 1 and store.tier.read_threads == 1
+    finally:
+        store.close()
+    for bad in (0, 3, "2", True, 1.0):
+        with pytest.raises(ValueError, match="read_threads must be 1 or 2"):
+            config(read_threads=bad)
+
+
 def test_a_serving_engine_never_waits_out_a_cluster_failover():
     """``redirect_wait`` reaches a Redis Cluster store only: 0 for a serving engine (its
     writes and header reads for a dead primary fail at once), what precompute's engine

@@ -160,6 +160,26 @@ def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path, monkeypatch):
     assert not any(buf)
 
 
+def test_a_slow_helper_leaves_the_load_the_rest_of_its_part(tmp_path, monkeypatch):
+    """The helper stalls on the step it reads (its CPU taken away; here a sleep): the
+    load reads every other step of the part itself, from the end, while it waits."""
+    real_read = read_ahead.Job._read
+    readers = {}
+
+    def read(job, i):
+        helper = threading.current_thread().name == "encache-read-ahead"
+        readers[i] = "helper" if helper else "load"
+        if helper:
+            time.sleep(0.5)
+        real_read(job, i)
+    monkeypatch.setattr(read_ahead.Job, "_read", read)
+    blob = _blob()
+    buf, _, _, jobs = _read(_write(tmp_path, blob), chunk=256 << 10, identifier="x")
+    assert jobs == 1 and bytes(buf) == blob
+    # (the helper's one step: the first it claimed, unless the load got there first)
+    assert len(readers) > 2 and list(readers.values()).count("helper") <= 1, readers
+
+
 def test_small_entries_and_no_free_helper_read_on_the_loads_thread(tmp_path, monkeypatch):
     small = _blob(read_ahead.MIN_BYTES // 2)
     buf, _, _, jobs = _read(_write(tmp_path, small, "small"), identifier="x")
@@ -228,3 +248,12 @@ def test_a_store_read_into_staging_uses_the_helper(tmp_path, monkeypatch):
     with pytest.raises(CorruptEntry) as e:
         store.read_verified("k", into=_Staging())
     assert e.value.reason == "checksum"
+    # read_threads=1 (connector setting): the load reads alone, the same checks
+    alone = DiskStore(tmp_path / "s", read_threads=1)
+    assert alone.reopen().read_threads == 1
+    with pytest.raises(CorruptEntry):
+        alone.read_verified("k", into=_Staging())
+    store.put("k", blob)
+    buf, _, meta, offset, hashed = alone.read_verified("k", into=_Staging())
+    assert hashed and jobs == [True, True]  # (none more)
+    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
