@@ -370,7 +370,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
         if need > got:  # a header longer than the first step
             fill(got, min(stop, need))
             got = min(stop, need)
-        while need > got and steps is not None:  # (and than this thread's part)
+        while need > got and steps is not None:  # (longer than this thread's part too)
             step = next(steps, None)
             if step is None:
                 break

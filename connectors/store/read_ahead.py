@@ -12,9 +12,10 @@ of the back.
 
 The back part is read in :data:`CHUNK` steps with ``preadv`` (the caller's own file
 position is never touched), each by whichever thread claims it first: the helper in
-order from the start of the part, the caller once it has hashed its front (a helper
-whose CPU is busy costs the load at most the step it has started). The helper signals
-each step's end by releasing a lock the caller waits on. The caller always ends a job
+order from the start of the part; the caller, once it has hashed its front, each step
+the helper has not started, and from the end of the part while the helper reads (a
+helper whose CPU is busy costs the load at most the step it is reading). The helper
+signals each step's end by releasing a lock the caller waits on. The caller always ends a job
 (:meth:`Job.close`) before it closes the descriptor or hands the buffer on, even when it
 stops early (a bad header, a checksum mismatch): the helper never writes into a buffer
 or reads a descriptor that is no longer the job's.
@@ -33,10 +34,10 @@ import os
 import threading
 from collections import deque
 
-#: bytes per step of the back part. Measured here in the load benchmark (two runs each,
-#: the first load into staging, x a plain one-thread ``readinto``, 2.75 / 10 MB): 1 MiB
-#: 0.66-0.73 / 0.85-0.90, 256 KiB 0.40-0.65 / 0.76-0.77 (one thread: 0.63-0.66 /
-#: 0.58-0.61).
+#: bytes per step of the back part. Measured here in the load benchmark before the
+#: caller took steps itself (two runs each, the first load into staging, x a plain
+#: one-thread ``readinto``, 2.75 / 10 MB): 1 MiB 0.66-0.73 / 0.85-0.90, 256 KiB
+#: 0.40-0.65 / 0.76-0.77 (one thread: 0.63-0.66 / 0.58-0.61).
 CHUNK = 1 << 20
 #: the caller's share of the entry (the front; the back part is the job's). Measured in a
 #: scratch loop (x ``readinto``, three runs, 2.75 / 10 MB): 0.30 0.90-1.00 / 1.08-1.16,
