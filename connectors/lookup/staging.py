@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+
+import msgspec
 
 from ..store.entry import EntryMeta
 
 
-@dataclass(frozen=True)
-class Staged:
-    """A verified entry in memory: ``blob[offset:offset+meta.data_bytes]`` is the tensor."""
+class Staged(msgspec.Struct, frozen=True):
+    """A verified entry in memory: ``blob[offset:offset+meta.data_bytes]`` is the tensor.
+    (A struct built in C: one per load.)"""
 
     identifier: str
     meta: EntryMeta

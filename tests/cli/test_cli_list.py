@@ -148,7 +148,7 @@ def test_huge_listing_is_plain_aligned_text(tmp_path):
 def test_json_document_is_the_generic_encoding_byte_for_byte(store):
     """``list --json`` writes its records from a template (cli/list.py json_document): the
     text must be exactly json.dumps of the dict records, for every kind of entry."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from encache.cli.list import build_list, entry_dicts, json_document
     from encache.cli.render import json_text
