@@ -319,7 +319,8 @@ class DiskStore(Store):
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
-                                         verify=hashing, ahead=self._ahead(fd))
+                                         verify=hashing,
+                                         ahead=self._ahead(fd) if hashing else None)
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:

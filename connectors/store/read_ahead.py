@@ -61,7 +61,7 @@ class Job:
     the step it is reading: the caller reads the rest."""
 
     __slots__ = ("begin", "_fd", "_view", "_bounds", "_claims", "_landed", "_ok",
-                 "_settled", "_stop", "_error")
+                 "_settled", "_stop", "_error", "_helper")
 
     def __init__(self, fd: int, view: memoryview, start: int, end: int, chunk: int):
         self.begin = start  # the job's part: bytes [begin, end)
@@ -77,6 +77,7 @@ class Job:
         self._settled = [False] * len(self._bounds)  # the caller is done with the step
         self._stop = False
         self._error: BaseException | None = None
+        self._helper: _Helper | None = None  # handed back to the pool by close()
 
     def _read(self, i: int) -> None:
         s, e = self._bounds[i]
@@ -134,33 +135,45 @@ class Job:
     def close(self) -> None:
         """End the job: claim every step nobody has, and wait for the one the helper is
         reading, if any. After this the helper touches neither the descriptor nor the
-        buffer (a helper not scheduled yet finds every step taken)."""
+        buffer (a helper not scheduled yet finds every step taken), and it is free for
+        the next load at once: it leaves this job's loop on its own (only finding its
+        steps taken), then takes the next job it is given. Were it to free itself after
+        that loop, a load right after this one (a step's next item) would often find no
+        helper free and read on one thread."""
         self._stop = True
         for i, settled in enumerate(self._settled):
             if not settled and not self._claims[i].acquire(blocking=False):
                 self._landed[i].acquire()  # the helper's: read, or being read
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.free()
 
 
 class _Helper:
+    """A thread that runs the jobs it is given, in order. It is given the next one as
+    soon as the last one is closed, maybe before it left that job's loop (or, when it
+    was slow to be scheduled, before it even started it: a closed job's steps are all
+    taken, so running it is a no-op); hence a queue, not a single slot."""
+
     def __init__(self, pool: "_Pool"):
         self._pool = pool
-        self._go = threading.Lock()
-        self._go.acquire()
-        self.job: Job | None = None
+        self._jobs: deque[Job] = deque()
+        self._go = threading.Semaphore(0)  # one release per job queued
         threading.Thread(target=self._loop, name="encache-read-ahead", daemon=True).start()
 
     def _loop(self) -> None:
         while True:
             self._go.acquire()
-            job, self.job = self.job, None
-            try:
-                job._run()
-            finally:
-                self._pool.free(self)
+            self._jobs.popleft()._run()  # (never raises: an error is the job's)
 
     def run(self, job: Job) -> None:
-        self.job = job
+        job._helper = self
+        self._jobs.append(job)
         self._go.release()
+
+    def free(self) -> None:
+        """Back to the pool (by :meth:`Job.close`: the job needs it no more)."""
+        self._pool.free(self)
 
 
 class _Pool:
@@ -195,6 +208,12 @@ def _after_fork() -> None:  # a child has none of the parent's threads
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def split(size: int, front: float = FRONT) -> int:
+    """Where the helper's part of a ``size``-byte entry begins: ``front`` of it, in whole
+    64 KiB, at least one."""
+    return min(size, max(_ALIGN, int(size * front) // _ALIGN * _ALIGN))
+
+
 def start(fd: int, view: memoryview, size: int, *, chunk: int = CHUNK,
           front: float = FRONT) -> Job | None:
     """Read the back part of the ``size``-byte file ``fd`` (from ``Job.begin``: ``front``
@@ -207,7 +226,6 @@ def start(fd: int, view: memoryview, size: int, *, chunk: int = CHUNK,
     helper = _pool.take()
     if helper is None:
         return None
-    begin = min(size, max(_ALIGN, int(size * front) // _ALIGN * _ALIGN))
-    job = Job(fd, view, begin, size, chunk)
+    job = Job(fd, view, split(size, front), size, chunk)
     helper.run(job)
     return job

@@ -68,16 +68,11 @@ def test_the_helper_reads_what_one_thread_would(tmp_path, chunk):
     assert offset == len(blob) - meta.data_bytes
 
 
-def _split(size: int) -> int:
-    """Where the helper's part of a ``size``-byte entry starts."""
-    return max(64 << 10, int(size * read_ahead.FRONT) // (64 << 10) * (64 << 10))
-
-
 @pytest.mark.parametrize("where", ["front", "before the split", "at the split",
                                    "helper's part", "last byte"])
 def test_a_flipped_byte_anywhere_is_caught(tmp_path, where):
     blob = bytearray(_blob())
-    split = _split(len(blob))
+    split = read_ahead.split(len(blob))
     at = {"front": 1000, "before the split": split - 1, "at the split": split,
           "helper's part": (split + len(blob)) // 2, "last byte": len(blob) - 1}[where]
     blob[at] ^= 1
@@ -104,7 +99,7 @@ def test_a_header_longer_than_the_front_is_read_from_the_helpers_steps(tmp_path)
                            "data_offsets": [0, arr.nbytes]}}
     raw = json.dumps(header).encode()
     blob = struct.pack("<Q", len(raw)) + raw + arr.tobytes()
-    assert 8 + len(raw) > _split(len(blob))
+    assert 8 + len(raw) > read_ahead.split(len(blob))
     buf, meta, offset, jobs = _read(_write(tmp_path, blob), chunk=4096)
     assert jobs == 1 and bytes(buf) == blob and meta.extra["note"].startswith("nnn")
     assert offset == 8 + len(raw)
@@ -158,6 +153,37 @@ def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path, monkeypatch):
     buf[:] = bytes(len(buf))
     time.sleep(1.2)
     assert not any(buf)
+
+
+def test_a_load_right_after_another_has_the_helper(tmp_path):
+    """The helper is free again once a load returned, not once its thread has left the
+    job: loads back to back (a step's items) each have it."""
+    path = _write(tmp_path, _blob())
+    assert [_read(path, identifier="x")[3] for _ in range(50)] == [1] * 50
+
+
+def test_a_late_helper_given_more_jobs_runs_each_and_touches_none(tmp_path, monkeypatch):
+    """The helper is given jobs faster than it gets scheduled (it sleeps before each):
+    every load reads whole on its own thread meanwhile, the helper is given each next job
+    at once, and it later runs the jobs it was given, in order, touching none of them."""
+    real_run = read_ahead.Job._run
+    ran = []
+
+    def late(job):
+        time.sleep(0.2)
+        real_run(job)
+        ran.append(job)
+    monkeypatch.setattr(read_ahead.Job, "_run", late)
+    blob = _blob()
+    path = _write(tmp_path, blob)
+    bufs = [bytearray(len(blob)) for _ in range(4)]
+    for buf in bufs:
+        assert _read(path, buf=buf, identifier="x")[3] == 1 and bytes(buf) == blob
+        buf[:] = bytes(len(buf))
+    deadline = time.monotonic() + 10
+    while len(ran) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ran) == 4 and not any(any(b) for b in bufs)
 
 
 def test_a_slow_helper_leaves_the_load_the_rest_of_its_part(tmp_path, monkeypatch):
