@@ -32,6 +32,11 @@ a shared machine hits all of them alike), warm page cache. Timed per load:
                       on two threads (read_threads=2, the default; entries of 1 MiB or
                       more): the load reads and hashes the front while a helper reads the
                       back part in 1 MiB steps (store.read_ahead)
+  encache.first.staging.bytes  breakdown, not a load: the same load ending with the bytes
+                      in staging, before the tensor over them is made (torch.frombuffer +
+                      view, which the staging row includes): what that tensor costs right
+                      after a large read (the CPU caches hold the entry's bytes, not
+                      torch's code)
   encache.first.staging.one_thread  the same with read_threads=1 (the connector
                       setting): read and hashed on the load's thread alone (4 MiB steps)
   encache.first.staging.gil / encache.first.staging.one_thread.gil  the two staging loads
@@ -111,15 +116,16 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.staging", "encache.first.staging.one_thread",
+           "encache.first.staging", "encache.first.staging.bytes",
+           "encache.first.staging.one_thread",
            "encache.first.staging.gil", "encache.first.staging.one_thread.gil",
            "encache.first.ahead", "encache.first.encoded",
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
            "onepass.fresh", "onepass.reused", "onepass.reused.ahead", "onepass.reused.256k"]
-NOT_LOADS = ("checksum.only", "readinto.fresh", "onepass.fresh", "onepass.reused",
-             "onepass.reused.ahead", "onepass.reused.256k")
+NOT_LOADS = ("encache.first.staging.bytes", "checksum.only", "readinto.fresh", "onepass.fresh",
+             "onepass.reused", "onepass.reused.ahead", "onepass.reused.256k")
 GOAL_VS_READINTO = 0.9
 
 
@@ -322,7 +328,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             def prepare_staging():
                 """As prepare_first, for the consumers whose lookups read into staging
                 (with read_threads=1: the read-ahead helper off)."""
-                for key, threads in (("staging", 2), ("staging.one_thread", 1),
+                for key, threads in (("staging", 2), ("staging.bytes", 2),
+                                     ("staging.one_thread", 1),
                                      ("staging.gil", 2), ("staging.one_thread.gil", 1)):
                     restarted(key, threads, verify_ahead_start_bytes=0,
                               remember_verified=False, host_staging=ReusedStaging())
@@ -399,6 +406,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids), "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
+                   "encache.first.staging.bytes":
+                       lambda i: lk["staging.bytes"].load_now(ids[i]),
                    "encache.first.staging.one_thread":
                        lambda i: staging_first(i, "staging.one_thread"),
                    "encache.first.staging.gil": contended("staging.gil"),
