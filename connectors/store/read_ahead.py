@@ -144,6 +144,7 @@ class Job:
         for i, settled in enumerate(self._settled):
             if not settled and not self._claims[i].acquire(blocking=False):
                 self._landed[i].acquire()  # the helper's: read, or being read
+        self._view = None  # (a job still queued on the helper keeps no buffer alive)
         helper, self._helper = self._helper, None
         if helper is not None:
             helper.free()
