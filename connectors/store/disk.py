@@ -320,16 +320,17 @@ class DiskStore(Store):
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
                                          verify=hashing,
-                                         ahead=self._ahead(fd) if hashing else None)
+                                         ahead=self._ahead(fd, hashing))
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
 
-    def _ahead(self, fd: int):
-        """How a checksummed read of the open entry ``fd`` starts its read-ahead job
-        (:func:`.entry.read_verified`'s ``ahead``), or None: one thread."""
-        return partial(read_ahead.start, fd) if self.read_threads > 1 else None
+    def _ahead(self, fd: int, hashing: bool):
+        """How a read of the open entry ``fd`` starts its read-ahead job
+        (:func:`.entry.read_verified`'s ``ahead``), or None: one thread (a read that
+        does not hash, or ``read_threads`` 1)."""
+        return partial(read_ahead.start, fd) if hashing and self.read_threads > 1 else None
 
     def _touch(self, fd: int, st: os.stat_result, version, now: int):
         """Refresh the entry's access time (the LRU clock) when it is older than
@@ -625,7 +626,7 @@ class DiskStore(Store):
                         meta, offset = read_verified(
                             lambda view: os.readv(fd, [view]), st.st_size, buf,
                             chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
-                            ahead=self._ahead(fd) if hashing else None)
+                            ahead=self._ahead(fd, hashing))
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

@@ -394,7 +394,6 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
             for begin, end in steps:
                 if hasher is not None:
                     hasher.update(view[max(begin, offset):end])
-            got = size
     except EOFError as e:  # (the job's: the file ended early)
         raise CorruptEntry("truncated", f"expected {size} bytes, read {e.args[0]}") from None
     finally:
