@@ -23,6 +23,9 @@ An entry is (image tokens) x (the language model's hidden size) x (dtype bytes),
 tile at that width (pan-and-scan: one entry of 2.75 MB per tile, the global view and each
 crop). Other families keep their tiny towers (their token counts follow the image), so
 ``--text-hidden`` alone scales their entries (Qwen3-VL's are twice as wide: DeepStack).
+Where the token count follows the image's size (a token per 28 x 28 pixels), ``--max-pixels``
+and ``--min-pixels`` bound it: ``--arch qwen2_5_vl --text-hidden 2688 --max-pixels 802816
+--min-pixels 784`` gives entries of 1 to 1024 tokens, 11 KB to 11 MB, on one model.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_next",
          "llava_onevision", "idefics3", "mistral3", "internvl", "paligemma", "glm4v")
+#: the families whose token count follows the image's size (``--max-pixels``)
+PIXEL_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "glm4v")
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 CORPUS = [
     "USER: What is shown in this image? ASSISTANT: A picture of a cat.",
@@ -215,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vision-layers", type=int, default=None, help="tower depth (llava: 2)")
     p.add_argument("--text-hidden", type=int, default=64,
                    help="the language model's hidden size: the entry width (every family)")
+    p.add_argument("--max-pixels", type=int, default=None,
+                   help="largest image after resizing, in pixels (the dynamic-resolution "
+                        "families: %s; a token per 28 x 28, so this caps an entry's rows)"
+                        % ", ".join(PIXEL_ARCHS))
+    p.add_argument("--min-pixels", type=int, default=None,
+                   help="smallest image after resizing, in pixels (the same families)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feature-strategy", choices=("default", "full"), default="default",
                    help="'full' keeps the CLS token (vLLM's CPU tower-LoRA mapping needs it)")
@@ -228,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         text_width(a.text_hidden)
     except ValueError as e:
         p.error(str(e))
+    for flag, value in (("--max-pixels", a.max_pixels), ("--min-pixels", a.min_pixels)):
+        if value is not None and a.arch not in PIXEL_ARCHS:
+            p.error(f"{flag} is for --arch {', '.join(PIXEL_ARCHS)}")
     if a.arch != "llava":
         for flag, value, archs in (("--lora", a.lora, ("llava",)),
                                    ("--vision-hidden", a.vision_hidden, ("llava",)),
@@ -242,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             image_size, patch = a.image_size or 64, a.patch or 8
             size = dict(image_size=image_size, patch=patch,
                         tokens_per_image=(image_size // patch // 2) ** 2)
+        size.update({k: v for k, v in (("max_pixels", a.max_pixels),
+                                       ("min_pixels", a.min_pixels)) if v is not None})
         module.build(a.out, seed=a.seed, text_hidden=a.text_hidden, **size)
         if a.text_lora:
             build_text_lora(a.out, a.text_lora)

@@ -432,6 +432,14 @@ def wide_model() -> str:
                        "--text-hidden", "2688")
 
 
+def qwen_epd_model() -> str:
+    """The tiny Qwen2.5-VL whose entries span the EPD sizes: a language model 2688 wide
+    (fp32) and images of 28 x 28 to 896 x 896 pixels, so an entry has 1 to 1024 rows,
+    11 KB to 11 MB (built by scripts/setup; built here if missing)."""
+    return built_model("tiny-qwen2_5_vl-epd", "--arch", "qwen2_5_vl", "--text-hidden", "2688",
+                       "--max-pixels", str(28 * 28 * 1024), "--min-pixels", str(28 * 28))
+
+
 def crops_model() -> str:
     """The tiny LLaVA with entries of four Gemma-3-sized crops: 1024 image tokens x 2688
     fp32 = 11 MB per image (built by scripts/setup; built here if missing)."""

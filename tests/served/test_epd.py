@@ -1,19 +1,21 @@
 """Online encoder disaggregation (EPD) through real servers: encoder -> store -> PD.
 
-For each backend (a disk store, a password-protected Redis, a Redis Cluster) an encoder
-instance (``ec_producer``: encode-only) and a prefill/decode instance (``ec_consumer``)
-run as ``python -m vllm.entrypoints.openai.api_server`` with worker processes, sharing
-one store. The model is a tiny LLaVA whose language model is 2688 wide: 256 image tokens
-x 2688 fp32 = 2.75 MB per entry, Gemma 3 27B's size (small entries hide the race this
-guards against). The client does what vLLM's EPD proxy does: the request's images to the
-encoder, wait for its 200, then the original request to PD at once, no sleep.
+For a disk store and for a Redis Cluster an encoder instance (``ec_producer``:
+encode-only) and a prefill/decode instance (``ec_consumer``) run as ``python -m
+vllm.entrypoints.openai.api_server`` with worker processes, sharing the store. The model
+is a tiny LLaVA whose language model is 2688 wide: 256 image tokens x 2688 fp32 = 2.75 MB
+per entry, Gemma 3 27B's size (small entries hide the race this guards against). The
+client does what vLLM's EPD proxy does: the request's images to the encoder, wait for
+its 200, then the original request to PD at once, no sleep.
 
 Shown here: every PD item is a hit and the PD tower never runs (the Redis Cluster's PD
 with a node-local tier in front of the cluster: its loads are remote, then written behind
-into the tier); the same with eight clients at once (the encoder batches their images
-into shared steps while PD loads what it already wrote); PD's answers equal a plain
-single instance's; an encoder asked for images the store already holds (precomputed)
-does not run its tower either, and PD still loads them.
+into the tier); the same with eight clients at once on the disk store (the encoder
+batches their images into shared steps while PD loads what it already wrote); PD's
+answers equal a plain single instance's; an encoder asked for images the store already
+holds (precomputed) does not run its tower either, and PD still loads them. Redis (and
+the cluster, with several clients at once) at this size and the two around it:
+``test_epd_sizes.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import pytest
 
 from encache.connectors.store import open_store
 from engine_support import PRECOMPUTE_KW, consumer_config
-from redis_fixture import RedisServer
 from served_support import (assert_logprobs_close, counter_deltas, draw_images,
                             first_token_logprobs, image_request, post_chat_ok, proxy_flow,
                             start_server, wide_model)
@@ -47,8 +48,7 @@ def epd(tmp_path_factory, redis_cluster):
     images = draw_images(root / "img", {f"p{i}": (160 + 8 * i, 128 + 4 * i)
                                         for i in range(NEW + PRE)}, seed=23)
     paths = [images[f"p{i}"] for i in range(NEW + PRE)]
-    redis = RedisServer(password="epd-secret")
-    stores = {"disk": str(root / "store"), "redis": redis.url_for(db=0) + "?prefix=epd:",
+    stores = {"disk": str(root / "store"),
               "cluster": redis_cluster.url_for(nodes=6) + "?prefix=epd-c:"}
     pre_dir = root / "pre"
     pre_dir.mkdir()
@@ -76,7 +76,6 @@ def epd(tmp_path_factory, redis_cluster):
     finally:
         for s in servers.values():
             s.stop()
-        redis.stop()
 
 
 def reference(epd, path: str) -> dict:
@@ -86,7 +85,7 @@ def reference(epd, path: str) -> dict:
     return epd["reference"][path]
 
 
-@pytest.mark.parametrize("backend", ["disk", "redis", "cluster"])
+@pytest.mark.parametrize("backend", ["disk", "cluster"])
 def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
     e, pd = epd["servers"][f"e-{backend}"], epd["servers"][f"pd-{backend}"]
     store = epd["stores"][backend]
@@ -111,8 +110,7 @@ def test_every_pd_item_finds_what_the_encoder_just_wrote(epd, backend):
         assert_logprobs_close(first_token_logprobs(reply), reference(epd, path))
 
 
-@pytest.mark.parametrize("backend", ["disk", "redis"])
-def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, backend, tmp_path):
+def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, tmp_path):
     """Eight clients at once, each doing the proxy's flow for an image nobody has seen:
     the encoder's steps hold several requests, and a request finishes only once its own
     entries are written, while PD is already loading those of others."""
@@ -120,8 +118,8 @@ def test_concurrent_proxy_flows_find_what_their_encoder_wrote(epd, backend, tmp_
 
     images = draw_images(tmp_path / "img", {f"c{i}": (300 + 8 * i, 220 + 4 * i)
                                             for i in range(CONCURRENT)}, seed=31)
-    e, pd = epd["servers"][f"e-{backend}"], epd["servers"][f"pd-{backend}"]
-    store = epd["stores"][backend]
+    e, pd = epd["servers"]["e-disk"], epd["servers"]["pd-disk"]
+    store = epd["stores"]["disk"]
     before = open_store(store).read_counters()
     e_runs, pd_runs = e.encoder_log.count(), pd.encoder_log.count()
 

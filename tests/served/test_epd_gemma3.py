@@ -1,7 +1,7 @@
 """Encoder disaggregation of Gemma 3 with pan-and-scan at its real entry size, through
 real servers.
 
-Gemma 3 with pan-and-scan is the case behind the sizes of ``test_epd_sizes.py``: a wide or
+Gemma 3 with pan-and-scan is the case behind the 11 MB size of ``test_epd_sizes.py``: a wide or
 tall image becomes the global view plus up to four crops of 256 soft tokens each, and
 vLLM's encoder output for the item -- one entry -- holds all of them. Here the tiny Gemma 3
 has its real 256 tokens per tile and a language model 2688 wide (fp32: the bytes of Gemma

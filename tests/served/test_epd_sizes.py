@@ -1,22 +1,25 @@
-"""Encoder disaggregation through real servers at the entry sizes around Gemma 3's.
+"""Encoder disaggregation through real servers at every entry size, on one model.
 
-``test_epd.py`` runs the proxy's flow at 2.75 MB per entry on a disk store, Redis and a
-Redis Cluster. Here the same flow runs on the same three backends at the two sizes
-around it: 4 KB (the tiny LLaVA: 16 image tokens x 64 fp32) and 11 MB (1024 image tokens
-x 2688 fp32, four Gemma-3-sized crops in one entry). On a disk store the encoder's
-request finishes once an entry's bytes are in its temp file, before the commit, so PD
-may find the write in flight and must read it whole, never part of it. On Redis and
-Redis Cluster the encoder's request waits for the whole ``SET``; PD receives the value
-and verifies it as it arrives, and its worker processes get a 4 KB entry as bytes in the
-step's metadata and an 11 MB one through the shared memory it was received into.
+``test_epd.py`` runs the proxy's flow with a tiny LLaVA at 2.75 MB per entry on a disk
+store, Redis and a Redis Cluster. Here the same flow runs on the same three backends with
+a second family, Qwen2.5-VL, whose entries follow the image's size (a token per 28 x 28
+pixels; a language model 2688 wide, fp32): 11 KB (one token, a 28 px image), 2.75 MB
+(256 tokens, Gemma 3 27B's entry) and 11 MB (1024 tokens, four Gemma-3-sized crops in one
+entry), so one encoder and one PD instance per backend serve all three sizes. On a disk
+store the encoder's request finishes once an entry's bytes are in its temp file, before
+the commit, so PD may find the write in flight and must read it whole, never part of it.
+On Redis and Redis Cluster the encoder's request waits for the whole ``SET``; PD receives
+the value and verifies it as it arrives, and its worker processes get a small entry as
+bytes in the step's metadata and a large one through the shared memory it was received
+into.
 
-Per backend an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run for each
-size as ``python -m vllm.entrypoints.openai.api_server`` with worker processes; the four
-servers of a backend start together, one backend at a time. Shown: every PD item is a
-hit, the PD tower never runs, the encoder encodes each image once, and every stored entry
-holds exactly the tensor the encoder's tower computed (the probe's dump); sequentially
-and with four clients at once; and on a disk store PD's loads skip the checksum the
-encoder's records in the store's verified log make redundant.
+Per backend an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run as
+``python -m vllm.entrypoints.openai.api_server`` with worker processes; one backend at a
+time. Shown, at each size: every PD item is a hit, the PD tower never runs, the encoder
+encodes each image once, and every stored entry holds exactly the tensor the encoder's
+tower computed (the probe's dump) with the size's row count; sequentially and with four
+clients at once; and on a disk store PD's loads skip the checksum the encoder's records
+in the store's verified log make redundant.
 """
 
 from __future__ import annotations
@@ -25,63 +28,69 @@ import pytest
 
 from engine_support import consumer_config
 from redis_fixture import RedisServer
-from served_support import assert_pd_found_every_entry, crops_model, draw_images, start_server
+from served_support import assert_pd_found_every_entry, draw_images, qwen_epd_model, start_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
 
-SIZES = {  # name: (model builder, image tokens x width, max_model_len)
-    "4KB": (None, (16, 64), 256),
-    "11MB": (crops_model, (1024, 2688), 1536),
+WIDTH = 2688
+SIZES = {  # name: (image side in pixels, image tokens)
+    "11KB": (28, 1),
+    "2.75MB": (448, 256),
+    "11MB": (896, 1024),
 }
-NEW = 6  # images sent one after another
+MAX_LEN = 1536
+NEW = 4  # images sent one after another
 CONCURRENT = 4  # clients doing the proxy's flow at the same time
 
 
 @pytest.fixture(scope="module", params=["disk", "redis", "cluster"])
-def sized(request, tiny_model, tmp_path_factory):
-    """One backend's encoder and PD servers for every size: ``{size: {...}}``."""
+def sized(request, tmp_path_factory):
+    """One backend's encoder and PD servers (every size goes through them)."""
     backend = request.param
+    model = qwen_epd_model()
     root = tmp_path_factory.mktemp(f"epd-sizes-{backend}")
     redis = RedisServer(password="sizes-secret") if backend == "redis" else None
-    out = {}
+    if backend == "disk":
+        store = str(root / "store")
+    elif backend == "redis":
+        store = redis.url_for(db=0) + "?prefix=sizes:"
+    else:
+        store = request.getfixturevalue("redis_cluster").url_for(nodes=6) + "?prefix=sizes:"
+    out = {"model": model, "store": store, "backend": backend}
     try:
-        for name, (build, shape, max_len) in SIZES.items():
-            model = build() if build else tiny_model
-            if backend == "disk":
-                store = str(root / name / "store")
-            elif backend == "redis":
-                store = redis.url_for(db=0) + f"?prefix=sizes-{name}:"
-            else:
-                cluster = request.getfixturevalue("redis_cluster")
-                store = cluster.url_for(nodes=6) + f"?prefix=sizes-{name}:"
-            e = start_server(model, consumer_config(store, role="ec_producer"), root / name,
-                             max_model_len=max_len, probe=f"e-{name}", dump=True)
-            out[name] = {"model": model, "store": store, "shape": shape, "e": e,
-                         "backend": backend}
-            out[name]["pd"] = start_server(model, consumer_config(store), root / name,
-                                           max_model_len=max_len, probe=f"pd-{name}")
-        for s in out.values():
-            s["e"].wait_ready()
-            s["pd"].wait_ready()
+        out["e"] = start_server(model, consumer_config(store, role="ec_producer"), root,
+                                max_model_len=MAX_LEN, probe="e", dump=True)
+        out["pd"] = start_server(model, consumer_config(store), root, max_model_len=MAX_LEN,
+                                 probe="pd")
+        out["e"].wait_ready()
+        out["pd"].wait_ready()
         yield out
     finally:
-        for s in out.values():
-            for key in ("e", "pd"):
-                if key in s:
-                    s[key].stop()
+        for key in ("e", "pd"):
+            if key in out:
+                out[key].stop()
         if redis is not None:
             redis.stop()
 
 
+def at_size(sized: dict, size: str) -> dict:
+    return {**sized, "shape": (SIZES[size][1], WIDTH)}
+
+
+def images(folder, size: str, count: int, seed: int) -> list[str]:
+    """``count`` distinct images whose entries are ``size``."""
+    side = SIZES[size][0]
+    return list(draw_images(folder, {f"i{i}": (side, side) for i in range(count)},
+                            seed=seed).values())
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 def test_every_pd_item_finds_what_the_encoder_just_wrote(sized, size, tmp_path):
-    paths = draw_images(tmp_path / "img", {f"s{i}": (300 + 8 * i, 220 + 4 * i)
-                                           for i in range(NEW)}, seed=41)
-    assert_pd_found_every_entry(sized[size], list(paths.values()), clients=1)
+    assert_pd_found_every_entry(at_size(sized, size), images(tmp_path, size, NEW, 41),
+                                clients=1)
 
 
 @pytest.mark.parametrize("size", list(SIZES))
 def test_concurrent_proxy_flows_at_size(sized, size, tmp_path):
-    paths = draw_images(tmp_path / "img", {f"c{i}": (280 + 8 * i, 240 + 4 * i)
-                                           for i in range(CONCURRENT)}, seed=43)
-    assert_pd_found_every_entry(sized[size], list(paths.values()), clients=CONCURRENT)
+    assert_pd_found_every_entry(at_size(sized, size),
+                                images(tmp_path, size, CONCURRENT, 43), clients=CONCURRENT)
