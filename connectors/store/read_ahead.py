@@ -139,11 +139,13 @@ class Job:
         the next load at once: it leaves this job's loop on its own (only finding its
         steps taken), then takes the next job it is given. Were it to free itself after
         that loop, a load right after this one (a step's next item) would often find no
-        helper free and read on one thread."""
+        helper free and read on one thread. Closing a closed job does nothing."""
         self._stop = True
         for i, settled in enumerate(self._settled):
-            if not settled and not self._claims[i].acquire(blocking=False):
-                self._landed[i].acquire()  # the helper's: read, or being read
+            if not settled:
+                if not self._claims[i].acquire(blocking=False):
+                    self._landed[i].acquire()  # the helper's: read, or being read
+                self._settled[i] = True  # (so a second close waits for nothing)
         self._view = None  # (a job still queued on the helper keeps no buffer alive)
         helper, self._helper = self._helper, None
         if helper is not None:

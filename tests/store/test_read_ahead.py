@@ -162,6 +162,33 @@ def test_a_load_right_after_another_has_the_helper(tmp_path):
     assert [_read(path, identifier="x")[3] for _ in range(50)] == [1] * 50
 
 
+def test_closing_a_job_twice_returns_at_once_and_frees_the_helper_once(tmp_path):
+    """A job ended before its steps were taken (a load that stopped early) and closed
+    again (a caller's cleanup after its own): the second close waits for nothing, and the pool
+    holds the helper once: the next two loads at once do not both get it."""
+    blob = _blob()
+    fd = os.open(_write(tmp_path, blob), os.O_RDONLY)
+    try:
+        buf = bytearray(len(blob))
+        job = read_ahead.start(fd, memoryview(buf), len(blob))
+        assert job is not None
+        time.sleep(0.2)  # the helper reads its steps; the load stops early (no landed())
+        job.close()
+        done = threading.Event()
+        threading.Thread(target=lambda: (job.close(), done.set()), daemon=True).start()
+        assert done.wait(2), "a second close blocked"
+        first = read_ahead.start(fd, memoryview(bytearray(len(blob))), len(blob))
+        second = read_ahead.start(fd, memoryview(bytearray(len(blob))), len(blob))
+        try:
+            assert first is not None and (second is None or read_ahead.HELPERS > 1)
+        finally:
+            for j in (first, second):
+                if j is not None:
+                    j.close()
+    finally:
+        os.close(fd)
+
+
 def test_a_late_helper_given_more_jobs_runs_each_and_touches_none(tmp_path, monkeypatch):
     """The helper is given jobs faster than it gets scheduled (it sleeps before each):
     every load reads whole on its own thread meanwhile, the helper is given each next job
