@@ -4,8 +4,9 @@ Precompute a corpus with one file per format (RGB JPEG, RGBA PNG, palette GIF, g
 PNG, WEBP, BMP), start `python -m vllm.entrypoints.openai.api_server` with the encache
 consumer config exactly as README says (worker processes, as in production), send each
 file as a base64 data URL, and check the store's counters record a hit — not a miss — for
-every one of them. Then the same with the server's --media-io-kwargs (a second server),
-which change every served identifier.
+every one of them. The server and the precompute share non-default settings: an encoder
+config (``--mm-processor-kwargs`` and a tag) and ``--media-io-kwargs``, which change every
+served identifier.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from served_support import api_server, chat, counters_after, hits_and_misses_per
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
+MEDIA = {"image": {"rgba_background_color": [0, 0, 0]}}
+
 
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
@@ -36,8 +39,11 @@ def served(tiny_model, tmp_path_factory):
     # a non-default encoder config on both sides (CLIP's default do_normalize, spelled out,
     # and a tag): every hit below shows the served engine computes the precompute's stamp
     kw = {"do_normalize": True}
+    # and the server's media settings (how images load, and a hash factor on the OpenAI
+    # path), given to precompute via --engine-arg
     pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
-                                           "mm_processor_kwargs": kw})
+                                           "mm_processor_kwargs": kw,
+                                           "media_io_kwargs": MEDIA})
     summary = precompute_corpus(str(root / "corpus"), PrecomputeOptions(
         model=tiny_model, store=store, tag="served", **pre))
     assert summary.encoded == 6
@@ -50,7 +56,8 @@ def served(tiny_model, tmp_path_factory):
                                                  "tag": "served"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
-    with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw)) as base:
+    with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw),
+                    "--media-io-kwargs", json.dumps(MEDIA)) as base:
         yield {"base": base, "files": files, "store": store, "model": tiny_model}
 
 
@@ -99,26 +106,13 @@ def test_prometheus_metrics_exported(served):
     assert values.get(p + "store_down") == 0 and values.get(p + "store_parts_down") == 0
 
 
-def test_server_media_io_kwargs_are_hashed_like_the_server(tiny_model, tmp_path):
-    """The server's --media-io-kwargs change every served identifier (how images load,
-    and a hash factor on the OpenAI path): precompute given the same setting via
-    --engine-arg stores entries the server hits, for every format."""
-    from encache.cli.connector_config import build_config
-    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
+def test_server_media_io_kwargs_are_hashed_like_the_server(served):
+    """The server's --media-io-kwargs change every served identifier: none of the stored
+    entries (which every format hits, above) is what a server without them looks up."""
     from encache.connectors.vllm.hashing import identify_file
-    from make_demo_corpus import make_corpus
 
-    files = make_corpus(str(tmp_path / "corpus"), pages=6, seed=7)
-    media = {"image": {"rgba_background_color": [0, 0, 0]}}
-    store = str(tmp_path / "store")
-    pre = dict(PRECOMPUTE_KW, engine_args={**PRECOMPUTE_KW["engine_args"],
-                                           "media_io_kwargs": media})
-    summary = precompute_corpus(str(tmp_path / "corpus"),
-                                PrecomputeOptions(model=tiny_model, store=store, **pre))
-    assert (summary.encoded, summary.failed) == (6, 0), summary.failures
-    stored = set(open_store(store).identifiers())
-    assert not stored & {identify_file(f, tiny_model).identifier for f in files}
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
-    with api_server(tiny_model, config, tmp_path, "--media-io-kwargs", json.dumps(media)) as base:
-        results = hits_and_misses_per_file(base, tiny_model, store, files)
-    assert all(v == (1, 0) for v in results.values()), results
+    stored = set(open_store(served["store"]).identifiers())
+    plain = {identify_file(f, served["model"]).identifier for f in served["files"]}
+    assert len(stored) == 6 and not stored & plain
+    assert stored == {identify_file(f, served["model"], media_io_kwargs=MEDIA).identifier
+                      for f in served["files"]}
