@@ -442,6 +442,6 @@ def qwen_epd_model() -> str:
 
 def crops_model() -> str:
     """The tiny LLaVA with entries of four Gemma-3-sized crops: 1024 image tokens x 2688
-    fp32 = 11 MB per image (built by scripts/setup; built here if missing)."""
+    fp32 = 11 MB per image (scripts/bench/epd_bench.py's; built here if missing)."""
     return built_model("tiny-llava-epd-crops", "--image-size", "256", "--patch", "8",
                   "--text-hidden", "2688")
