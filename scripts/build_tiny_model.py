@@ -239,17 +239,17 @@ def main(argv: list[str] | None = None) -> int:
         text_width(a.text_hidden)
     except ValueError as e:
         p.error(str(e))
-    for flag, value in (("--max-pixels", a.max_pixels), ("--min-pixels", a.min_pixels)):
-        if value is not None and a.arch not in PIXEL_ARCHS:
-            p.error(f"{flag} is for --arch {', '.join(PIXEL_ARCHS)}")
+    for flag, value, archs in (("--lora", a.lora, ("llava",)),
+                               ("--vision-hidden", a.vision_hidden, ("llava",)),
+                               ("--vision-layers", a.vision_layers, ("llava",)),
+                               ("--image-size", a.image_size, ("llava", "gemma3")),
+                               ("--patch", a.patch, ("llava", "gemma3")),
+                               ("--max-pixels", a.max_pixels, PIXEL_ARCHS),
+                               ("--min-pixels", a.min_pixels, PIXEL_ARCHS)):
+        if value is not None and a.arch not in archs:
+            p.error(f"{flag} is for --arch " + " and ".join(
+                filter(None, (", ".join(archs[:-1]), archs[-1]))))
     if a.arch != "llava":
-        for flag, value, archs in (("--lora", a.lora, ("llava",)),
-                                   ("--vision-hidden", a.vision_hidden, ("llava",)),
-                                   ("--vision-layers", a.vision_layers, ("llava",)),
-                                   ("--image-size", a.image_size, ("llava", "gemma3")),
-                                   ("--patch", a.patch, ("llava", "gemma3"))):
-            if value is not None and a.arch not in archs:
-                p.error(f"{flag} is for --arch {' and '.join(archs)}")
         module = __import__(f"tiny_{a.arch}")
         size = {}
         if a.image_size is not None or a.patch is not None:  # gemma3

@@ -1,17 +1,17 @@
 """Encoder disaggregation through real servers at every entry size, on one model.
 
 ``test_epd.py`` runs the proxy's flow with a tiny LLaVA at 2.75 MB per entry on a disk
-store, Redis and a Redis Cluster. Here the same flow runs on the same three backends with
-a second family, Qwen2.5-VL, whose entries follow the image's size (a token per 28 x 28
-pixels; a language model 2688 wide, fp32): 11 KB (one token, a 28 px image), 2.75 MB
-(256 tokens, Gemma 3 27B's entry) and 11 MB (1024 tokens, four Gemma-3-sized crops in one
-entry), so one encoder and one PD instance per backend serve all three sizes. On a disk
-store the encoder's request finishes once an entry's bytes are in its temp file, before
-the commit, so PD may find the write in flight and must read it whole, never part of it.
-On Redis and Redis Cluster the encoder's request waits for the whole ``SET``; PD receives
-the value and verifies it as it arrives, and its worker processes get a small entry as
-bytes in the step's metadata and a large one through the shared memory it was received
-into.
+store and a Redis Cluster. Here the same flow runs on a disk store, a password-protected
+Redis and a Redis Cluster with a second family, Qwen2.5-VL, whose entries follow the
+image's size (a token per 28 x 28 pixels; a language model 2688 wide, fp32): 11 KB (one
+token, a 28 px image), 2.75 MB (256 tokens, Gemma 3 27B's entry) and 11 MB (1024 tokens,
+four Gemma-3-sized crops in one entry), so one encoder and one PD instance per backend
+serve all three sizes. On a disk store the encoder's request finishes once an entry's
+bytes are in its temp file, before the commit, so PD may find the write in flight and
+must read it whole, never part of it. On Redis and Redis Cluster the encoder's request
+waits for the whole ``SET``; PD receives the value and verifies it as it arrives, and
+its worker processes get a small entry as bytes in the step's metadata and a large one
+through the shared memory it was received into.
 
 Per backend an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run as
 ``python -m vllm.entrypoints.openai.api_server`` with worker processes; one backend at a
