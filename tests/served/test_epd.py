@@ -59,7 +59,8 @@ def epd(tmp_path_factory, redis_cluster):
     summary = precompute_corpus(str(pre_dir),
                                 PrecomputeOptions(model=model, store=stores["disk"], **pre))
     assert summary.encoded == PRE
-    servers = {"plain": start_server(model, None, root, max_model_len=MAX_LEN, probe="plain")}
+    servers = {"plain": start_server(model, None, root, max_model_len=MAX_LEN, probe="plain",
+                                     executor="uni")}
     for name, store in stores.items():
         servers[f"e-{name}"] = start_server(
             model, consumer_config(store, role="ec_producer"), root, max_model_len=MAX_LEN,

@@ -7,7 +7,8 @@ vLLM's encoder output for the item -- one entry -- holds all of them. Here the t
 has its real 256 tokens per tile and a language model 2688 wide (fp32: the bytes of Gemma
 3 27B's fp16 rows), so a tile is 2.75 MB and a wide image's entry 11 MB. An encoder
 (``ec_producer``) and a PD instance (``ec_consumer``), both ``python -m
-vllm.entrypoints.openai.api_server`` with pan-and-scan on and one disk store, run the EPD
+vllm.entrypoints.openai.api_server`` with pan-and-scan on and one disk store (their workers
+in the engine-core process, as vLLM runs an engine on one GPU), run the EPD
 proxy's flow (encoder, its 200, PD at once) for single images of several aspect ratios,
 for a two-image request, and for several clients at once. Shown: every PD item is a
 store hit, PD's tower never runs, and every entry holds exactly what the encoder's tower
@@ -35,7 +36,7 @@ def epd(tiny_family, tmp_path_factory):
     model = tiny_family("gemma3", text_hidden=WIDTH, image_size=256)
     root = tmp_path_factory.mktemp("epd-gemma3")
     store = str(root / "store")
-    common = dict(max_model_len=2048, images=2)
+    common = dict(max_model_len=2048, images=2, executor="uni")
     servers = {}
     try:
         servers["e"] = start_server(model, consumer_config(store, role="ec_producer"), root,

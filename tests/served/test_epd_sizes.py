@@ -9,13 +9,15 @@ four Gemma-3-sized crops in one entry), so one encoder and one PD instance per b
 serve all three sizes. On a disk store the encoder's request finishes once an entry's
 bytes are in its temp file, before the commit, so PD may find the write in flight and
 must read it whole, never part of it. On Redis and Redis Cluster the encoder's request
-waits for the whole ``SET``; PD receives the value and verifies it as it arrives, and
-its worker processes get a small entry as bytes in the step's metadata and a large one
-through the shared memory it was received into.
+waits for the whole ``SET``; PD receives the value and verifies it as it arrives.
 
 Per backend an encoder (``ec_producer``) and a PD instance (``ec_consumer``) run as
-``python -m vllm.entrypoints.openai.api_server`` with worker processes; one backend at a
-time. Shown, at each size: every PD item is a hit, the PD tower never runs, the encoder
+``python -m vllm.entrypoints.openai.api_server``; one backend at a time. On the disk store
+the servers' workers run in processes of their own (CPU vLLM's default): PD's worker gets
+a small entry as bytes in the step's metadata and opens a large one's pinned file itself.
+On Redis and Redis Cluster they run in the engine-core process, as vLLM runs one GPU, and
+take the buffers PD received into (``test_epd.py`` runs a Redis Cluster with worker
+processes, which map the shared memory a large entry was received into). Shown, at each size: every PD item is a hit, the PD tower never runs, the encoder
 encodes each image once, and every stored entry holds exactly the tensor the encoder's
 tower computed (the probe's dump) with the size's row count; sequentially and with four
 clients at once; and on a disk store PD's loads skip the checksum the encoder's records
@@ -57,11 +59,13 @@ def sized(request, tmp_path_factory):
     else:
         store = request.getfixturevalue("redis_cluster").url_for(nodes=6) + "?prefix=sizes:"
     out = {"model": model, "store": store, "backend": backend}
+    executor = "mp" if backend == "disk" else "uni"
     try:
         out["e"] = start_server(model, consumer_config(store, role="ec_producer"), root,
-                                max_model_len=MAX_LEN, probe="e", dump=True)
+                                max_model_len=MAX_LEN, probe="e", dump=True,
+                                executor=executor)
         out["pd"] = start_server(model, consumer_config(store), root, max_model_len=MAX_LEN,
-                                 probe="pd")
+                                 probe="pd", executor=executor)
         out["e"].wait_ready()
         out["pd"].wait_ready()
         yield out

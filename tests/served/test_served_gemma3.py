@@ -9,7 +9,8 @@ plain server without the connector (pan-and-scan on; a request's own
 the server-level default does -- the other way round vLLM refuses the request, as its
 encoder budget was sized for uncropped images). Every server runs the encoder probe: the plain one saves each
 tower output, so a stored entry is compared with what the serving engine's own tower
-computes for that image; the consumers' logs show the tower idle on hits.
+computes for that image; the consumers' logs show the tower idle on hits. The servers'
+workers run in their engine-core processes, as vLLM runs an engine on one GPU.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def gemma(tiny_gemma3, tmp_path_factory):
               "fresh": draw_images(root / "fresh", FRESH, seed=3),
               "multi": draw_images(root / "on" / "multi", MULTI, seed=4)}
     config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
-    common = dict(max_model_len=LEN, images=4, probe=None)
+    common = dict(max_model_len=LEN, images=4, probe=None, executor="uni")
     servers = {}
     try:
         # servers first: they start while precompute runs (a consumer looks entries up

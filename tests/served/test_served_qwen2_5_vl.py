@@ -7,7 +7,8 @@ and aspect ratios give entries of different shapes (rows = merged 28x28 patches)
 ``req/`` images are precomputed with ``--request-mm-processor-kwargs`` for requests that
 carry a smaller ``max_pixels`` of their own (a hash factor of the identifier). One
 consumer, one plain server (its probe saves every tower output: entries are compared with
-what the serving engine's own tower computes), started together. The consumer also takes
+what the serving engine's own tower computes), started together, their workers in the
+engine-core process as vLLM runs an engine on one GPU. The consumer also takes
 what vLLM 0.33's EPD proxy sends PD: metadata-only items keyed by a ``uuid``.
 """
 
@@ -64,9 +65,10 @@ def qwen(tiny_qwen2_5_vl, tmp_path_factory):
     servers = {}
     try:
         servers["ec"] = start_server(model, config, root, *server_args, max_model_len=LEN,
-                                     images=LIMITS, probe="ec")
+                                     images=LIMITS, probe="ec", executor="uni")
         servers["plain"] = start_server(model, None, root, *server_args, max_model_len=LEN,
-                                        images=LIMITS, probe="plain", dump=True)
+                                        images=LIMITS, probe="plain", dump=True,
+                                        executor="uni")
         engine = dict(PRECOMPUTE_KW["engine_args"], max_num_batched_tokens=LEN,
                       mm_processor_kwargs=SERVER, limit_mm_per_prompt={"image": 1, "video": 0})
         for name, request in (("main", None), ("req", REQUEST)):
