@@ -155,7 +155,9 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     pinned file, a received entry's shared memory). ``"uni"``: in the engine-core process,
     as vLLM runs an engine on one GPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps CPU vLLM
     from switching to ``mp``), so the connector hands the worker its staged buffers; one
-    process import fewer, ~20 s less to start here."""
+    process import fewer, ~20 s less to start here. vLLM binds only a worker process's
+    threads (``VLLM_CPU_OMP_THREADS_BIND``), so a ``"uni"`` server's are bound here, to
+    the same one core, as that binding would."""
     if executor not in ("mp", "uni"):
         raise ValueError(f"executor {executor!r}: 'mp' or 'uni'")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -169,6 +171,10 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if executor == "mp" else "0",
            "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})}
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", next_core())
+    if executor == "uni":  # (what vLLM's binding sets in a worker process, for one core)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("OMP_PLACES", "{%s}" % env["VLLM_CPU_OMP_THREADS_BIND"])
+        env.setdefault("OMP_PROC_BIND", "true")
     encoder_log = None
     if probe:
         probe_root = root / f"probe-{probe}"
