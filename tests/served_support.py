@@ -1,7 +1,8 @@
 """Helpers for tests that run real ``python -m vllm.entrypoints.openai.api_server`` servers.
 
-Servers run as users start them (worker processes, SIGKILL-free stop of the whole process
-group afterwards). :func:`start_server` returns at once so a module can start all its
+Servers run as users start them (a worker process of its own by default, or the worker in
+the engine-core process as on one GPU: ``executor``; a stop of the whole process group
+afterwards). :func:`start_server` returns at once so a module can start all its
 servers together and wait for them once (:meth:`Server.wait_ready`); :func:`api_server`
 is the one-server context manager. ``probe=DIR`` puts :mod:`encoder_probe` on the
 server's ``PYTHONPATH``: every vision-encoder run in any of its processes is logged

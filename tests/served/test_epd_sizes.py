@@ -17,11 +17,13 @@ the servers' workers run in processes of their own (CPU vLLM's default): PD's wo
 a small entry as bytes in the step's metadata and opens a large one's pinned file itself.
 On Redis and Redis Cluster they run in the engine-core process, as vLLM runs one GPU, and
 take the buffers PD received into (``test_epd.py`` runs a Redis Cluster with worker
-processes, which map the shared memory a large entry was received into). Shown, at each size: every PD item is a hit, the PD tower never runs, the encoder
-encodes each image once, and every stored entry holds exactly the tensor the encoder's
-tower computed (the probe's dump) with the size's row count; sequentially and with four
-clients at once; and on a disk store PD's loads skip the checksum the encoder's records
-in the store's verified log make redundant.
+processes, which map the shared memory a large entry was received into).
+
+Shown, at each size: every PD item is a hit, the PD tower never runs, the encoder encodes
+each image once, and every stored entry holds exactly the tensor the encoder's tower
+computed (the probe's dump) with the size's row count; sequentially and with four clients
+at once; and on a disk store PD's loads skip the checksum the encoder's records in the
+store's verified log make redundant.
 """
 
 from __future__ import annotations
