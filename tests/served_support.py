@@ -158,7 +158,7 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     from switching to ``mp``), so the connector hands the worker its staged buffers; one
     process import fewer, ~20 s less to start here. vLLM binds only a worker process's
     threads (``VLLM_CPU_OMP_THREADS_BIND``), so a ``"uni"`` server's are bound here, to
-    the same one core, as that binding would."""
+    the same one core, as that binding would (when it names one core)."""
     if executor not in ("mp", "uni"):
         raise ValueError(f"executor {executor!r}: 'mp' or 'uni'")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -172,7 +172,9 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if executor == "mp" else "0",
            "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})}
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", next_core())
-    if executor == "uni":  # (what vLLM's binding sets in a worker process, for one core)
+    if executor == "uni" and env["VLLM_CPU_OMP_THREADS_BIND"].isdigit():
+        # (what vLLM's binding sets in a worker process, for one core; a binding of
+        # another form, set by the caller's environment, is left to vLLM and so unbound)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("OMP_PLACES", "{%s}" % env["VLLM_CPU_OMP_THREADS_BIND"])
         env.setdefault("OMP_PROC_BIND", "true")
