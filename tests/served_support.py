@@ -108,6 +108,16 @@ class Server:
                                      env=self.env, start_new_session=True)
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> Server:
+        """Until the server answers ``/health``; a server that does not start, or a wait
+        interrupted (Ctrl-C in ``scripts/test``), is stopped before the error goes on: a
+        caller's ``start_server(...).wait_ready()`` has nothing to stop yet."""
+        try:
+            return self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> Server:
         deadline = time.time() + timeout
         while True:
             try:
@@ -122,7 +132,6 @@ class Server:
                     continue
                 if exited or time.time() > deadline:
                     self._log.flush()
-                    self.stop()
                     pytest.fail("server did not start:\n" + self.log_path.read_text()[-3000:])
                 time.sleep(1)
 
