@@ -3,8 +3,11 @@ copied once into a preallocated buffer, as the engine's embedding merge or a GPU
 staging does, but encache.first.staging, whose read fills the staging itself.
 
 For fp16 entries of 0.25 / 2.75 / 10 MB, ``n`` distinct entries per size (>= 64 MB working
-set), methods interleaved in a shuffled order every round (so load from other processes on
-a shared machine hits all of them alike), warm page cache. Timed per load:
+set), warm page cache. Every load is interleaved with the other methods' (at each step of
+a round, one load per method in a new random order, each on another entry), so load
+from other processes on a shared machine hits all of them alike and every load runs
+after other work, as an engine's does (the CPU caches hold the last loads' bytes, not
+this method's code). Timed per load:
 
   readinto            os.open + readinto of the whole entry file into a preallocated buffer
                       (one kernel copy: the floor for a loader that reads files; ratios
@@ -167,7 +170,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                "machine": info,
                "params": {"rounds": rounds, "target_mb_per_size": target_mb, "code": code0,
                           "torch_threads": 1, "page_cache": "warm",
-                          "method": "methods interleaved per round, ratios are within-round "
+                          "method": "every load interleaved (one per method per step, random "
+                                    "order, each on another entry); ratios are within-round "
                                     "medians; the machine's load is in loadavg fields"},
                "sizes": []}
     try:
@@ -440,6 +444,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             cpu = {m: [] for m in METHODS}  # CPU seconds per load, per round
             per_round = {m: [] for m in METHODS}
             ahead_verified, restart_verified, tail_trusted = [], [], []
+            stride = max(1, n // len(METHODS))
+            offset = {m: k * stride for k, m in enumerate(METHODS)}
             la0 = loadavg()
             for r in range(rounds + 1):  # round 0: untimed warm-up
                 ahead_verified.append(prepare_ahead())
@@ -448,21 +454,29 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 tail_trusted.append(prepare_restart_tail())
                 prepare_first()
                 prepare_staging()
+                # every load interleaved: at each step the methods in a new random order,
+                # each on another entry (method k loads entry i + k * stride), so all of
+                # them run in the same conditions and none finds the last one's bytes or
+                # code in the CPU caches more than another does
                 order = METHODS[:]
-                random.Random(r).shuffle(order)
-                round_t = {}
-                for m in order:
-                    fn, ts = fns[m], []
-                    c0 = time.process_time()
-                    for i in range(n):
+                rng_order = random.Random(r)
+                ts = {m: [] for m in METHODS}
+                cs = {m: 0.0 for m in METHODS}
+                for i in range(n):
+                    rng_order.shuffle(order)
+                    for m in order:
+                        j = (i + offset[m]) % n
+                        c0 = time.process_time()
                         t0 = time.perf_counter()
-                        fn(i)
-                        ts.append(time.perf_counter() - t0)
-                    c1 = time.process_time()
-                    round_t[m] = statistics.median(ts)
-                    if r:
-                        times[m] += ts
-                        cpu[m].append((c1 - c0) / n)
+                        fns[m](j)
+                        t1 = time.perf_counter()
+                        cs[m] += time.process_time() - c0
+                        ts[m].append(t1 - t0)
+                round_t = {m: statistics.median(ts[m]) for m in METHODS}
+                if r:
+                    for m in METHODS:
+                        times[m] += ts[m]
+                        cpu[m].append(cs[m] / n)
                 if r:
                     for m in METHODS:
                         per_round[m].append(round_t["readinto"] / round_t[m])

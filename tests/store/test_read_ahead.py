@@ -1,7 +1,8 @@
 """A checksummed read of a file entry with the read-ahead helper (store.read_ahead): real
-files, the real helper threads. The bytes and every check are those of a read on one
-thread; the helper never outlives the read (it never writes into a buffer handed back);
-a load that finds no helper free reads on its own thread."""
+files, the real helper threads (C, _readpool.c). The bytes and every check are those of
+a read on one thread; the helper never outlives the read (it never writes into a buffer
+handed back); a load that finds no helper free reads on its own thread. A helper made
+slow or late (its CPU busy) is a test hook of the C module (``delay_helpers``)."""
 
 import json
 import os
@@ -13,15 +14,31 @@ from functools import partial
 import numpy as np
 import pytest
 
-from encache.connectors.store import read_ahead
+from encache.connectors.store import _readpool, read_ahead
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.entry import FILE_CHUNK, CorruptEntry, encode, read_verified
 
 
 @pytest.fixture(autouse=True)
-def helpers(monkeypatch):
-    """At least one helper, whatever the CPU count (one CPU has none by default)."""
-    monkeypatch.setattr(read_ahead, "_pool", read_ahead._Pool(max(1, read_ahead.HELPERS)))
+def helpers():
+    """At least one helper, whatever the CPU count (one CPU has none by default); no
+    helper delayed after the test."""
+    _readpool.set_helpers(max(1, read_ahead.HELPERS))
+    yield
+    _readpool.delay_helpers(0, 0)
+    _readpool.set_helpers(read_ahead.HELPERS)
+
+
+def _helper_steps() -> int:
+    return _readpool.counts()[1]
+
+
+def _hold_every_helper(fd: int, size: int) -> list:
+    """Jobs that keep every helper busy until closed (a load then finds none free)."""
+    held = []
+    while (job := read_ahead.start(fd, memoryview(bytearray(size)), size)) is not None:
+        held.append(job)
+    return held
 
 
 def _blob(nbytes: int = 3 << 20, seed: int = 0, ident: str = "x") -> bytes:
@@ -135,16 +152,12 @@ def test_the_helper_is_done_before_the_load_returns(tmp_path):
     assert not any(buf)
 
 
-def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path, monkeypatch):
+def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path):
     """The helper starts its job late (its CPU busy; here it sleeps first): the load
     reads the back part itself and returns at once, and the helper, when it runs, finds
     every step taken and touches nothing."""
-    real_run = read_ahead.Job._run
-
-    def late(job):
-        time.sleep(1.0)
-        real_run(job)
-    monkeypatch.setattr(read_ahead.Job, "_run", late)
+    _readpool.delay_helpers(1.0, 0)
+    runs0, steps0 = _readpool.counts()
     blob = _blob()
     buf = bytearray(len(blob))
     t0 = time.monotonic()
@@ -153,6 +166,10 @@ def test_a_helper_not_scheduled_costs_the_load_nothing(tmp_path, monkeypatch):
     buf[:] = bytes(len(buf))
     time.sleep(1.2)
     assert not any(buf)
+    deadline = time.monotonic() + 5  # the late job ran, reading nothing
+    while _readpool.counts()[0] == runs0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _readpool.counts() == (runs0 + 1, steps0)
 
 
 def test_a_load_right_after_another_has_the_helper(tmp_path):
@@ -189,18 +206,12 @@ def test_closing_a_job_twice_returns_at_once_and_frees_the_helper_once(tmp_path)
         os.close(fd)
 
 
-def test_a_late_helper_given_more_jobs_runs_each_and_touches_none(tmp_path, monkeypatch):
+def test_a_late_helper_given_more_jobs_runs_each_and_touches_none(tmp_path):
     """The helper is given jobs faster than it gets scheduled (it sleeps before each):
     every load reads whole on its own thread meanwhile, the helper is given each next job
     at once, and it later runs the jobs it was given, in order, touching none of them."""
-    real_run = read_ahead.Job._run
-    ran = []
-
-    def late(job):
-        time.sleep(0.2)
-        real_run(job)
-        ran.append(job)
-    monkeypatch.setattr(read_ahead.Job, "_run", late)
+    _readpool.delay_helpers(0.2, 0)
+    runs0, steps0 = _readpool.counts()
     blob = _blob()
     path = _write(tmp_path, blob)
     bufs = [bytearray(len(blob)) for _ in range(4)]
@@ -208,39 +219,43 @@ def test_a_late_helper_given_more_jobs_runs_each_and_touches_none(tmp_path, monk
         assert _read(path, buf=buf, identifier="x")[3] == 1 and bytes(buf) == blob
         buf[:] = bytes(len(buf))
     deadline = time.monotonic() + 10
-    while len(ran) < 4 and time.monotonic() < deadline:
+    while _readpool.counts()[0] < runs0 + 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(ran) == 4 and not any(any(b) for b in bufs)
+    assert _readpool.counts() == (runs0 + 4, steps0) and not any(any(b) for b in bufs)
 
 
-def test_a_slow_helper_leaves_the_load_the_rest_of_its_part(tmp_path, monkeypatch):
+def test_a_slow_helper_leaves_the_load_the_rest_of_its_part(tmp_path):
     """The helper stalls on the step it reads (its CPU taken away; here a sleep): the
     load reads every other step of the part itself, from the end, while it waits."""
-    real_read = read_ahead.Job._read
-    readers = {}
-
-    def read(job, i):
-        helper = threading.current_thread().name == "encache-read-ahead"
-        readers[i] = "helper" if helper else "load"
-        if helper:
-            time.sleep(0.5)
-        real_read(job, i)
-    monkeypatch.setattr(read_ahead.Job, "_read", read)
+    _readpool.delay_helpers(0, 0.5)
+    steps0 = _helper_steps()
     blob = _blob()
+    t0 = time.monotonic()
     buf, _, _, jobs = _read(_write(tmp_path, blob), chunk=256 << 10, identifier="x")
+    took = time.monotonic() - t0
     assert jobs == 1 and bytes(buf) == blob
-    # (the helper's one step: the first it claimed, unless the load got there first)
-    assert len(readers) > 2 and list(readers.values()).count("helper") <= 1, readers
+    # the back part is several steps; the helper read at most the one it was on when
+    # the load ended (the load waits for that one: about its 0.5 s, not one per step)
+    assert len(range(read_ahead.split(len(blob)), len(blob), 256 << 10)) > 2
+    assert _helper_steps() - steps0 <= 1 and took < 1.5
 
 
-def test_small_entries_and_no_free_helper_read_on_the_loads_thread(tmp_path, monkeypatch):
+def test_small_entries_and_no_free_helper_read_on_the_loads_thread(tmp_path):
     small = _blob(read_ahead.MIN_BYTES // 2)
     buf, _, _, jobs = _read(_write(tmp_path, small, "small"), identifier="x")
     assert jobs == 0 and bytes(buf) == small
-    monkeypatch.setattr(read_ahead, "_pool", read_ahead._Pool(0))  # every helper busy
     blob = _blob()
-    buf, _, _, jobs = _read(_write(tmp_path, blob), identifier="x")
-    assert jobs == 0 and bytes(buf) == blob
+    path = _write(tmp_path, blob)
+    fd = os.open(path, os.O_RDONLY)
+    held = _hold_every_helper(fd, len(blob))  # every helper busy
+    try:
+        assert held
+        buf, _, _, jobs = _read(path, identifier="x")
+        assert jobs == 0 and bytes(buf) == blob
+    finally:
+        for job in held:
+            job.close()
+        os.close(fd)
 
 
 def test_concurrent_loads_share_the_helpers(tmp_path):
@@ -310,3 +325,40 @@ def test_a_store_read_into_staging_uses_the_helper(tmp_path, monkeypatch):
     buf, _, meta, offset, hashed = alone.read_verified("k", into=_Staging())
     assert hashed and jobs == [True, True]  # (none more)
     assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
+
+
+def test_a_job_dropped_without_close_is_ended_before_its_buffer_goes(tmp_path):
+    """A job whose caller lost it (never closed: an exception path that forgot it) is
+    ended when it is freed: the helper is done with the buffer and free again."""
+    _readpool.delay_helpers(0, 0.2)
+    blob = _blob()
+    fd = os.open(_write(tmp_path, blob), os.O_RDONLY)
+    try:
+        job = read_ahead.start(fd, memoryview(bytearray(len(blob))), len(blob))
+        assert job is not None and _readpool.busy_helpers() == 1
+        del job
+        assert _readpool.busy_helpers() == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_forked_child_has_helpers_of_its_own(tmp_path):
+    """After fork() the child has none of the parent's threads: its pool starts empty and
+    makes its own helper, and its load uses it."""
+    blob = _blob()
+    path = _write(tmp_path, blob)
+    assert _read(path)[3] == 1  # the parent's helper exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if its load used a helper and was right
+        code = 1
+        try:
+            runs0 = _readpool.counts()[0]
+            buf, _, _, jobs = _read(path, identifier="x")
+            deadline = time.monotonic() + 5  # (a parent's helper would never run it)
+            while _readpool.counts()[0] == runs0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            code = 0 if jobs == 1 and bytes(buf) == blob and _readpool.counts()[0] > runs0 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
