@@ -515,7 +515,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
 class GilHog:
     """A Python thread that, while ``on`` is set, holds the GIL for 5 ms of every 10 (pure
     Python spinning, as a busy engine loop in the scheduler's process does between its
-    blocking calls)."""
+    blocking calls). Its busy and idle phases follow the clock, not the moment it is
+    switched on, so a load (which switches it on) starts at a random point of the cycle,
+    as a load meets a busy engine loop; it stops spinning as soon as it is switched off."""
 
     def __init__(self, busy_s: float = 0.005, idle_s: float = 0.005):
         import threading
@@ -526,13 +528,18 @@ class GilHog:
         self._thread.start()
 
     def _run(self) -> None:
+        period = self.busy_s + self.idle_s
         while not self._stop.is_set():
             if not self.on.wait(0.05):
                 continue
-            t = time.perf_counter()
-            while time.perf_counter() - t < self.busy_s:
-                pass
-            time.sleep(self.idle_s)
+            now = time.perf_counter()
+            phase = now % period
+            if phase < self.busy_s:
+                end = now + self.busy_s - phase
+                while time.perf_counter() < end and self.on.is_set():
+                    pass
+            else:  # idle: sleep to the next busy phase
+                time.sleep(period - phase)
 
     def stop(self) -> None:
         self._stop.set()
