@@ -170,7 +170,7 @@ def plot_method_bars(results: dict, methods: list[str], key: str, name: str, *, 
     import matplotlib.pyplot as plt
 
     labels = [r["label"] for r in results["sizes"]]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     w = 0.8 / len(methods)
     for k, m in enumerate(methods):
         vals = [r["methods"][m][key] for r in results["sizes"]]
@@ -179,7 +179,7 @@ def plot_method_bars(results: dict, methods: list[str], key: str, name: str, *, 
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(labels))], labels)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # (beside the bars)
     fig.tight_layout()
     fig.savefig(BENCH_DIR / name, dpi=110)
 
