@@ -59,17 +59,18 @@ def epd(tmp_path_factory, redis_cluster):
     summary = precompute_corpus(str(pre_dir),
                                 PrecomputeOptions(model=model, store=stores["disk"], **pre))
     assert summary.encoded == PRE
-    servers = {"plain": start_server(model, None, root, max_model_len=MAX_LEN, probe="plain",
-                                     executor="uni")}
-    for name, store in stores.items():
-        servers[f"e-{name}"] = start_server(
-            model, consumer_config(store, role="ec_producer"), root, max_model_len=MAX_LEN,
-            probe=f"e-{name}")
-        tier = {"local_tier": str(root / "tier")} if name == "cluster" else {}
-        servers[f"pd-{name}"] = start_server(
-            model, consumer_config(store, **tier), root, max_model_len=MAX_LEN,
-            probe=f"pd-{name}")
-    try:
+    servers = {}
+    try:  # (started inside: a start that fails stops the ones started before it)
+        servers["plain"] = start_server(model, None, root, max_model_len=MAX_LEN,
+                                        probe="plain", executor="uni")
+        for name, store in stores.items():
+            servers[f"e-{name}"] = start_server(
+                model, consumer_config(store, role="ec_producer"), root, max_model_len=MAX_LEN,
+                probe=f"e-{name}")
+            tier = {"local_tier": str(root / "tier")} if name == "cluster" else {}
+            servers[f"pd-{name}"] = start_server(
+                model, consumer_config(store, **tier), root, max_model_len=MAX_LEN,
+                probe=f"pd-{name}")
         for s in servers.values():
             s.wait_ready()
         yield {"model": model, "paths": paths, "stores": stores, "servers": servers,
