@@ -23,11 +23,13 @@
    start() returns None when none is free (the caller reads alone). After fork() the
    child has no helpers (its pool starts empty). */
 
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -131,6 +133,7 @@ static void run(state *s) {
 
 static void *helper_loop(void *arg) {
     helper *h = arg;
+    pthread_setname_np(pthread_self(), "encache-read");  /* (as top and py-spy show it) */
     for (;;) {
         pthread_mutex_lock(&h->mu);
         while (h->head == NULL)
@@ -159,6 +162,11 @@ static helper *take_helper(void) {
             pthread_attr_t attr;
             pthread_attr_init(&attr);
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            /* the helper blocks every signal (it inherits this mask): signals go to the
+               interpreter's threads, whose handlers expect them */
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old);
             pthread_t t;
             if (pthread_create(&t, &attr, helper_loop, h) == 0) {
                 made_helpers++;
@@ -166,6 +174,7 @@ static helper *take_helper(void) {
                 free(h);
                 h = NULL;
             }
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
             pthread_attr_destroy(&attr);
         }
     }
