@@ -84,7 +84,9 @@ static void unref(state *s) {
     }
 }
 
-static Py_ssize_t step_start(const state *s, Py_ssize_t i) { return s->begin + i * s->chunk; }
+static Py_ssize_t step_start(const state *s, Py_ssize_t i) {
+    return s->begin + i * s->chunk;
+}
 static Py_ssize_t step_end(const state *s, Py_ssize_t i) {
     Py_ssize_t e = step_start(s, i) + s->chunk;
     return e < s->end ? e : s->end;
@@ -296,7 +298,8 @@ static void job_end(Job *self) {
     for (Py_ssize_t i = 0; i < s->nsteps; i++) {
         if (self->settled[i]) continue;
         int expect = FREE;
-        if (!atomic_compare_exchange_strong(&s->claims[i], &expect, CALLER) && expect == HELPER)
+        if (!atomic_compare_exchange_strong(&s->claims[i], &expect, CALLER)
+                && expect == HELPER)
             wait_landed(s, i);
         self->settled[i] = 1;
     }

@@ -34,16 +34,18 @@ import os
 from . import _readpool
 from ._readpool import Job
 
-#: bytes per step of the back part. Measured here in the load benchmark before the
-#: caller took steps itself (two runs each, the first load into staging, x a plain
-#: one-thread ``readinto``, 2.75 / 10 MB): 1 MiB 0.66-0.73 / 0.85-0.90, 256 KiB
-#: 0.40-0.65 / 0.76-0.77 (one thread: 0.63-0.66 / 0.58-0.61).
+#: bytes per step of the back part. Measured here in the load benchmark with the earlier
+#: Python helpers, before the caller took steps itself (two runs each, the first load
+#: into staging, x a plain one-thread ``readinto``, 2.75 / 10 MB): 1 MiB 0.66-0.73 /
+#: 0.85-0.90, 256 KiB 0.40-0.65 / 0.76-0.77 (one thread: 0.63-0.66 / 0.58-0.61). With
+#: the C helpers, in scratch runs interleaved per load (2.75 MB, into staging): steps of
+#: 128 KiB to 1 MiB all gave 0.65-0.90, varying more from run to run than between sizes.
 CHUNK = 1 << 20
 #: the caller's share of the entry (the front; the back part is the job's). Measured in a
-#: scratch loop (x ``readinto``, three runs, 2.75 / 10 MB): 0.30 0.90-1.00 / 1.08-1.16,
-#: 0.35 0.99-1.04 / 1.06-1.17, 0.40 0.95-1.00 / 1.00-1.06, 0.45 0.90-0.92 / 0.89-1.06;
-#: the whole entry read by the helper and only hashed by the caller 0.74-0.78 /
-#: 0.76-0.81; one thread 0.70-0.75 / 0.59-0.63.
+#: scratch loop with the Python helpers (x ``readinto``, three runs, 2.75 / 10 MB): 0.30
+#: 0.90-1.00 / 1.08-1.16, 0.35 0.99-1.04 / 1.06-1.17, 0.40 0.95-1.00 / 1.00-1.06, 0.45
+#: 0.90-0.92 / 0.89-1.06; the whole entry read by the helper and only hashed by the
+#: caller 0.74-0.78 / 0.76-0.81; one thread 0.70-0.75 / 0.59-0.63.
 FRONT = 0.35
 #: entries smaller than this are read on the caller's thread (a hand-over costs more).
 MIN_BYTES = 1 << 20
