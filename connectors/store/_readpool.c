@@ -9,9 +9,10 @@
 
    Why C: the helpers never hold the GIL. A Python helper thread needs it between its
    reads and to wake up, so it waits on the caller's hashing and on the interpreter's
-   switch interval; measured per load among other work, a Python helper left a 2.75 MB
-   first load below a one-thread read, where these helpers read the back part while the
-   caller hashes the front (performance.md).
+   switch interval. In the load benchmark, a 2.75 / 10 MB first load into staging on two
+   threads measured 0.74 / 0.78x a readinto with Python helpers and 0.87 / 0.84x with
+   these; while another Python thread holds the GIL half the time, 0.36 / 0.36x against
+   0.58 / 0.55x (performance.md section 1).
 
    Memory: the caller's buffer is held (a Py_buffer) until Job.close(), which claims every
    step nobody has and waits for the one a helper is reading, so no helper writes into the
