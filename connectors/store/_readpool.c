@@ -93,19 +93,20 @@ static Py_ssize_t step_end(const state *s, Py_ssize_t i) {
     return e < s->end ? e : s->end;
 }
 
-/* Read step i whole: 0, or -1 with errno set (0: the file ended at *eof_at). */
+/* Read step i whole: 0; the errno of a failed read; or READ_EOF when the file ended
+   (at *eof_at). */
+enum { READ_EOF = -1 };
 static int read_step(const state *s, Py_ssize_t i, Py_ssize_t *eof_at) {
     Py_ssize_t off = step_start(s, i), e = step_end(s, i);
     while (off < e) {
         ssize_t n = pread(s->fd, s->buf + off, (size_t)(e - off), off);
         if (n < 0) {
             if (errno == EINTR) continue;
-            return -1;
+            return errno;
         }
         if (n == 0) {
-            errno = 0;
             *eof_at = off;
-            return -1;
+            return READ_EOF;
         }
         off += n;
     }
@@ -120,9 +121,9 @@ static void run(state *s) {
             continue;  /* the caller reads it */
         sleep_ns(atomic_load(&delay_step_ns));
         Py_ssize_t eof_at = 0;
-        int failed = read_step(s, i, &eof_at) != 0;
+        int rc = read_step(s, i, &eof_at), failed = rc != 0;
         if (failed) {
-            s->err = errno;
+            s->err = rc == READ_EOF ? 0 : rc;
             s->eof_at = eof_at;
             atomic_store(&s->stop, 1);
         }
@@ -270,13 +271,13 @@ static PyObject *job_next(Job *self) {
         }
         if (take >= 0) {
             self->settled[take] = 1;
-            int err = 0;
+            int rc;
             Py_ssize_t eof_at = 0;
             Py_BEGIN_ALLOW_THREADS
-            if (read_step(s, take, &eof_at) != 0) err = errno ? errno : -1;
+            rc = read_step(s, take, &eof_at);
             Py_END_ALLOW_THREADS
-            if (err) return raise_read_error(err == -1 ? 0 : err, eof_at);
-        } else if (self->last <= i && !self->settled[i]) {
+            if (rc) return raise_read_error(rc == READ_EOF ? 0 : rc, eof_at);
+        } else if (self->last <= i) {  /* (every later step is claimed) */
             Py_BEGIN_ALLOW_THREADS
             wait_landed(s, i);
             Py_END_ALLOW_THREADS
