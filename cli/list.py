@@ -63,12 +63,14 @@ def entry_dict(e) -> dict:
 
 
 def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
-               progress=None) -> list:
+               progress=None, unreachable: list | None = None) -> list:
     """The entries to show, filtered and sorted (EntryInfo objects); the command cuts
-    them to ``--limit`` itself, to say how many matched."""
+    them to ``--limit`` itself, to say how many matched. ``unreachable``: a list for the
+    parts of the store that did not answer (then the others' entries are listed)."""
     from encache.connectors.store.scanning import scan
 
-    entries = list(scan(store, flt if flt is not None and flt.active else None, progress))
+    entries = list(scan(store, flt if flt is not None and flt.active else None, progress,
+                        unreachable))
     key, desc = sort or ("identifier", False)
     if key == "identifier":
         entries.sort(key=lambda e: e.identifier, reverse=desc)
@@ -81,10 +83,10 @@ def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
     return entries
 
 
-def render_json(url: str, entries: list, total: int | None = None) -> None:
+def render_json(url: str, entries: list, unreachable: list[dict]) -> None:
     import sys
 
-    sys.stdout.write(json_document(url, entries))
+    sys.stdout.write(json_document(url, entries, unreachable))
     sys.stdout.write("\n")
     sys.stdout.flush()
 
@@ -93,15 +95,16 @@ def entry_dicts(entries) -> list[dict]:
     return [entry_dict(e) for e in entries]
 
 
-def json_document(url: str, entries: list) -> str:
-    """``json_text({"store", "count", "bytes", "entries": entry_dicts(entries)})``, the
-    same text byte for byte, written record by record from a template instead of through
-    100,000 dicts and the generic encoder: ~3x less CPU for ``list --json`` at scale
-    (tests/cli/test_cli_list.py checks the equality)."""
+def json_document(url: str, entries: list, unreachable: list[dict] = ()) -> str:
+    """``json_text({"store", "count", "bytes", "unreachable", "entries":
+    entry_dicts(entries)})``, the same text byte for byte, written record by record from
+    a template instead of through 100,000 dicts and the generic encoder: ~3x less CPU for
+    ``list --json`` at scale (tests/cli/test_cli_list.py checks the equality).
+    ``unreachable``: the parts of the store not listed (``parts_dicts``)."""
     from encache.cli.render import json_text
 
     head = json_text({"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
-                      "entries": []})
+                      "unreachable": list(unreachable), "entries": []})
     return head[:-2] + ", ".join(_records(entries)) + "]}"
 
 
@@ -202,17 +205,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
-        from encache.cli.render import progress
+        from encache.cli.render import partial_exit, progress
+        from encache.connectors.store.scanning import parts_dicts
 
         if quiet and json_:  # two output formats: which one was meant is a guess
             raise usage("-q and --json cannot be combined",
                         hint="-q: identifiers, one per line; --json: full records")
         flt = make_filter(lora=lora, model=model, older_than=older_than)
+        unreachable: list = []
         with no_gc():  # the rendering too: 100,000 records, no cycles to collect
             with opened(store) as st:
                 url = display_url(store, st)
                 with progress("Scanning", quiet=quiet or json_) as tick:
-                    entries = build_list(st, flt, parse_sort(sort) if sort else None, tick)
+                    entries = build_list(st, flt, parse_sort(sort) if sort else None, tick,
+                                         unreachable)
             found = len(entries)
             if limit is not None:
                 entries = entries[:limit]
@@ -221,7 +227,8 @@ def register(app: typer.Typer) -> None:
 
                 sys.stdout.write("".join(e.identifier + "\n" for e in entries))
             elif json_:
-                render_json(url, entries)
+                render_json(url, entries, parts_dicts(unreachable))
             else:
                 render_table(url, entries, flt.describe(), found=found)
+        partial_exit(parts_dicts(unreachable), "this list")
 

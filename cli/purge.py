@@ -4,7 +4,9 @@ Always builds a plan first and prints what will go and how many bytes that frees
 ``--dry-run`` stops there; otherwise it asks (on a terminal) unless ``--yes``. Without a
 terminal and without ``--yes`` it refuses (exit 6) rather than guess. Each entry is
 removed with one atomic operation (``store.delete``), so a concurrent reader sees it
-whole or not at all.
+whole or not at all. A part of the store that does not answer (a Redis Cluster's dead
+primary) is named, the others' entries are purged, and the exit code is 3: purge again
+once it is back.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ def register(app: typer.Typer) -> None:
         combine (AND)."""
         from encache.connectors import errors
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
-        from encache.cli.render import confirm, emit, emit_json, note, progress
-        from encache.connectors.store.scanning import human_bytes
+        from encache.cli.render import (confirm, emit, emit_json, note, partial_exit,
+                                        partial_note, progress)
+        from encache.connectors.store.scanning import human_bytes, parts_dicts
         from encache.connectors.store.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
@@ -107,6 +110,7 @@ def register(app: typer.Typer) -> None:
                 else:
                     plan = build_purge_plan(st, flt, display_url=url, everything=all_,
                                             progress=tick)
+            parts = parts_dicts(plan.unreachable)  # (their entries cannot be planned)
             if not json_ and not quiet:
                 render_plan(plan, 0 if verbose else SHOW_ROWS)
                 if plan.count:
@@ -116,7 +120,10 @@ def register(app: typer.Typer) -> None:
             if dry_run or not plan.count:
                 if json_:
                     emit_json({"plan": plan.to_dict(), "dry_run": dry_run, "result": None})
+                partial_exit(parts, "this plan")
                 return
+            if parts:  # said before the question (and with -q: exit 3 needs a reason)
+                partial_note(parts, "this plan")
             if not yes:
                 confirm(f"Delete {plan.entries:,} entries ({human_bytes(plan.bytes)})?",
                         refusal=f"refusing to delete {plan.entries:,} entries "
@@ -137,3 +144,4 @@ def register(app: typer.Typer) -> None:
                 note(f"Could not delete {ident}: {err}")
         if result.failed:
             raise typer.Exit(errors.EXIT_PARTIAL)
+        partial_exit(parts, "this purge", quiet=True)  # (said before the deletes)

@@ -52,6 +52,30 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def partial_note(unreachable: Sequence[dict], what: str) -> None:
+    """Say on stderr which parts of the store a command's walk could not reach
+    (``unreachable``: a report's field, a Redis Cluster's dead primaries): their entries
+    are missing from ``what`` it printed."""
+    for p in unreachable:
+        note(f"Partial: {p['part']} did not answer ({p['error']}); its entries are not in "
+             f"{what}.")
+
+
+def partial_exit(unreachable: Sequence[dict], what: str, *, quiet: bool = False) -> None:
+    """After a command printed what it found: if its walk could not reach every part of
+    the store, :func:`partial_note` (unless ``quiet``) and exit 3, so a script knows the
+    output is incomplete. Nothing when the walk was complete."""
+    if not unreachable:
+        return
+    import typer
+
+    from encache.connectors.errors import EXIT_PARTIAL
+
+    if not quiet:
+        partial_note(unreachable, what)
+    raise typer.Exit(EXIT_PARTIAL)
+
+
 def emit(line: str = "") -> None:
     print(line, file=sys.stdout)
 

@@ -11,14 +11,18 @@ from encache.cli.options import ByOpt, JsonOpt, StoreOpt
 
 
 def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
-    """``{"store", "bytes", "entries"[, "by", "groups"]}`` (raw bytes)."""
-    from encache.connectors.store.scanning import summarize
+    """``{"store", "bytes", "unreachable"[, "entries", "by", "groups"]}`` (raw bytes;
+    ``unreachable``: parts of the store that did not answer, the figures being the
+    others')."""
+    from encache.connectors.store.scanning import parts_dicts, summarize
 
     if by is None:
         if store.supports_used_bytes:  # disk: file sizes only, no header read
-            return {"store": url, "bytes": int(store.used_bytes())}
-    s = summarize(store, progress=progress)
-    data = {"store": url, "bytes": s.bytes, "entries": s.entries}
+            return {"store": url, "bytes": int(store.used_bytes()), "unreachable": []}
+    unreachable: list = []
+    s = summarize(store, progress=progress, unreachable=unreachable)
+    data = {"store": url, "bytes": s.bytes, "entries": s.entries,
+            "unreachable": parts_dicts(unreachable)}
     if by is not None:
         groups = s.by_model if by == "model" else s.by_lora
         data["by"] = by
@@ -64,7 +68,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Total size of the store (raw bytes when piped); --by model|lora to break down."""
         from encache.cli.common import display_url, no_gc, opened
-        from encache.cli.render import emit_json, is_tty, progress
+        from encache.cli.render import emit_json, is_tty, partial_exit, progress
 
         with opened(store) as st, no_gc():
             url = display_url(store, st)
@@ -74,3 +78,4 @@ def register(app: typer.Typer) -> None:
             emit_json(data)
         else:
             render(data, is_tty() if human is None else human)
+        partial_exit(data["unreachable"], "this total")

@@ -45,12 +45,26 @@ def tier_stats(path: str, shared_url: str) -> dict:
 
 def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = None,
                 progress=None, local_tier: str | None = None) -> dict:
-    """The ``stats`` data (JSON-ready: raw bytes, epoch seconds)."""
-    from encache.connectors.store.scanning import summarize
+    """The ``stats`` data (JSON-ready: raw bytes, epoch seconds). Parts of the store that
+    do not answer (a Redis Cluster's dead primary) are listed in ``unreachable`` and the
+    figures are the other parts'; counters kept on such a part are ``counters_unavailable``
+    (why) and read as zero."""
+    from encache.connectors.store import StoreError
+    from encache.connectors.store.scanning import parts_dicts, summarize
 
-    summary = summarize(store, url=open_url, workers=workers, progress=progress)
+    unreachable: list = []
+    summary = summarize(store, url=open_url, workers=workers, progress=progress,
+                        unreachable=unreachable)
     info = store.info()
-    counters = store.read_counters()
+    counters, counters_unavailable = {}, None
+    try:
+        counters = store.read_counters()
+    except StoreError as e:
+        if e.domain is None:  # (the store as a whole: the command fails)
+            raise
+        counters_unavailable = f"{e.domain}: {e.reason}"
+        if all(part != e.domain for part, _ in unreachable):
+            unreachable.append((e.domain, e.reason))
 
     def c(name: str) -> float:
         v = counters.get(name, 0) or 0
@@ -67,6 +81,8 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
     return {
         "store": url,
         "backend": info.backend,
+        # parts that did not answer: every figure is of the others
+        "unreachable": parts_dicts(unreachable),
         "entries": summary.entries,
         "bytes": summary.bytes,
         "max_bytes": info.max_bytes,
@@ -121,6 +137,7 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "bytes_saved": c("bytes_saved"),
         "evictions": c("evictions"),
         "counters_updated": counters.get("updated"),
+        "counters_unavailable": counters_unavailable,
         "backend_info": dict(info.extra),
     }
 
@@ -165,6 +182,8 @@ def _node_row(node: dict) -> str:
 
     def b(v):
         return "-" if v is None else human_bytes(int(v))
+    if node.get("reachable") is False:
+        return f"{node.get('node')}  unreachable ({node.get('error')})"
     limit = b(node.get("maxmemory")) if node.get("maxmemory") else "unbounded"
     return (f"{node.get('node')}  {b(node.get('used_memory'))} / {limit} "
             f"({node.get('maxmemory_policy') or '?'}), {node.get('keys', '?')} keys, "
@@ -230,6 +249,8 @@ def render_table(s: dict) -> None:
         ("Evictions", f"{s['evictions']:,}"),
         ("Counters updated", human_ago(s["counters_updated"]) if s["counters_updated"] else "never"),
     ]
+    if s["counters_unavailable"]:
+        crow = [("Unavailable", s["counters_unavailable"])]
     counters = table(["", ""], crow, title="Consumer counters")
     counters.show_header = False
 
@@ -283,7 +304,7 @@ def register(app: typer.Typer) -> None:
         """Entry count, bytes (used / max), by model and LoRA, legacy entries, and the
         hits / misses / load times recorded by serving engines."""
         from encache.cli.common import display_url, no_gc, opened
-        from encache.cli.render import emit_json, note, progress
+        from encache.cli.render import emit_json, note, partial_exit, progress
         from encache.connectors.store.scanning import default_workers
 
         with opened(store) as st, no_gc():
@@ -300,3 +321,4 @@ def register(app: typer.Typer) -> None:
                 st.reset_counters()
                 if not (json_ or quiet):
                     note("Counters reset.")
+        partial_exit(data["unreachable"], "these statistics", quiet=quiet)

@@ -8,7 +8,9 @@ are size-checked and reported as unverifiable: a warning, not a failure. Stray t
 files left by crashed writers are warnings too (invisible to readers).
 
 Exit codes: 0 clean (warnings allowed), 4 problems found (also when ``--repair`` fixed
-them all), 3 ``--repair`` could not fix every problem, 2 usage, 7 store unreachable.
+them all), 3 ``--repair`` could not fix every problem, or no problem found but a part of
+the store did not answer (a Redis Cluster's dead primary: its entries went unchecked),
+2 usage, 7 store unreachable.
 """
 
 from __future__ import annotations
@@ -93,10 +95,11 @@ def register(app: typer.Typer) -> None:
         """Read every entry; check header, checksum, shape/dtype, identifier and model.
 
         Exit 0 when clean, 4 when problems were found, 3 when --repair could not fix them
-        all."""
+        all or a part of the store did not answer."""
         from encache.connectors import errors
         from encache.cli.common import display_url, opened
-        from encache.cli.render import emit_json, progress
+        from encache.cli.render import emit_json, partial_exit, partial_note, progress
+        from encache.connectors.store.scanning import parts_dicts
         from encache.connectors.store.verify import (DEFAULT_GRACE, repair_plan, repair_store,
                                                      verify_store)
 
@@ -120,6 +123,9 @@ def register(app: typer.Typer) -> None:
             render_table(rep, repair_data)
         if result is not None and result.failed:
             raise typer.Exit(errors.EXIT_PARTIAL)
-        if not rep.clean:
+        parts = parts_dicts(rep.unreachable)
+        if not rep.clean:  # (the problems decide the code; the note still goes out)
+            partial_note(parts, "this check")
             raise typer.Exit(errors.EXIT_PROBLEMS)
+        partial_exit(parts, "this check")
 

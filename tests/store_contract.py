@@ -114,6 +114,12 @@ class StoreContract:
         assert e.size == len(blobs["lora1:" + "f" * 64])
         assert all(x.meta is not None and x.meta.shape == (64, 8) for x in infos.values())
         assert all(x.created is not None for x in infos.values())
+        # a walk that may be partial (management commands): on a store that answers, the
+        # same entries and no part named (a dead part: test_cli_shared_stores.py)
+        unreachable: list = []
+        assert {e.identifier for e in store.scan(unreachable=unreachable)} == ids
+        assert set(store.identifiers(unreachable=unreachable)) == ids
+        assert store.count(unreachable=unreachable) == len(ids) and unreachable == []
 
     def test_stat_reports_size_and_meta(self, store):
         b = blob("s")

@@ -56,7 +56,10 @@ backend:
                             (memory speed, no round trip), a ``StoreError`` names the part
                             it concerns (``domain``), and ``probe_domain()`` asks one part
                             whether it serves again: a consumer then misses only what the
-                            failed part holds; default: the store fails as a whole (None)
+                            failed part holds; a walk (``scan``, ``identifiers``, ``count``)
+                            given a list ``unreachable`` walks the parts that answer and
+                            names the others there (management commands report the rest
+                            as partial); default: the store fails as a whole (None)
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -95,9 +98,12 @@ class StoreError(RuntimeError):
     ``domain``: the part of the store the failure concerns, where a store's parts fail
     apart (``supports_failure_domains``: a Redis Cluster's primary); None: the store."""
 
-    def __init__(self, *args, domain: str | None = None):
+    def __init__(self, *args, domain: str | None = None, reason: str | None = None):
         super().__init__(*args)
         self.domain = domain
+        #: what went wrong, without the store's name (``str(self)`` names it): a report
+        #: listing parts of one store says it per part
+        self.reason = reason if reason is not None else str(self)
 
 
 class LockBusy(StoreError):
@@ -342,12 +348,18 @@ class Store(ABC):
         ...
 
     @abstractmethod
-    def identifiers(self) -> Iterator[str]:
-        """Every identifier present (cheap: no entry is read)."""
+    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+        """Every identifier present (cheap: no entry is read); ``unreachable`` as for
+        :meth:`scan`."""
 
     @abstractmethod
-    def scan(self) -> Iterator[EntryInfo]:
-        """Every entry with its header metadata (headers only, not tensors)."""
+    def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:
+        """Every entry with its header metadata (headers only, not tensors).
+
+        ``unreachable``: a list for a walk that may be partial. A store whose parts fail
+        apart (``supports_failure_domains``) appends ``(part, reason)`` for each part it
+        cannot walk and goes on with the others; it still raises when no part answers.
+        Without the list, or on a store that fails as a whole, a failure raises."""
 
     @abstractmethod
     def stat(self, identifier: str) -> EntryInfo | None:
@@ -377,9 +389,9 @@ class Store(ABC):
         """Bytes of all entries (cheap where ``supports_used_bytes``; else a scan)."""
         return sum(e.size for e in self.scan())
 
-    def count(self) -> int:
-        """Number of entries (no entry is read)."""
-        return sum(1 for _ in self.identifiers())
+    def count(self, *, unreachable: list | None = None) -> int:
+        """Number of entries (no entry is read); ``unreachable`` as for :meth:`scan`."""
+        return sum(1 for _ in self.identifiers(unreachable=unreachable))
 
     def ping(self) -> float:
         """Round-trip time of one lookup in seconds (raises StoreError if unusable)."""

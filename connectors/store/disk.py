@@ -682,7 +682,7 @@ class DiskStore(Store):
                 if is_entry_name(d.name) and d.is_dir(follow_symlinks=False):
                     yield d
 
-    def identifiers(self) -> Iterator[str]:
+    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
         for d in self._entry_dirs():
             if not os.path.isfile(os.path.join(d.path, ENTRY_FILE)):
                 continue
@@ -693,7 +693,8 @@ class DiskStore(Store):
             if ident is not None:
                 yield ident
 
-    def scan(self, use_index: bool = True) -> Iterator[EntryInfo]:
+    def scan(self, use_index: bool = True, *,
+             unreachable: list | None = None) -> Iterator[EntryInfo]:
         """Every entry's header info. With ``use_index`` (the default) headers of files
         unchanged since the last complete scan come from the header index
         (:mod:`.header_index`): one ``stat`` per entry instead of open + read + parse.

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .base import EntryInfo, Store
 from .keys import from_name
-from .scanning import EntryFilter, scan
+from .scanning import EntryFilter, parts_dicts, scan
 
 QUARANTINE_DIR = (".encache", "quarantine")  # under the store root (a dot-dir: not an entry)
 DELETE_BATCH = 500
@@ -58,6 +58,9 @@ class DeletePlan:
     store: str  # display URL (redacted)
     items: tuple[PlanItem, ...]
     selection: str = ""  # human description of what was selected
+    #: parts of the store the walk could not reach, ``(part, reason)``: their entries
+    #: are not in the plan (a Redis Cluster's dead primary)
+    unreachable: tuple[tuple[str, str], ...] = ()
 
     @property
     def count(self) -> int:
@@ -74,6 +77,7 @@ class DeletePlan:
     def to_dict(self) -> dict:
         return {"store": self.store, "selection": self.selection, "entries": self.entries,
                 "stray_files": self.count - self.entries, "bytes": self.bytes,
+                "unreachable": parts_dicts(self.unreachable),
                 "items": [i.to_dict() for i in self.items]}
 
 
@@ -108,10 +112,12 @@ def build_purge_plan(store: Store, flt: EntryFilter | None, *, display_url: str,
     """Entries matching ``flt`` (every entry with ``everything``), to delete."""
     if not everything and (flt is None or not flt.active):
         raise ValueError("a purge needs a selection (a filter, or everything=True)")
+    unreachable: list = []  # (a part that does not answer: the rest is planned)
     items = tuple(PlanItem.for_entry(e, "delete", "purge")
-                  for e in scan(store, None if everything else flt, progress))
+                  for e in scan(store, None if everything else flt, progress, unreachable))
     items = tuple(sorted(items, key=lambda i: i.identifier))
-    return DeletePlan(display_url, items, "all entries" if everything else flt.describe())
+    return DeletePlan(display_url, items, "all entries" if everything else flt.describe(),
+                      tuple(unreachable))
 
 
 def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
@@ -122,13 +128,14 @@ def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
     adapter since retrained under the same name. Unstamped entries are never selected."""
     from .lora_stamp import is_stale, newest_digests
 
-    entries = list(scan(store, flt, progress))
+    unreachable: list = []
+    entries = list(scan(store, flt, progress, unreachable))
     digests = {flt.lora: current} if current else newest_digests(entries)
     items = tuple(sorted((PlanItem.for_entry(e, "delete", "stale-lora") for e in entries
                           if is_stale(e, digests)), key=lambda i: i.identifier))
     what = f"adapter digest {current}" if current else "the newest adapter"
     return DeletePlan(display_url, items, f"{flt.describe()}, made with another adapter than "
-                                          f"{what}")
+                                          f"{what}", tuple(unreachable))
 
 
 def build_repair_plan(store: Store, bad: Iterable[tuple[EntryInfo, str]],

@@ -316,7 +316,7 @@ class RedisStore(Store):
                                socket_timeout=self.socket_timeout)
         if domain is None:
             return error
-        return StoreError(f"{error} [primary {domain}]", domain=domain)
+        return StoreError(f"{error} [primary {domain}]", domain=domain, reason=error.reason)
 
     @contextlib.contextmanager
     def _errors(self):
@@ -570,8 +570,10 @@ class RedisStore(Store):
     def contains(self, identifier: str) -> bool:
         return bool(self._r.exists(self.key(identifier)))  # EXISTS does not touch the LRU
 
-    def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
-        """Entry keys, a SCAN page at a time, each once (``found``: for cluster layouts)."""
+    def _scan_pages(self, found: set | None = None,
+                    unreachable: list | None = None) -> Iterator[list[bytes]]:
+        """Entry keys, a SCAN page at a time, each once (``found``, ``unreachable``: for
+        cluster layouts; one server fails as a whole)."""
         cursor, seen = 0, set()
         while True:
             with self._errors():
@@ -596,14 +598,14 @@ class RedisStore(Store):
                 continue
         return out
 
-    def identifiers(self) -> Iterator[str]:
-        for page in self._scan_pages():
+    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+        for page in self._scan_pages(unreachable=unreachable):
             yield from self._idents(page)
 
-    def scan(self) -> Iterator[EntryInfo]:
+    def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:
         sides: dict = {}  # (meta, atime) -> [entries seen under it, records it holds or 0]
         found: set = set()  # side-key pairs the key walk came across (cluster)
-        for page in self._scan_pages(found):
+        for page in self._scan_pages(found, unreachable):
             ids = self._idents(page)
             if not ids:  # (a page of keys no encache writer made)
                 continue
@@ -781,9 +783,9 @@ class RedisStore(Store):
         self._r.delete(self._counters_key)
 
     @_wrapped
-    def count(self) -> int:
+    def count(self, *, unreachable: list | None = None) -> int:
         """Number of entries (a SCAN over the key space; no entry is read)."""
-        return sum(len(p) for p in self._scan_pages())
+        return sum(len(p) for p in self._scan_pages(unreachable=unreachable))
 
     def _memory_info(self, **node) -> dict:
         return memory_info(self._r, ERRORS, **node)

@@ -126,6 +126,7 @@ class RedisClusterStore(RedisStore):
         self._reroute_lock = threading.Lock()
         self._next_reroute = 0.0  # monotonic time before which loads do not re-read the map
         self.route_refreshes = 0  # slot-map re-reads done for loads (each one bumps it)
+        self._journal_warned_until = 0.0
         super().__init__(url, **options)
         self._options["redirect_wait"] = self.redirect_wait
         p = self.prefix.encode("utf-8")
@@ -296,14 +297,27 @@ class RedisClusterStore(RedisStore):
         try:
             self._waiting(lambda: self._journal(None, changed))
         except _RETRY_WRITES as e:
-            log.warning("encache: entry stored, but could not journal it in %s on %s: %s",
-                        self._journal_key, self.url, self._store_error(e))
+            now = time.monotonic()
+            if now >= self._journal_warned_until:  # (once a minute: a purge makes many)
+                self._journal_warned_until = now + 60.0
+                log.warning("encache: %d entr%s written or deleted, but the change journal "
+                            "(%s) is unreachable: readers that follow it (local tiers) see "
+                            "such changes only at their next full check: %s", len(changed),
+                            "y" if len(changed) == 1 else "ies",
+                            self._journal_key.decode("utf-8", "replace"),
+                            self._store_error(e))
         return res
 
     @_wrapped
     def changes_since(self, cursor):
         return self._load(lambda: RedisStore.changes_since.__wrapped__(self, cursor),
                           (hashed_slot(self._gen_key),))
+
+    @_wrapped
+    def read_counters(self) -> dict[str, float]:
+        # (one key: a failure names its primary, as a load's does)
+        return self._load(lambda: RedisStore.read_counters.__wrapped__(self),
+                          (hashed_slot(self._counters_key),))
 
     @_wrapped
     def stat(self, identifier: str):
@@ -325,7 +339,9 @@ class RedisClusterStore(RedisStore):
         try:
             replies = self._per_node(calls)
         except NoScriptError:  # first scan, or a promoted replica (empty script cache)
-            self._r.script_load(_PAGE_LUA)  # (SCRIPT LOAD goes to every primary)
+            for node in self._primaries():  # (one that does not answer is not this page's)
+                with contextlib.suppress(*ERRORS):
+                    self._r.execute_command("SCRIPT LOAD", _PAGE_LUA, target_nodes=node)
             replies = self._per_node(calls)
         metas, atimes = [None] * len(raw), [None] * len(raw)
         for (pair, pos), (hlen, zcard, mv, tv) in zip(groups.items(), replies):
@@ -367,7 +383,8 @@ class RedisClusterStore(RedisStore):
         with self._errors():  # (the first call may build the client: unreachable, auth…)
             return self._r.get_primaries()
 
-    def _scan_pages(self, found: set | None = None) -> Iterator[list[bytes]]:
+    def _scan_pages(self, found: set | None = None,
+                    unreachable: list | None = None) -> Iterator[list[bytes]]:
         """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
         the way go to ``found`` as ``(meta, atime)`` pairs.
 
@@ -375,28 +392,44 @@ class RedisClusterStore(RedisStore):
         map still lists (a failover the client has not seen yet: a consumer's index
         refresh right after a promotion), the map is re-read once (as for a load) and the
         walk goes on over the primaries not walked yet (keys already yielded are not
-        yielded again)."""
+        yielded again). A primary that still fails raises (naming it), or with
+        ``unreachable`` (a list: :meth:`.base.Store.scan`) is appended there as
+        ``(node, reason)`` and the walk goes on; if no primary answered, the last failure
+        raises."""
         seen: set[bytes] = set()
         # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
         walked: set[str] = set()
+        failed: dict[str, StoreError] = {}
         nodes, rerouted = list(self._primaries()), False
         while nodes:
             node = nodes.pop(0)
             try:
                 yield from self._scan_node(node, match, seen, found)
             except _STALE_ROUTE as e:
-                if rerouted:
-                    raise self._store_error(e, domain=node.name) from None
-                rerouted = True
-                self._reread_routes()
-                nodes = [n for n in self._primaries() if n.name not in walked]
-                if any(n.name == node.name for n in nodes):  # still named: it is just down
-                    raise self._store_error(e, domain=node.name) from None
+                error = self._store_error(e, domain=node.name)
+                if not rerouted:
+                    rerouted = True
+                    self._reread_routes()
+                    nodes = [n for n in self._primaries()
+                             if n.name not in walked and n.name not in failed]
+                    if not any(n.name == node.name for n in nodes):  # replaced: walk the new
+                        continue
+                    nodes = [n for n in nodes if n.name != node.name]  # still named: down
+                if unreachable is None:
+                    raise error from None
+                failed[node.name] = error
                 continue
             except ERRORS as e:
-                raise self._store_error(e, domain=node.name) from None
+                if unreachable is None:
+                    raise self._store_error(e, domain=node.name) from None
+                failed[node.name] = self._store_error(e, domain=node.name)
+                continue
             walked.add(node.name)
+        if failed and not walked:
+            raise failed.popitem()[1]
+        if unreachable is not None:
+            unreachable.extend((name, error.reason) for name, error in failed.items())
 
     def _scan_node(self, node, match: bytes, seen: set, found: set | None):
         """One primary's entry keys, a SCAN page at a time (see ``_scan_pages``)."""
@@ -484,9 +517,18 @@ class RedisClusterStore(RedisStore):
 
     # -- capacity, per primary ---------------------------------------------------------------
     def _node_facts(self) -> list[dict]:
-        """Memory settings and usage of every primary (and its replica count)."""
+        """Memory settings and usage of every primary (and its replica count); a primary
+        that does not answer is listed with ``reachable`` False and its ``error``."""
         facts = []
         for node in self._primaries():
+            try:
+                self._r.ping(target_nodes=node)
+            except ERRORS as e:
+                facts.append({"node": node.name, "reachable": False,
+                              "error": self._store_error(e).reason, "used_memory": None,
+                              "maxmemory": None, "maxmemory_policy": None, "keys": None,
+                              "replicas": None, "_mem": None})
+                continue
             mem = self._memory_info(target_nodes=node)
             keys = replicas = None
             with contextlib.suppress(*ERRORS):
@@ -494,7 +536,8 @@ class RedisClusterStore(RedisStore):
             with contextlib.suppress(*ERRORS):  # as the primary itself sees them
                 replicas = int(self._r.info("replication", target_nodes=node)
                                .get("connected_slaves", 0))
-            facts.append({"node": node.name, "used_memory": mem.get("used_memory"),
+            facts.append({"node": node.name, "reachable": True, "error": None,
+                          "used_memory": mem.get("used_memory"),
                           "maxmemory": mem.get("maxmemory"),
                           "maxmemory_policy": mem.get("maxmemory_policy"),
                           "keys": keys, "replicas": replicas,
@@ -507,6 +550,9 @@ class RedisClusterStore(RedisStore):
         facts = self._node_facts() if facts is None else facts
         out = []
         for f in facts:
+            if not f["reachable"]:
+                out.append(f"primary {f['node']}: unreachable ({f['error']})")
+                continue
             out += [f"primary {f['node']}: {w}" for w in self._memory_warnings(f["_mem"])]
             if f["replicas"] == 0:
                 out.append(f"primary {f['node']}: no replica (if it fails, its slots are "
@@ -518,11 +564,18 @@ class RedisClusterStore(RedisStore):
 
     @_wrapped
     def info(self) -> StoreInfo:
-        self._r.ping(target_nodes=RedisCluster.PRIMARIES)  # unreachable: the real reason
+        """Every primary's facts (``nodes``); one that does not answer is listed as such,
+        and the figures summed over primaries (``entries``, ``used_memory``…) are those
+        of the others (a capacity is unknown then). Raises when no primary answers."""
         facts = self._node_facts()
+        live = [f for f in facts if f["reachable"]]
+        if not live:
+            self._r.ping(target_nodes=RedisCluster.PRIMARIES)  # raises the real reason
+            raise StoreError(f"Redis {self._redacted}: no primary answers")
         version = None
         with contextlib.suppress(*ERRORS):
-            version = self._r.info("server", target_nodes=self._primaries()[0]).get("redis_version")
+            node = self._r.get_node(node_name=live[0]["node"])
+            version = self._r.info("server", target_nodes=node).get("redis_version")
         maxes = [int(f["maxmemory"] or 0) for f in facts]
         total_max = sum(maxes) if maxes and all(maxes) else None
         policies = sorted({str(f["maxmemory_policy"]) for f in facts if f["maxmemory_policy"]})
@@ -533,7 +586,7 @@ class RedisClusterStore(RedisStore):
             "used_memory": sum(int(f["used_memory"] or 0) for f in facts),
             "maxmemory": total_max or 0,
             "maxmemory_policy": ", ".join(policies) or None,
-            "entries": self.count(),
+            "entries": self.count(unreachable=[]),
             "dbsize": sum(int(f["keys"] or 0) for f in facts),
             "ttl": self.ttl,
             "nodes": [{k: v for k, v in f.items() if not k.startswith("_")} for f in facts],

@@ -2,16 +2,18 @@
 
 Every redis-py error a store method meets becomes a :class:`.base.StoreError` with one
 line a person can act on (connection refused, authentication failed, timed out, out of
-memory, read-only replica, still loading), naming the URL with its password redacted.
+memory, read-only replica, still loading, a cluster down), naming the URL with its
+password redacted (``StoreError.reason``: the same line without the URL).
 :class:`ConnectionRetry` retries dropped or refused connections only.
 """
 
 from __future__ import annotations
 
 from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
-                              ConnectionError as RedisConnectionError, NoPermissionError,
-                              OutOfMemoryError, ReadOnlyError, RedisClusterException,
-                              RedisError, TimeoutError as RedisTimeoutError)
+                              ClusterDownError, ConnectionError as RedisConnectionError,
+                              NoPermissionError, OutOfMemoryError, ReadOnlyError,
+                              RedisClusterException, RedisError,
+                              TimeoutError as RedisTimeoutError)
 from redis.retry import Retry
 
 from .base import StoreError
@@ -69,9 +71,16 @@ def describe_error(e: BaseException, *, url: str, password: str | None,
             what = "unknown host"
         else:
             what = f"connection failed ({msg})"
+    elif isinstance(e, ClusterDownError) or low.startswith("clusterdown") \
+            or "cluster is down" in low:
+        what = ("the cluster is down: a slot has no live primary, and while "
+                "cluster-require-full-coverage is yes every node refuses commands until it "
+                "is replaced (with no, only its slots would fail)")
     else:
         what = f"command failed ({msg})"
     if len(what) > 300:
         what = what[:297] + "..."
     text = f"Redis {url}: {what}"
-    return StoreError(text.replace(password, "***") if password else text)
+    if password:
+        text, what = text.replace(password, "***"), what.replace(password, "***")
+    return StoreError(text, reason=what)

@@ -9,7 +9,9 @@ no torch, no backend internals), so it works on every backend.
 * :class:`ScanThrottle` paces full walks repeated in the background (≤ 5 % of the time).
 * :func:`scan` / :func:`summarize` walk a store (headers only), optionally across
   processes (:func:`summarize` with ``workers > 1`` re-opens the store by URL in each
-  worker process and splits the identifiers between them).
+  worker process and splits the identifiers between them); given a list
+  ``unreachable``, a walk of a store whose parts fail apart covers the parts that answer
+  and names the others there (:func:`parts_dicts`: as a report's JSON).
 """
 
 from __future__ import annotations
@@ -275,10 +277,12 @@ def batched(items: Iterable, size: int) -> Iterator[list]:
 
 
 def scan(store: Store, flt: EntryFilter | None = None,
-         progress: Callable[[int], None] | None = None) -> Iterator[EntryInfo]:
-    """Every entry's header info (optionally filtered); ``progress(n_seen)`` now and then."""
+         progress: Callable[[int], None] | None = None,
+         unreachable: list | None = None) -> Iterator[EntryInfo]:
+    """Every entry's header info (optionally filtered); ``progress(n_seen)`` now and then.
+    ``unreachable``: a list for a walk that may be partial (:meth:`.base.Store.scan`)."""
     n = 0
-    for e in store.scan():
+    for e in store.scan(unreachable=unreachable):
         n += 1
         if progress is not None and n % TICK_EVERY == 0:
             progress(n)
@@ -286,6 +290,12 @@ def scan(store: Store, flt: EntryFilter | None = None,
             yield e
     if progress is not None:
         progress(n)
+
+
+def parts_dicts(unreachable: Iterable[tuple[str, str]]) -> list[dict]:
+    """A walk's ``unreachable`` parts, ``(part, reason)``, as JSON records (the
+    ``unreachable`` field of a report)."""
+    return [{"part": part, "error": reason} for part, reason in unreachable]
 
 
 def summarize_entries(entries: Iterable[EntryInfo]) -> Summary:
@@ -340,9 +350,11 @@ def _summarize_shard(args) -> Summary:
 def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None = None,
               workers: int = 1, options: dict | None = None,
               progress: Callable[[int], None] | None = None,
-              min_parallel: int = PARALLEL_MIN_ENTRIES) -> Summary:
+              min_parallel: int = PARALLEL_MIN_ENTRIES,
+              unreachable: list | None = None) -> Summary:
     """Summarise a store. With ``workers > 1`` and ``url`` given, header reads are split
     across that many processes (each re-opens ``url``); small stores are scanned inline.
+    ``unreachable``: as for :func:`scan` (the summary is then of the parts that answered).
     """
     if flt is None or not flt.active:
         summary = store.summary_if_unchanged()  # disk: from the header index, if current
@@ -351,10 +363,13 @@ def summarize(store: Store, flt: EntryFilter | None = None, *, url: str | None =
                 progress(summary.entries)
             return summary
     if workers <= 1 or url is None:
-        return summarize_entries(scan(store, flt, progress))
-    identifiers = list(store.identifiers())
+        return summarize_entries(scan(store, flt, progress, unreachable))
+    skipped: list = []
+    identifiers = list(store.identifiers(unreachable=None if unreachable is None else skipped))
     if len(identifiers) < max(1, min_parallel):
-        return summarize_entries(scan(store, flt, progress))
+        return summarize_entries(scan(store, flt, progress, unreachable))
+    if unreachable is not None:
+        unreachable.extend(skipped)
     import multiprocessing as mp
 
     # fork: the children need nothing but the arguments (no re-import, fast start)

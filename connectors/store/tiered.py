@@ -26,7 +26,12 @@ before and after the write) is written but not served until the next sync checke
 
 Through an outage: copies current at the last successful sync keep being served (the
 consumer's circuit breaker only misses what is not local, :meth:`holds_locally`); when
-the store is back, the next sync applies what changed meanwhile. The cursor and the time
+the store is back, the next sync applies what changed meanwhile. Where the shared store's
+parts fail apart (a Redis Cluster's primaries), an outage of one part is that part's
+alone: its copies are served unchecked, the others are kept current; if the dead part
+holds the change journal, every copy is checked against the other parts instead (a full
+check, paced to ``ScanThrottle``'s 5 % of the time), so a purge elsewhere still reaches
+the tier. The cursor and the time
 of the last sync are kept in the tier (a note), so a restarted consumer resumes from its
 cursor; copies written after that sync (a crash between a write-behind and its check) are
 not served until checked.
@@ -113,10 +118,12 @@ class TieredStore(Store):
         self.full_check_s = float(full_check_s)
         #: tier events: copies served, remote reads, written behind (of which raced a
         #: change: held back until a sync checked them), dropped (queue full, disk
-        #: full), invalidated by a sync, full checks, syncs failed
+        #: full), invalidated by a sync, full checks, syncs failed, syncs that reached
+        #: only part of the shared store
         self.stats = dict.fromkeys(("local_reads", "remote_reads", "written_behind",
                                     "written_unchecked", "write_behind_dropped",
-                                    "invalidated", "full_checks", "sync_failures"), 0)
+                                    "invalidated", "full_checks", "sync_failures",
+                                    "partial_syncs"), 0)
         self._cursor = None
         self._tier_bytes: int | None = None
         self._tier_usage = ScanThrottle(0.05, min_interval=TIER_USAGE_S)
@@ -124,6 +131,9 @@ class TieredStore(Store):
         self._trusted = False  # local copies may be served (a sync succeeded, or at start)
         self._suspect: set[str] = set()  # local copies not served until a sync checks them
         self._outage = False
+        self._parts_down: dict[str, str] = {}  # part -> why, at the last sync
+        #: full checks while the change journal's part does not answer: paced
+        self._unjournaled_checks = ScanThrottle(0.05)
         self._next_full = 0.0
         self._epoch = 0  # twice the syncs done (+1 while one runs): write-behind race marks
         self._dropped_at: dict[str, int] = {}  # identifier -> epoch of the sync that dropped it
@@ -312,21 +322,39 @@ class TieredStore(Store):
 
     def _sync(self, epoch: int) -> bool:
         started = time.time()  # copies written after this are not covered by this sync
+        down: dict[str, str] = {}  # parts of the shared store that did not answer
+        journal_part = None  # the part holding the change journal, if it did not answer
         try:
             suspects = set(self._suspect)  # added from now on: checked by the next sync
-            cursor, changed = self._journal_since(self._cursor)
+            try:
+                cursor, changed = self._journal_since(self._cursor)
+            except StoreError as e:
+                if e.domain is None:  # (the store as a whole)
+                    raise
+                # the journal's part is down and the others may answer: check every copy
+                # against them, paced (the journal cannot say what changed meanwhile)
+                if not self._unjournaled_checks.due():
+                    return False
+                down[e.domain] = e.reason
+                journal_part = e.domain
+                cursor, changed = self._cursor, None
             now = time.monotonic()
             full = changed is None or (not self.remote.journal_complete
                                        and now >= self._next_full)
+            unchecked: set[str] = set()
             if changed is not None:
-                self._check_changed(changed, epoch)
+                unchecked = self._check_changed(changed, epoch, down)
             if full:
                 self._checked_all_at = epoch
-                self._full_check(epoch)
-                self._next_full = now + self.full_check_s
+                if down:
+                    unchecked |= self._unjournaled_checks.run(
+                        lambda: self._full_check(epoch, down))
+                else:
+                    unchecked |= self._full_check(epoch, down)
+                    self._next_full = now + self.full_check_s
             elif suspects:
-                self._check(sorted(suspects), epoch)
-            self._suspect -= suspects
+                unchecked |= self._check(sorted(suspects), epoch, down)
+            self._suspect -= suspects - unchecked
             self._cursor = cursor
         except Exception as e:  # noqa: BLE001 - the store is down: serve what is local
             self.stats["sync_failures"] += 1
@@ -337,6 +365,7 @@ class TieredStore(Store):
                             self.remote.url, e,
                             "its" if self._trusted else "no (none checked yet)")
             return False
+        self._note_parts_down(down, journal_part)
         if self._outage:
             self._outage = False
             log.warning("encache: %s is back; the local tier %s is in sync",
@@ -356,18 +385,22 @@ class TieredStore(Store):
                 log.warning("encache: local tier %s: cannot drop %s: %s", self.tier.root,
                             identifier, e)
 
-    def _check_changed(self, changed: set[str], epoch: int) -> None:
+    def _check_changed(self, changed: set[str], epoch: int, down: dict) -> set[str]:
         """The journal's changes: a local copy is kept if it is the version now stored
         (a copy of an entry written just before it was read), else dropped; a
         write-behind still queued for any of them is discarded (its read may predate
-        the change)."""
+        the change). Returns the copies left unchecked (:meth:`_check`)."""
         held = [i for i in changed if self.tier.contains(i)]
         for identifier in changed:
             self._dropped_at[identifier] = epoch
-        self._check(held, epoch)
+        return self._check(held, epoch, down)
 
-    def _check(self, identifiers: list[str], epoch: int) -> None:
-        """Drop those of ``identifiers`` whose local copy is not the remote's version."""
+    def _check(self, identifiers: list[str], epoch: int, down: dict) -> set[str]:
+        """Drop those of ``identifiers`` whose local copy is not the remote's version.
+        Where the shared store's parts fail apart (``supports_failure_domains``), a
+        batch that fails is checked again part by part: copies on a part that does not
+        answer are left as they are (served as through an outage) and returned, the
+        part named in ``down``; other failures raise."""
         held = []
         for identifier in identifiers:
             info = self.tier.stat(identifier)
@@ -377,14 +410,63 @@ class TieredStore(Store):
                 self._drop([identifier], epoch)
                 continue
             held.append((identifier, None, info.meta))
+        unchecked: set[str] = set()
         for start in range(0, len(held), CHECK_BATCH):
             batch = held[start:start + CHECK_BATCH]
-            current = self.remote.unchanged(batch)
-            self._drop([i for (i, _, _), ok in zip(batch, current) if not ok], epoch)
+            try:
+                current = self.remote.unchanged(batch)
+            except StoreError:
+                if not self.remote.supports_failure_domains:
+                    raise
+                current = self._unchanged_by_part(batch, down)
+            self._drop([i for (i, _, _), ok in zip(batch, current)
+                        if ok is not None and not ok], epoch)
+            unchecked.update(i for (i, _, _), ok in zip(batch, current) if ok is None)
+        return unchecked
 
-    def _full_check(self, epoch: int) -> None:
+    def _unchanged_by_part(self, batch: list, down: dict) -> list[bool | None]:
+        """``remote.unchanged`` asked of each part of the shared store on its own; None
+        for the copies of a part that does not answer (named in ``down``). Raises if no
+        part answers."""
+        parts: dict[str | None, list[int]] = {}
+        for n, (identifier, _, _) in enumerate(batch):
+            parts.setdefault(self.remote.failure_domain(identifier), []).append(n)
+        out: list[bool | None] = [None] * len(batch)
+        failed = None
+        for part, positions in parts.items():
+            try:
+                current = self.remote.unchanged([batch[n] for n in positions])
+            except StoreError as e:
+                if part is None:  # (no part known: the store as a whole)
+                    raise
+                down[part], failed = e.reason, e
+                continue
+            for n, ok in zip(positions, current):
+                out[n] = ok
+        if failed is not None and all(ok is None for ok in out):
+            raise failed
+        return out
+
+    def _full_check(self, epoch: int, down: dict) -> set[str]:
         self.stats["full_checks"] += 1
-        self._check(list(self.tier.identifiers()), epoch)
+        return self._check(list(self.tier.identifiers()), epoch, down)
+
+    def _note_parts_down(self, down: dict, journal_part: str | None) -> None:
+        """Say once when a part of the shared store stops answering syncs (its copies are
+        served unchecked, as through an outage) and when it answers again; count the
+        syncs that reached only part of the store."""
+        for part in sorted(set(down) - set(self._parts_down)):
+            log.warning("encache: part %s of %s does not answer (%s): the local tier %s "
+                        "serves its copies of that part unchecked until it is back%s",
+                        part, self.remote.url, down[part], self.tier.root,
+                        "; it holds the change journal, so meanwhile every copy is checked "
+                        "against the other parts" if part == journal_part else "")
+        for part in sorted(set(self._parts_down) - set(down)):
+            log.warning("encache: part %s of %s answers again; the local tier %s is in sync",
+                        part, self.remote.url, self.tier.root)
+        if down:
+            self.stats["partial_syncs"] += 1
+        self._parts_down = dict(down)
 
     def _save_state(self, started: float) -> None:
         """Keep the cursor for a restart: when it moved, else once a minute (copies
@@ -414,7 +496,8 @@ class TieredStore(Store):
         """The tier for ``stats``: where, entries, bytes, capacity, and its events."""
         return {"path": str(self.tier.root), "entries": self.tier.count(),
                 "bytes": self.tier.used_bytes(), "max_bytes": self.tier.max_bytes,
-                "in_sync": self._trusted and not self._outage, **self.stats}
+                "in_sync": self._trusted and not self._outage and not self._parts_down,
+                "parts_down": sorted(self._parts_down), **self.stats}
 
     # -- writes go to the shared store ------------------------------------------------
     def put(self, identifier: str, parts, *, encoded_here: bool = False) -> int:
@@ -443,11 +526,11 @@ class TieredStore(Store):
     def contains(self, identifier: str) -> bool:
         return self.remote.contains(identifier)
 
-    def identifiers(self) -> Iterator[str]:
-        return self.remote.identifiers()
+    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+        return self.remote.identifiers(unreachable=unreachable)
 
-    def scan(self) -> Iterator[EntryInfo]:
-        return self.remote.scan()
+    def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:
+        return self.remote.scan(unreachable=unreachable)
 
     def stat(self, identifier: str) -> EntryInfo | None:
         return self.remote.stat(identifier)
@@ -482,8 +565,8 @@ class TieredStore(Store):
     def used_bytes(self) -> int:
         return self.remote.used_bytes()
 
-    def count(self) -> int:
-        return self.remote.count()
+    def count(self, *, unreachable: list | None = None) -> int:
+        return self.remote.count(unreachable=unreachable)
 
     def ping(self) -> float:
         return self.remote.ping()

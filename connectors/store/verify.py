@@ -38,7 +38,7 @@ from .base import EntryInfo, Store
 from .entry import CorruptEntry, decode
 from .keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
-from .scanning import batched
+from .scanning import batched, parts_dicts
 
 DEFAULT_GRACE = 3600.0  # temp files younger than this are not strays (nor any a writer holds)
 CHUNK = 64  # entries per unit of work on the reader threads
@@ -73,6 +73,8 @@ class VerifyReport:
     bad: list = field(default_factory=list)  # (EntryInfo, reason) for a repair plan
     strays: list = field(default_factory=list)  # Paths
     repair: PlanResult | None = None  # set by a repair (None: no repair was run)
+    #: parts of the store not reached, ``(part, reason)``: their entries went unchecked
+    unreachable: list = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -92,6 +94,7 @@ class VerifyReport:
             "warnings": [f.to_dict() for f in self.warnings],
             "info": [f.to_dict() for f in self.info],
             "models": {("" if k is None else k): v for k, v in self.models.items()},
+            "unreachable": parts_dicts(self.unreachable),
         }
 
 
@@ -192,7 +195,9 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
     seconds are left out (and any a running writer holds: ``DiskStore.stray_files``); ``repair``: then remove what
     was found (:func:`repair_store`; ``quarantine`` on disk stores), the outcome in
     ``report.repair``; ``display_url``: the store name in the report (default
-    ``store.url``); ``progress(done)``: entries checked so far.
+    ``store.url``); ``progress(done)``: entries checked so far. Parts of the store that
+    do not answer (a Redis Cluster's dead primary) are in ``report.unreachable``, the
+    others checked.
     """
     rep = VerifyReport(store.url if display_url is None else display_url, model)
     threads = threads or default_threads()
@@ -202,7 +207,8 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
         return [(e, *check_entry(store, e, model, log=log)) for e in chunk]
 
     done = 0
-    for results in _pipelined(check_chunk, batched(store.scan(), CHUNK), threads):
+    chunks = batched(store.scan(unreachable=rep.unreachable), CHUNK)
+    for results in _pipelined(check_chunk, chunks, threads):
         for e, findings, m, vanished in results:
             done += 1
             if vanished:

@@ -30,7 +30,8 @@ def test_json_schema(store):
     r = invoke("list", "-s", store.root, "--json")
     assert r.exit_code == 0
     data = json.loads(r.stdout)
-    assert set(data) == {"store", "count", "bytes", "entries"}
+    assert set(data) == {"store", "count", "bytes", "unreachable", "entries"}
+    assert data["unreachable"] == []
     assert data["store"] == str(store.root)
     assert data["count"] == 9 and {e["identifier"] for e in data["entries"]} == ALL_IDS
     sizes = file_sizes(store)
@@ -167,8 +168,12 @@ def test_json_document_is_the_generic_encoding_byte_for_byte(store):
     ]
     for url in (str(store.root), 'redis://h:1/0?x="y"'):
         want = json_text({"store": url, "count": len(entries),
-                          "bytes": sum(e.size for e in entries),
+                          "bytes": sum(e.size for e in entries), "unreachable": [],
                           "entries": entry_dicts(entries)})
         assert json_document(url, entries) == want
         assert json_document(url, []) == json_text({"store": url, "count": 0, "bytes": 0,
-                                                     "entries": []})
+                                                     "unreachable": [], "entries": []})
+        down = [{"part": "10.0.0.2:7001", "error": 'connection "refused"'}]
+        assert json_document(url, entries, down) == json_text(
+            {"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
+             "unreachable": down, "entries": entry_dicts(entries)})

@@ -11,6 +11,7 @@ connector-config) is tested for that backend alone, below them.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -227,3 +228,71 @@ def test_connector_config_keeps_the_cluster_url(redis_cluster):
         assert r.exit_code == 0, r.output
         cfg = json.loads(r.stdout)
         assert cfg["ec_role"] == role and cfg["ec_connector_extra_config"]["store"] == url
+
+
+def test_a_dead_primary_gives_partial_reports_of_the_others(redis_cluster_factory):
+    """A primary lost for good on a cluster that serves the rest
+    (``cluster-require-full-coverage no``, as docs/redis-cluster.md recommends for a
+    cache): every management command reports the live primaries' entries, names the dead
+    one (``unreachable`` in JSON, a ``Partial:`` line on stderr) and exits 3; a purge
+    deletes what it can reach. With the default ``yes`` the whole cluster refuses: exit 7,
+    saying so."""
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    url = c.url_for(nodes=3) + "?prefix=dead:"
+    s = open_store(url)
+    for ident, rows, seed, model in CLUSTER_ENTRIES:
+        put_entry(s, ident, rows, seed, model=model)
+    r = c.client()
+    victim = c.primaries()[1]
+    lost = {i for i, *_ in CLUSTER_ENTRIES if r.get_node_from_key(s.key(i)).port == victim.port}
+    live = {i for i, *_ in CLUSTER_ENTRIES} - lost
+    assert lost and live
+    counters_on_victim = r.get_node_from_key(s._counters_key).port == victim.port
+    s.add_counters({"hits": 2})
+    s.close()
+    c.kill(victim)
+    gone = [{"part": f"127.0.0.1:{victim.port}",
+             "error": "connection refused (is redis-server running there?)"}]
+
+    def partial(*args):
+        res = invoke(*args, "-s", url)
+        assert res.exit_code == errors.EXIT_PARTIAL, res.output
+        assert f"Partial: 127.0.0.1:{victim.port} did not answer" in res.stderr
+        assert "Traceback" not in res.stderr
+        return res
+
+    d = json.loads(partial("list", "--json").stdout)
+    assert d["unreachable"] == gone and {e["identifier"] for e in d["entries"]} == live
+    assert set(partial("list", "-q").stdout.split()) == live
+    st = json.loads(partial("stats", "--json").stdout)
+    assert st["unreachable"] == gone and st["entries"] == len(live)
+    assert st["hits"] == (0 if counters_on_victim else 2)
+    assert (st["counters_unavailable"] is not None) == counters_on_victim
+    nodes = {n["node"]: n for n in st["backend_info"]["nodes"]}
+    assert nodes[gone[0]["part"]]["reachable"] is False and len(nodes) == 3
+    table = partial("stats").stdout
+    assert f"127.0.0.1:{victim.port}  unreachable" in table
+    size = json.loads(partial("size", "--by", "model", "--json").stdout)
+    assert size["entries"] == len(live) and size["unreachable"] == gone
+    ver = json.loads(partial("verify", "--json").stdout)
+    assert ver["checked"] == len(live) and ver["clean"] and ver["unreachable"] == gone
+    plan = json.loads(partial("purge", "--all", "--dry-run", "--json").stdout)["plan"]
+    assert plan["entries"] == len(live) and plan["unreachable"] == gone
+    done = json.loads(partial("purge", "--all", "--yes", "--json").stdout)
+    assert done["result"]["deleted"] == len(live)
+    assert json.loads(partial("list", "--json").stdout)["entries"] == []
+
+    down = redis_cluster_factory(3, 0)  # cluster-require-full-coverage yes (the default)
+    s = open_store(down.url)
+    for n, ident in enumerate(IDS):  # (on every primary: the live ones' pages are read)
+        put_entry(s, ident, 32, n)
+    s.close()
+    down.kill(down.primaries()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the nodes agree the slots are uncovered
+        res = invoke("list", "-s", down.url)
+        if "cluster is down" in res.stderr:
+            break
+        time.sleep(0.2)
+    assert res.exit_code == errors.EXIT_STORE, res.output
+    assert "cluster-require-full-coverage" in one_line_error(res)

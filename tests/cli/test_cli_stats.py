@@ -163,7 +163,8 @@ def test_size_by_model_and_lora(store):
 
 def test_size_json_and_errors(store, tmp_path):
     d = json.loads(invoke("size", "-s", store.root, "--json").stdout)
-    assert d == {"store": str(store.root), "bytes": sum(file_sizes(store).values())}
+    assert d == {"store": str(store.root), "bytes": sum(file_sizes(store).values()),
+                 "unreachable": []}
     assert invoke("size", "-s", store.root, "--by", "colour").exit_code == errors.EXIT_USAGE
     assert invoke("size", "-s", tmp_path / "none").exit_code == errors.EXIT_STORE
 

@@ -256,6 +256,57 @@ def test_outage_serves_local_copies_and_a_store_back_empty_drops_them(redis_fact
         other.close()
 
 
+def test_a_dead_primary_is_an_outage_of_its_copies_alone(redis_cluster_factory, tmp_path,
+                                                         caplog):
+    """A cluster primary lost for good (``cluster-require-full-coverage no``), and it holds
+    the change journal: the tier keeps serving that primary's copies (as through an
+    outage), and every other copy is checked against the primaries that answer, so a
+    purge made meanwhile on a live primary still reaches the tier."""
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    r = c.client()
+    victim = c.primaries()[0]
+    while True:  # a prefix whose change journal lives on the victim
+        prefix = fresh_prefix()
+        if r.get_node_from_key(f"{{{prefix}}}journal").port == victim.port:
+            break
+    url = c.url_for(nodes=3) + f"?prefix={prefix}&redirect_wait=0"
+    other = open_store(url)
+    tier = open_store(url, local_tier=str(tmp_path / "tier"))
+    try:
+        ids = [f"p{i:02d}" for i in range(30)]
+        blobs = {i: blob(i, seed=n) for n, i in enumerate(ids)}
+        for i in ids:
+            other.put(i, blobs[i])
+            assert load(tier, i) is not None
+        time.sleep(0.1)  # (past SUSPECT_MARGIN_S of the copies' file times)
+        assert tier.sync() and tier.tier.count() == len(ids)
+        on_victim = [i for i in ids if r.get_node_from_key(other.key(i)).port == victim.port]
+        elsewhere = [i for i in ids if i not in on_victim]
+        assert on_victim and len(elsewhere) >= 2
+        c.kill(victim)
+        with caplog.at_level(logging.WARNING):
+            other.delete(elsewhere[0])  # its journal record is lost with the victim
+            assert tier.sync()
+            assert not tier.tier.contains(elsewhere[0])  # the purge reached the tier
+            assert all(tier.tier.contains(i) for i in ids if i != elsewhere[0])
+            data, version = load(tier, on_victim[0])  # served unchecked, as in an outage
+            assert tier.served_from(version) == "local"
+            assert data == bytes(memoryview(blobs[on_victim[0]]).cast("B"))
+            other.delete(elsewhere[1])
+            tier._unjournaled_checks.ended = 0.0  # (paced: as if its interval had passed)
+            assert tier.sync() and not tier.tier.contains(elsewhere[1])
+        assert tier.stats["partial_syncs"] == 2 and tier.stats["sync_failures"] == 0
+        info = tier.tier_info()
+        assert info["parts_down"] == [f"127.0.0.1:{victim.port}"] and not info["in_sync"]
+        said = [m.getMessage() for m in caplog.records if "does not answer" in m.getMessage()]
+        assert len(said) == 1 and "holds the change journal" in said[0]
+        assert sum("change journal" in m.getMessage() and "unreachable" in m.getMessage()
+                   for m in caplog.records) == 1  # the writer's, once for both deletes
+    finally:
+        tier.close()
+        other.close()
+
+
 def test_a_write_behind_racing_a_change_is_held_back_until_a_sync_checks_it(pair):
     """Two remote reads whose write-behinds are not done when a sync runs: one purged
     meanwhile, one merely caught by a full check (as at a consumer's start). Both copies
