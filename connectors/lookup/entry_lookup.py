@@ -32,7 +32,8 @@ import threading
 import time
 
 from ..ratelimit import RateLimitedLog
-from ..store.base import JOURNAL_FULL_CHECK_S, Store
+from ..store.base import JOURNAL_FULL_CHECK_S, Store, StoreError
+from ..store.throttle import ScanThrottle
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
 from .index import StoreIndex
@@ -93,6 +94,8 @@ class EntryLookup:
                              breaker=self.breaker, warn=self.warn, shared_from=shared_from,
                              host_staging=host_staging)
         self._journal_cursor = None  # the store's change journal, read up to here
+        #: staged entries checked in full while the journal's part of the store is down
+        self._unjournaled_checks = ScanThrottle(0.05)
         self._next_full_check = 0.0  # an incomplete journal: all staged re-checked then
         self._closed = threading.Event()
         self._background = threading.Thread(target=self._background_loop, name="encache-index",
@@ -131,20 +134,29 @@ class EntryLookup:
         while not self._closed.is_set():
             now = time.monotonic()
             if now >= next_index:
-                failed = None
+                down: dict[str, str] = {}  # parts of the store this refresh found down
                 try:
                     new = self.index.refresh()
+                    down.update(self.index.down)
                     if self.verify_ahead and self.index.is_ready() and new:
                         self.loader.verify_ahead(new, self._closed)
-                    self._revalidate_staged()
+                    self._revalidate_staged(down)
                     self.breaker.reset()
                 except Exception as e:  # store down: keep the old index, retry later
                     # (one part of it down: only that part's lookups miss meanwhile)
-                    failed = getattr(e, "domain", None)
-                    self.breaker.trip(failed)
-                    self.warn.warning("index", "encache: cannot refresh the index of %s: %s",
-                                      self.store.url, e)
-                self._probe_domains(skip=failed)
+                    part = getattr(e, "domain", None)
+                    if part is None:
+                        self.breaker.trip()
+                        self.warn.warning("index", "encache: cannot refresh the index of "
+                                          "%s: %s", self.store.url, e)
+                    else:
+                        down[part] = getattr(e, "reason", str(e))
+                for part, reason in down.items():  # the others were refreshed
+                    self.breaker.trip(part)
+                    self.warn.warning("index:" + part, "encache: %s: %s does not answer "
+                                      "(%s): lookups of its entries miss until it does",
+                                      self.store.url, part, reason)
+                self._probe_domains(skip=down)
                 try:  # e.g. drop kept buffers of entries other processes removed
                     self.store.maintain()
                 except Exception as e:
@@ -164,12 +176,12 @@ class EntryLookup:
                                   self.store.url, e)
             self._closed.wait(tick)
 
-    def _probe_domains(self, skip: str | None) -> None:
+    def _probe_domains(self, skip) -> None:
         """Ask each part of the store whose breaker is open whether it serves again
-        (``Store.probe_domain``; ``skip``: the one this refresh just found down): the
+        (``Store.probe_domain``; ``skip``: those this refresh just found down): the
         first answer closes that part's breaker, as the refresh does the store's."""
         for domain in self.breaker.tripped_domains():
-            if domain == skip:
+            if domain in skip:
                 continue
             try:
                 self.store.probe_domain(domain)
@@ -205,7 +217,7 @@ class EntryLookup:
                 out[n] = ok
         return out
 
-    def _revalidate_staged(self) -> None:
+    def _revalidate_staged(self, down: dict) -> None:
         """What a purge, a quarantine or a rewrite elsewhere changed is no longer served
         from memory: staged entries the store's journal names as changed are checked
         against it, and those staged since the last check, every refresh. All of them
@@ -213,10 +225,24 @@ class EntryLookup:
         can miss a change (a writer killed between its commit and its record, a program
         other than encache), and without a journal whenever the store changed. A local
         disk store's version token sees every change, even one made by hand, for two
-        ``stat`` calls: there it is used instead of the journal."""
+        ``stat`` calls: there it is used instead of the journal. Where the journal's
+        part of the store does not answer (named in ``down``) but the others do, all of
+        them are checked against the others (paced to 5 % of the time): a purge there
+        still reaches this engine."""
         if self.store.supports_change_journal and not (self.store.local
                                                        and self.index.versioned):
-            self._journal_cursor, changed = self.store.changes_since(self._journal_cursor)
+            try:
+                self._journal_cursor, changed = self.store.changes_since(self._journal_cursor)
+            except StoreError as e:
+                if e.domain is None:
+                    raise
+                down[e.domain] = e.reason
+                if not self._unjournaled_checks.due():
+                    return
+                self._unjournaled_checks.run(
+                    lambda: self._drop_changed(self.staging.revalidate(
+                        self._unchanged, everything=True)))
+                return
             everything = changed is None
             now = time.monotonic()
             if not self.store.journal_complete and now >= self._next_full_check:
@@ -228,6 +254,10 @@ class EntryLookup:
         else:
             dropped = self.staging.revalidate(self._unchanged,
                                               everything=self.index.changed)
+        self._drop_changed(dropped)
+
+    def _drop_changed(self, dropped: list[str]) -> None:
+        """Staged entries a revalidation dropped: forgotten by the index, counted."""
         if dropped:
             for identifier in dropped:
                 self.index.forget(identifier)

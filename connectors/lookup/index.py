@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..store.base import Store
+from ..store.base import Store, StoreError
 from ..store.throttle import ScanThrottle
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
@@ -37,22 +37,38 @@ class StoreIndex:
         self._last_version = None
         #: the last refresh found the store changed (or cannot tell: no version token)
         self.changed = True
+        #: parts of the store the last refresh could not reach: ``{part: reason}``
+        self.down: dict[str, str] = {}
         self._ready = threading.Event()
         self.listing = ScanThrottle(LIST_SHARE)  # paces listings after the first
 
     def refresh(self) -> set[str]:
         """Re-list the store if its index version moved; the identifiers that appeared.
-        Raises what the store raises (the caller trips the breaker and keeps the old set)."""
-        version = self.store.index_version()
+        Raises what the store raises (the caller trips the breaker and keeps the old set),
+        but where the store's parts fail apart (a Redis Cluster's primaries) a part that
+        does not answer is named in :attr:`down` (``{part: reason}``) and the others are
+        listed: its entries are left out until it answers (a listing is then taken again,
+        paced as any other), and if it holds the version token, changes are unknown."""
+        down: dict[str, str] = {}
+        self.down = down
+        try:
+            version = self.store.index_version()
+        except StoreError as e:
+            if e.domain is None:  # (the store as a whole)
+                raise
+            down[e.domain] = e.reason
+            version = None  # (cannot tell what changed)
         self.changed = version is None or version != self._last_version
         if not self.changed:
             return set()
         if not self.listing.due():
             return set()  # later; a local store's holds() stats an unknown identifier meanwhile
-        ids = self.listing.run(lambda: set(self.store.identifiers()))
+        parts: list = []
+        ids = self.listing.run(lambda: set(self.store.identifiers(unreachable=parts)))
+        down.update(parts)
         with self._lock:
             old, self._ids = self._ids, ids
-        self._last_version = version
+        self._last_version = None if down else version  # (partial: list again)
         return ids - old
 
     @property

@@ -256,3 +256,43 @@ def test_a_dead_primary_makes_misses_of_its_entries_only(redis_cluster_factory):
     finally:
         look.close()
         writer.close()
+
+
+def test_a_purge_reaches_staged_entries_while_the_journal_primary_is_dead(
+        redis_cluster_factory):
+    """The primary holding the store's change journal (and ``gen`` key) dies for good,
+    the others serve (``cluster-require-full-coverage no``). A consumer's index refresh
+    still lists the live primaries, and its staged entries are checked against them in
+    full (the journal cannot say what changed): an entry purged meanwhile on a live
+    primary is no longer served from memory; the others stay staged."""
+    from encache.connectors.lookup import EntryLookup
+    from encache.connectors.lookup.loader import State
+
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    url, writer, blobs, victim, on_victim = _stored_on_a_victim(c, "j", 30)
+    elsewhere = [i for i in blobs if i not in on_victim]
+    assert len(elsewhere) >= 3
+    store = open_store(url)
+    look = EntryLookup(store, index_refresh_s=0.2, load_threads=2, load_timeout_s=2,
+                       counters_flush_s=3600, store_stats_s=3600)
+    purger = open_store(url + "&redirect_wait=0")  # (its journal write fails at once)
+    try:
+        assert look.wait_index(10)
+        for i in elsewhere[:3]:
+            assert look.request(i) is not State.MISS
+        look.wait(elsewhere[:3], 5)
+        assert all(look.get_staged(i) is not None for i in elsewhere[:3])
+        c.kill(victim)  # SIGKILL by PID; nothing replaces it
+        purger.delete(elsewhere[0])
+        deadline = time.monotonic() + 10
+        while look.get_staged(elsewhere[0]) is not None:
+            assert time.monotonic() < deadline, "the purge never reached the staged entry"
+            time.sleep(0.05)
+        assert all(look.get_staged(i) is not None for i in elsewhere[1:3])
+        domain = f"{victim.host}:{victim.port}"
+        assert look.breaker.tripped_domains() == [domain] and not look.breaker.is_open()
+        assert look.probably_stored(elsewhere[1])
+    finally:
+        look.close()
+        writer.close()
+        purger.close()
