@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import EntryInfo, Store
+from .base import EntryInfo, Store, StoreError
 from .keys import from_name
 from .scanning import EntryFilter, parts_dicts, scan
 
@@ -125,11 +125,19 @@ def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
                           progress: Callable[[int], None] | None = None) -> DeletePlan:
     """Entries of ``flt.lora`` stamped with another adapter digest than ``current`` (by
     default: the digest of the LoRA's most recently written entries), i.e. made with an
-    adapter since retrained under the same name. Unstamped entries are never selected."""
+    adapter since retrained under the same name. Unstamped entries are never selected.
+    A part of the store that does not answer leaves its entries out of the plan (named in
+    ``unreachable``); without ``current`` that raises instead, since the newest adapter
+    may be on it."""
     from .lora_stamp import is_stale, newest_digests
 
     unreachable: list = []
     entries = list(scan(store, flt, progress, unreachable))
+    if unreachable and not current:  # (its newest entries may be on the missing part)
+        part, reason = unreachable[0]
+        raise StoreError(f"{part} did not answer ({reason}): the newest adapter under "
+                         f"{flt.lora!r} cannot be told from the other parts; name it (its "
+                         "files: --lora-path) to purge the entries of the others", domain=part)
     digests = {flt.lora: current} if current else newest_digests(entries)
     items = tuple(sorted((PlanItem.for_entry(e, "delete", "stale-lora") for e in entries
                           if is_stale(e, digests)), key=lambda i: i.identifier))

@@ -276,6 +276,9 @@ def test_a_dead_primary_gives_partial_reports_of_the_others(redis_cluster_factor
     assert size["entries"] == len(live) and size["unreachable"] == gone
     ver = json.loads(partial("verify", "--json").stdout)
     assert ver["checked"] == len(live) and ver["clean"] and ver["unreachable"] == gone
+    res = invoke("purge", "--lora", "ad1", "--stale", "--dry-run", "-s", url)
+    assert res.exit_code == errors.EXIT_STORE  # the newest adapter may be on the dead one
+    assert "cannot be told" in one_line_error(res)
     plan = json.loads(partial("purge", "--all", "--dry-run", "--json").stdout)["plan"]
     assert plan["entries"] == len(live) and plan["unreachable"] == gone
     done = json.loads(partial("purge", "--all", "--yes", "--json").stdout)
