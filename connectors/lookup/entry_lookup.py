@@ -154,7 +154,7 @@ class EntryLookup:
                 for part, reason in down.items():  # the others were refreshed
                     self.breaker.trip(part)
                     self.warn.warning("index:" + part, "encache: %s: %s does not answer "
-                                      "(%s): lookups of its entries miss until it does",
+                                      "(%s): its entries are not loaded from it until it does",
                                       self.store.url, part, reason)
                 self._probe_domains(skip=down)
                 try:  # e.g. drop kept buffers of entries other processes removed
