@@ -131,7 +131,8 @@ class TieredStore(Store):
         self._trusted = False  # local copies may be served (a sync succeeded, or at start)
         self._suspect: set[str] = set()  # local copies not served until a sync checks them
         self._outage = False
-        self._parts_down: dict[str, str] = {}  # part -> why, at the last sync
+        self._parts_down: dict[str, str] = {}  # part -> why (_note_parts_down)
+        self._journal_down: str | None = None  # the journal's part, while it does not answer
         #: full checks while the change journal's part does not answer: paced
         self._unjournaled_checks = ScanThrottle(0.05)
         self._next_full = 0.0
@@ -346,7 +347,7 @@ class TieredStore(Store):
                 unchecked = self._check_changed(changed, epoch, down)
             if full:
                 self._checked_all_at = epoch
-                if down:
+                if journal_part is not None:  # (paced; the periodic one stays due)
                     unchecked |= self._unjournaled_checks.run(
                         lambda: self._full_check(epoch, down))
                 else:
@@ -365,7 +366,7 @@ class TieredStore(Store):
                             self.remote.url, e,
                             "its" if self._trusted else "no (none checked yet)")
             return False
-        self._note_parts_down(down, journal_part)
+        self._note_parts_down(down, journal_part, asked_all=full)
         if self._outage:
             self._outage = False
             log.warning("encache: %s is back; the local tier %s is in sync",
@@ -451,22 +452,33 @@ class TieredStore(Store):
         self.stats["full_checks"] += 1
         return self._check(list(self.tier.identifiers()), epoch, down)
 
-    def _note_parts_down(self, down: dict, journal_part: str | None) -> None:
-        """Say once when a part of the shared store stops answering syncs (its copies are
-        served unchecked, as through an outage) and when it answers again; count the
-        syncs that reached only part of the store."""
-        for part in sorted(set(down) - set(self._parts_down)):
+    def _note_parts_down(self, down: dict, journal_part: str | None, *,
+                         asked_all: bool) -> None:
+        """Keep which parts of the shared store do not answer, saying once when one stops
+        (its copies are served unchecked, as through an outage) and when it answers
+        again; count the syncs that reached only part of the store. A sync that checked
+        only some copies may not have asked a part: a part is back once a full check
+        (``asked_all``) did not find it down, or, for the journal's part, once the journal
+        answered."""
+        if asked_all:
+            now = dict(down)
+        else:
+            now = {**self._parts_down, **down}
+            if self._journal_down is not None and journal_part is None:
+                now.pop(self._journal_down, None)
+        self._journal_down = journal_part
+        for part in sorted(set(now) - set(self._parts_down)):
             log.warning("encache: part %s of %s does not answer (%s): the local tier %s "
                         "serves its copies of that part unchecked until it is back%s",
-                        part, self.remote.url, down[part], self.tier.root,
+                        part, self.remote.url, now[part], self.tier.root,
                         "; it holds the change journal, so meanwhile every copy is checked "
                         "against the other parts" if part == journal_part else "")
-        for part in sorted(set(self._parts_down) - set(down)):
+        for part in sorted(set(self._parts_down) - set(now)):
             log.warning("encache: part %s of %s answers again; the local tier %s is in sync",
                         part, self.remote.url, self.tier.root)
         if down:
             self.stats["partial_syncs"] += 1
-        self._parts_down = dict(down)
+        self._parts_down = now
 
     def _save_state(self, started: float) -> None:
         """Keep the cursor for a restart: when it moved, else once a minute (copies

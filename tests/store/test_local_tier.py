@@ -307,6 +307,48 @@ def test_a_dead_primary_is_an_outage_of_its_copies_alone(redis_cluster_factory, 
         other.close()
 
 
+def test_a_dead_primary_without_the_journal_stays_down_between_full_checks(
+        redis_cluster_factory, tmp_path, caplog):
+    """A primary that does not hold the change journal dies: the tier's periodic full
+    check finds it down (its copies kept, served unchecked), the journal still drops a
+    copy purged on a live primary, and the syncs in between (which ask no copy of the
+    dead primary) do not take it for back."""
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    r = c.client()
+    victim = c.primaries()[0]
+    while True:  # a prefix whose change journal lives elsewhere
+        prefix = fresh_prefix()
+        if r.get_node_from_key(f"{{{prefix}}}journal").port != victim.port:
+            break
+    url = c.url_for(nodes=3) + f"?prefix={prefix}&redirect_wait=0"
+    other = open_store(url)
+    tier = open_store(url, local_tier=str(tmp_path / "tier"))
+    try:
+        ids = [f"q{i:02d}" for i in range(30)]
+        for i in ids:
+            other.put(i, blob(i, seed=len(i)))
+            assert load(tier, i) is not None
+        time.sleep(0.1)  # (past SUSPECT_MARGIN_S of the copies' file times)
+        assert tier.sync()
+        on_victim = [i for i in ids if r.get_node_from_key(other.key(i)).port == victim.port]
+        elsewhere = [i for i in ids if i not in on_victim]
+        assert on_victim and elsewhere
+        c.kill(victim)
+        with caplog.at_level(logging.WARNING):
+            tier._next_full = 0.0  # (JOURNAL_FULL_CHECK_S elapsed)
+            assert tier.sync() and tier.tier_info()["parts_down"] == [f"127.0.0.1:{victim.port}"]
+            assert all(tier.tier.contains(i) for i in ids)
+            other.delete(elsewhere[0])
+            assert tier.sync() and not tier.tier.contains(elsewhere[0])  # the journal's
+            assert tier.sync() and tier.tier_info()["parts_down"] == [f"127.0.0.1:{victim.port}"]
+        said = [m.getMessage() for m in caplog.records]
+        assert sum("does not answer" in m for m in said) == 1
+        assert not any("answers again" in m for m in said)
+    finally:
+        tier.close()
+        other.close()
+
+
 def test_a_write_behind_racing_a_change_is_held_back_until_a_sync_checks_it(pair):
     """Two remote reads whose write-behinds are not done when a sync runs: one purged
     meanwhile, one merely caught by a full check (as at a consumer's start). Both copies
