@@ -12,6 +12,7 @@ a sync checked it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -256,55 +257,66 @@ def test_outage_serves_local_copies_and_a_store_back_empty_drops_them(redis_fact
         other.close()
 
 
+@contextlib.contextmanager
+def _tier_with_a_dead_primary(redis_cluster_factory, tmp_path, journal_on_victim: bool):
+    """A 3-primary cluster that serves without full slot coverage, 30 entries copied into
+    a consumer's tier and synced, then its first primary SIGKILLed for good: yields
+    ``(the dead primary's name, another handle, the tier, blobs, identifiers on the dead
+    primary, the others)``. The store's prefix puts its change journal on the dead
+    primary, or elsewhere."""
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    r = c.client()
+    victim = c.primaries()[0]
+    while True:
+        prefix = fresh_prefix()
+        on = r.get_node_from_key(f"{{{prefix}}}journal").port == victim.port
+        if on == journal_on_victim:
+            break
+    url = c.url_for(nodes=3) + f"?prefix={prefix}&redirect_wait=0"
+    other = open_store(url)
+    tier = open_store(url, local_tier=str(tmp_path / "tier"))
+    try:
+        blobs = {f"p{n:02d}": blob(f"p{n:02d}", seed=n) for n in range(30)}
+        for i, b in blobs.items():
+            other.put(i, b)
+            assert load(tier, i) is not None
+        time.sleep(0.1)  # (past SUSPECT_MARGIN_S of the copies' file times)
+        assert tier.sync() and tier.tier.count() == len(blobs)
+        on_victim = [i for i in blobs if r.get_node_from_key(other.key(i)).port == victim.port]
+        elsewhere = [i for i in blobs if i not in on_victim]
+        assert on_victim and len(elsewhere) >= 2
+        c.kill(victim)
+        yield f"127.0.0.1:{victim.port}", other, tier, blobs, on_victim, elsewhere
+    finally:
+        tier.close()
+        other.close()
+
+
 def test_a_dead_primary_is_an_outage_of_its_copies_alone(redis_cluster_factory, tmp_path,
                                                          caplog):
     """A cluster primary lost for good (``cluster-require-full-coverage no``), and it holds
     the change journal: the tier keeps serving that primary's copies (as through an
     outage), and every other copy is checked against the primaries that answer, so a
     purge made meanwhile on a live primary still reaches the tier."""
-    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
-    r = c.client()
-    victim = c.primaries()[0]
-    while True:  # a prefix whose change journal lives on the victim
-        prefix = fresh_prefix()
-        if r.get_node_from_key(f"{{{prefix}}}journal").port == victim.port:
-            break
-    url = c.url_for(nodes=3) + f"?prefix={prefix}&redirect_wait=0"
-    other = open_store(url)
-    tier = open_store(url, local_tier=str(tmp_path / "tier"))
-    try:
-        ids = [f"p{i:02d}" for i in range(30)]
-        blobs = {i: blob(i, seed=n) for n, i in enumerate(ids)}
-        for i in ids:
-            other.put(i, blobs[i])
-            assert load(tier, i) is not None
-        time.sleep(0.1)  # (past SUSPECT_MARGIN_S of the copies' file times)
-        assert tier.sync() and tier.tier.count() == len(ids)
-        on_victim = [i for i in ids if r.get_node_from_key(other.key(i)).port == victim.port]
-        elsewhere = [i for i in ids if i not in on_victim]
-        assert on_victim and len(elsewhere) >= 2
-        c.kill(victim)
-        with caplog.at_level(logging.WARNING):
-            other.delete(elsewhere[0])  # its journal record is lost with the victim
-            assert tier.sync()
-            assert not tier.tier.contains(elsewhere[0])  # the purge reached the tier
-            assert all(tier.tier.contains(i) for i in ids if i != elsewhere[0])
-            data, version = load(tier, on_victim[0])  # served unchecked, as in an outage
-            assert tier.served_from(version) == "local"
-            assert data == bytes(memoryview(blobs[on_victim[0]]).cast("B"))
-            other.delete(elsewhere[1])
-            tier._unjournaled_checks.ended = 0.0  # (paced: as if its interval had passed)
-            assert tier.sync() and not tier.tier.contains(elsewhere[1])
+    with _tier_with_a_dead_primary(redis_cluster_factory, tmp_path, True) as (
+            dead, other, tier, blobs, on_victim, elsewhere), caplog.at_level(logging.WARNING):
+        other.delete(elsewhere[0])  # its journal record is lost with the dead primary
+        assert tier.sync()
+        assert not tier.tier.contains(elsewhere[0])  # the purge reached the tier
+        assert all(tier.tier.contains(i) for i in blobs if i != elsewhere[0])
+        data, version = load(tier, on_victim[0])  # served unchecked, as in an outage
+        assert tier.served_from(version) == "local"
+        assert data == bytes(memoryview(blobs[on_victim[0]]).cast("B"))
+        other.delete(elsewhere[1])
+        tier._unjournaled_checks.ended = 0.0  # (paced: as if its interval had passed)
+        assert tier.sync() and not tier.tier.contains(elsewhere[1])
         assert tier.stats["partial_syncs"] == 2 and tier.stats["sync_failures"] == 0
         info = tier.tier_info()
-        assert info["parts_down"] == [f"127.0.0.1:{victim.port}"] and not info["in_sync"]
-        said = [m.getMessage() for m in caplog.records if "does not answer" in m.getMessage()]
-        assert len(said) == 1 and "holds the change journal" in said[0]
-        assert sum("change journal" in m.getMessage() and "unreachable" in m.getMessage()
-                   for m in caplog.records) == 1  # the writer's, once for both deletes
-    finally:
-        tier.close()
-        other.close()
+        assert info["parts_down"] == [dead] and not info["in_sync"]
+    said = [m.getMessage() for m in caplog.records if "does not answer" in m.getMessage()]
+    assert len(said) == 1 and "holds the change journal" in said[0]
+    assert sum("change journal" in m.getMessage() and "unreachable" in m.getMessage()
+               for m in caplog.records) == 1  # the writer's, once for both deletes
 
 
 def test_a_dead_primary_without_the_journal_stays_down_between_full_checks(
@@ -313,40 +325,17 @@ def test_a_dead_primary_without_the_journal_stays_down_between_full_checks(
     check finds it down (its copies kept, served unchecked), the journal still drops a
     copy purged on a live primary, and the syncs in between (which ask no copy of the
     dead primary) do not take it for back."""
-    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
-    r = c.client()
-    victim = c.primaries()[0]
-    while True:  # a prefix whose change journal lives elsewhere
-        prefix = fresh_prefix()
-        if r.get_node_from_key(f"{{{prefix}}}journal").port != victim.port:
-            break
-    url = c.url_for(nodes=3) + f"?prefix={prefix}&redirect_wait=0"
-    other = open_store(url)
-    tier = open_store(url, local_tier=str(tmp_path / "tier"))
-    try:
-        ids = [f"q{i:02d}" for i in range(30)]
-        for i in ids:
-            other.put(i, blob(i, seed=len(i)))
-            assert load(tier, i) is not None
-        time.sleep(0.1)  # (past SUSPECT_MARGIN_S of the copies' file times)
-        assert tier.sync()
-        on_victim = [i for i in ids if r.get_node_from_key(other.key(i)).port == victim.port]
-        elsewhere = [i for i in ids if i not in on_victim]
-        assert on_victim and elsewhere
-        c.kill(victim)
-        with caplog.at_level(logging.WARNING):
-            tier._next_full = 0.0  # (JOURNAL_FULL_CHECK_S elapsed)
-            assert tier.sync() and tier.tier_info()["parts_down"] == [f"127.0.0.1:{victim.port}"]
-            assert all(tier.tier.contains(i) for i in ids)
-            other.delete(elsewhere[0])
-            assert tier.sync() and not tier.tier.contains(elsewhere[0])  # the journal's
-            assert tier.sync() and tier.tier_info()["parts_down"] == [f"127.0.0.1:{victim.port}"]
-        said = [m.getMessage() for m in caplog.records]
-        assert sum("does not answer" in m for m in said) == 1
-        assert not any("answers again" in m for m in said)
-    finally:
-        tier.close()
-        other.close()
+    with _tier_with_a_dead_primary(redis_cluster_factory, tmp_path, False) as (
+            dead, other, tier, blobs, on_victim, elsewhere), caplog.at_level(logging.WARNING):
+        tier._next_full = 0.0  # (JOURNAL_FULL_CHECK_S elapsed)
+        assert tier.sync() and tier.tier_info()["parts_down"] == [dead]
+        assert all(tier.tier.contains(i) for i in blobs)
+        other.delete(elsewhere[0])
+        assert tier.sync() and not tier.tier.contains(elsewhere[0])  # the journal's
+        assert tier.sync() and tier.tier_info()["parts_down"] == [dead]
+    said = [m.getMessage() for m in caplog.records]
+    assert sum("does not answer" in m for m in said) == 1
+    assert not any("answers again" in m for m in said)
 
 
 def test_a_write_behind_racing_a_change_is_held_back_until_a_sync_checks_it(pair):
