@@ -305,6 +305,8 @@ class StoreContract:
         other.put("u2", blob("u2", seed=2))  # rewritten
         assert store.unchanged(held) == [False, False, True]
         assert store.unchanged([]) == []
+        failed: dict = {}  # (part by part, where parts fail apart: all answer here)
+        assert store.unchanged_by_part(held, failed) == [False, False, True] and failed == {}
 
     def test_change_journal_names_what_changed(self, store):
         """``changes_since``: a reader's cursor, then the identifiers another handle put

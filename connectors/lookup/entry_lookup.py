@@ -193,28 +193,16 @@ class EntryLookup:
                 self.breaker.reset(domain)
 
     def _unchanged(self, entries) -> list[bool | None]:
-        """``Store.unchanged`` per failure domain of a store whose parts fail apart: a
-        part that cannot answer trips its breaker and its entries stay unknown (None:
-        kept, checked again next time) while the other parts' are checked."""
-        if not self.store.supports_failure_domains:
-            return self.store.unchanged(entries)
-        parts: dict[str | None, list[int]] = {}
-        for n, (identifier, _, _) in enumerate(entries):
-            parts.setdefault(self.store.failure_domain(identifier), []).append(n)
-        out: list[bool | None] = [None] * len(entries)
-        for domain, positions in parts.items():
-            try:
-                answers = self.store.unchanged(
-                    entries if len(parts) == 1 else [entries[n] for n in positions])
-            except Exception as e:
-                if domain is None:
-                    raise
-                self.breaker.trip(domain)
-                self.warn.warning("probe", "encache: %s: %s fails: %s", self.store.url,
-                                  domain, e)
-                continue
-            for n, ok in zip(positions, answers):
-                out[n] = ok
+        """``Store.unchanged`` per failure domain of a store whose parts fail apart
+        (``Store.unchanged_by_part``): a part that cannot answer trips its breaker and its
+        entries stay unknown (None: kept, checked again next time) while the other parts'
+        are checked."""
+        failed: dict = {}
+        out = self.store.unchanged_by_part(entries, failed)
+        for domain, e in failed.items():
+            self.breaker.trip(domain)
+            self.warn.warning("probe", "encache: %s: %s fails: %s", self.store.url,
+                              domain, e)
         return out
 
     def _revalidate_staged(self, down: dict) -> None:

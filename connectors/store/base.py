@@ -56,7 +56,8 @@ backend:
                             (memory speed, no round trip), a ``StoreError`` names the part
                             it concerns (``domain``), and ``probe_domain()`` asks one part
                             whether it serves again: a consumer then misses only what the
-                            failed part holds; a walk (``scan``, ``identifiers``, ``count``)
+                            failed part holds; ``unchanged_by_part()`` checks held entries
+                            part by part (None for a failed part's); a walk (``scan``, ``identifiers``, ``count``)
                             given a list ``unreachable`` walks the parts that answer and
                             names the others there (management commands report the rest
                             as partial); default: the store fails as a whole (None)
@@ -245,6 +246,31 @@ class Store(ABC):
             info = self.stat(identifier)
             out.append(info is not None and info.meta is not None
                        and same_version(info.meta, meta))
+        return out
+
+    def unchanged_by_part(self, entries: list[tuple[str, object, EntryMeta]],
+                          failed: dict) -> list[bool | None]:
+        """:meth:`unchanged` asked of each part of the store on its own, where the parts
+        fail apart (``supports_failure_domains``): None for the entries of a part that
+        fails, the part named in ``failed`` (part -> its ``StoreError``); a failure no
+        part can be blamed for raises. Otherwise :meth:`unchanged` itself."""
+        if not self.supports_failure_domains:
+            return self.unchanged(entries)
+        parts: dict[str | None, list[int]] = {}
+        for n, (identifier, _, _) in enumerate(entries):
+            parts.setdefault(self.failure_domain(identifier), []).append(n)
+        out: list[bool | None] = [None] * len(entries)
+        for part, positions in parts.items():
+            try:
+                answers = self.unchanged(
+                    entries if len(parts) == 1 else [entries[n] for n in positions])
+            except StoreError as e:
+                if part is None:
+                    raise
+                failed[part] = e
+                continue
+            for n, ok in zip(positions, answers):
+                out[n] = ok
         return out
 
     def changes_since(self, cursor) -> tuple[object, set[str] | None]:

@@ -419,34 +419,15 @@ class TieredStore(Store):
             except StoreError:
                 if not self.remote.supports_failure_domains:
                     raise
-                current = self._unchanged_by_part(batch, down)
+                failed: dict = {}
+                current = self.remote.unchanged_by_part(batch, failed)
+                down.update((part, e.reason) for part, e in failed.items())
+                if failed and all(ok is None for ok in current):  # no part answers
+                    raise list(failed.values())[-1] from None
             self._drop([i for (i, _, _), ok in zip(batch, current)
                         if ok is not None and not ok], epoch)
             unchecked.update(i for (i, _, _), ok in zip(batch, current) if ok is None)
         return unchecked
-
-    def _unchanged_by_part(self, batch: list, down: dict) -> list[bool | None]:
-        """``remote.unchanged`` asked of each part of the shared store on its own; None
-        for the copies of a part that does not answer (named in ``down``). Raises if no
-        part answers."""
-        parts: dict[str | None, list[int]] = {}
-        for n, (identifier, _, _) in enumerate(batch):
-            parts.setdefault(self.remote.failure_domain(identifier), []).append(n)
-        out: list[bool | None] = [None] * len(batch)
-        failed = None
-        for part, positions in parts.items():
-            try:
-                current = self.remote.unchanged([batch[n] for n in positions])
-            except StoreError as e:
-                if part is None:  # (no part known: the store as a whole)
-                    raise
-                down[part], failed = e.reason, e
-                continue
-            for n, ok in zip(positions, current):
-                out[n] = ok
-        if failed is not None and all(ok is None for ok in out):
-            raise failed
-        return out
 
     def _full_check(self, epoch: int, down: dict) -> set[str]:
         self.stats["full_checks"] += 1
