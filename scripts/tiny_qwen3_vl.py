@@ -55,16 +55,11 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
           max_len: int = 4096, max_pixels: int = MAX_PIXELS, min_pixels: int = MIN_PIXELS,
           text_hidden: int = 64) -> str:
     import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
     from transformers.models.qwen3_vl.configuration_qwen3_vl import (
         Qwen3VLTextConfig,
         Qwen3VLVisionConfig,
     )
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -92,6 +87,25 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     model = Qwen3VLForConditionalGeneration(cfg).to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
 
+    save_processor(out, tok, max_pixels, min_pixels, CHAT_TEMPLATE)
+    with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
+        json.dump({"arch": "qwen3_vl", "vision_hidden": vision_hidden,
+                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
+                   "max_pixels": max_pixels, "min_pixels": min_pixels,
+                   "text_hidden": text_hidden}, f)
+    return out
+
+
+def save_processor(out: str, tok, max_pixels: int, min_pixels: int, chat_template: str) -> None:
+    """Qwen3-VL's processor (16 px patches, 2x2 merge, images and videos within
+    ``[min_pixels, max_pixels]``) with ``tok`` and ``chat_template``, saved in ``out``
+    (Qwen 3.5 uses the same processor)."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     image_processor = Qwen2VLImageProcessorPil(
         size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
@@ -100,11 +114,5 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
         size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
         image_mean=[0.5] * 3, image_std=[0.5] * 3)
     processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tok,
-                                 video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+                                 video_processor=video_processor, chat_template=chat_template)
     processor.save_pretrained(out)
-    with open(os.path.join(out, "encache_tiny_model.json"), "w") as f:
-        json.dump({"arch": "qwen3_vl", "vision_hidden": vision_hidden,
-                   "vision_layers": vision_layers, "seed": seed, "max_len": max_len,
-                   "max_pixels": max_pixels, "min_pixels": min_pixels,
-                   "text_hidden": text_hidden}, f)
-    return out

@@ -40,11 +40,17 @@ MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
 # as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
 # ``fixed``: one resolution for every image; ``arch`` + ``build``: a model built with other
 # sizes (conftest's tiny_family); ``mm_kwargs``: the server's --mm-processor-kwargs;
-# ``consumer``: the consumer's connector settings
+# ``consumer``: the consumer's connector settings; ``dtype``: every engine's (float32);
+# ``precompute``: the producer's other engine arguments
 FAMILIES = {
     "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
     "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
+    # hybrid LM (gated delta net + full attention); no DeepStack: entries 64 wide; bf16:
+    # vLLM's CPU gated-delta-net kernel takes bf16/fp16 only ("requires BF16"), and its bf16
+    # tower output moves by 1 ulp with the batch, so the producer encodes one image a step
+    "qwen3_5": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=64,
+                    dtype="bfloat16", precompute=dict(max_num_seqs=1)),
     "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     "llava_next": dict(max_model_len=2048, limits={"image": 2}),
     "idefics3": dict(max_model_len=2048, limits={"image": 2}),
@@ -53,6 +59,9 @@ FAMILIES = {
     # fixed resolution (every entry has the same shape); one image per prompt
     "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
     "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # tokens follow the aspect ratio, at most 70 per image (3 x 3 pooled patches); no audio
+    # tower (as 26B/31B); video frames go through the same tower, not tested here
+    "gemma4": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
     # realistic sizes: the wide image's entry holds the global view and 3 crops, 4 x 256
     # rows x 2688 fp32 = 11 MB
     "gemma3@2688": dict(arch="gemma3", build=dict(text_hidden=2688, image_size=256),
@@ -79,7 +88,8 @@ def first_token_logprobs(llm, paths) -> dict[int, float]:
 
 def engine_kw(spec: dict) -> dict:
     n = spec["max_model_len"]
-    kw = dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"])
+    kw = dict(max_model_len=n, max_num_batched_tokens=n, limit_mm_per_prompt=spec["limits"],
+              dtype=spec.get("dtype", "float32"))
     if "mm_kwargs" in spec:
         kw["mm_processor_kwargs"] = spec["mm_kwargs"]
     return kw
@@ -159,8 +169,9 @@ def family(request, tiny_family, tmp_path_factory):
         engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
         engine.pop("max_model_len")
         engine["limit_mm_per_prompt"] = dict(spec["limits"], image=1)
+        engine.update(spec.get("precompute", {}))
         options = PrecomputeOptions(model=model, store=store, max_model_len=spec["max_model_len"],
-                                    dtype="float32", engine_args=engine)
+                                    dtype=engine.pop("dtype"), engine_args=engine)
         summary = precompute_corpus(str(root / "corpus"), options)
         with captured_warnings() as warnings:
             llm = make_llm(model, consumer_config(store, **spec.get("consumer", {})),
