@@ -36,6 +36,8 @@ TARGETS = {
     "vllm.model_executor.models.interns1": "InternS1ForConditionalGeneration",
     "vllm.model_executor.models.paligemma": "PaliGemmaForConditionalGeneration",
     "vllm.model_executor.models.glm4_1v": "Glm4vForConditionalGeneration",
+    "vllm.model_executor.models.gemma4_mm": "Gemma4ForConditionalGeneration",
+    # (Qwen3_5ForConditionalGeneration inherits Qwen3-VL's embed_multimodal: tapped there)
 }
 
 
