@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 ARCHS = ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_next",
          "llava_onevision", "idefics3", "mistral3", "internvl", "paligemma", "glm4v",
-         "qwen3_5", "gemma4")
+         "qwen3_5", "gemma4", "llama4", "lfm2_vl")
 #: the families whose token count follows the image's size (``--max-pixels``)
 PIXEL_ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "glm4v", "qwen3_5")
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]

@@ -37,6 +37,8 @@ TARGETS = {
     "vllm.model_executor.models.paligemma": "PaliGemmaForConditionalGeneration",
     "vllm.model_executor.models.glm4_1v": "Glm4vForConditionalGeneration",
     "vllm.model_executor.models.gemma4_mm": "Gemma4ForConditionalGeneration",
+    "vllm.model_executor.models.mllama4": "Llama4ForConditionalGeneration",
+    "vllm.model_executor.models.lfm2_vl": "Lfm2VLForConditionalGeneration",
     # (Qwen3_5ForConditionalGeneration inherits Qwen3-VL's embed_multimodal: tapped there)
 }
 

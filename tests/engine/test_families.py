@@ -62,6 +62,12 @@ FAMILIES = {
     # tokens follow the aspect ratio, at most 70 per image (3 x 3 pooled patches); no audio
     # tower (as 26B/31B); video frames go through the same tower, not tested here
     "gemma4": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    # tiles of 16 tokens (8 px patches pixel-shuffled 2 x 2) + a global tile when there are
+    # several: the row count follows the best-fit canvas; MoE LM (dense + MoE layer)
+    "llama4": dict(max_model_len=2048, limits={"image": 2}),
+    # hybrid LM (gated short convolutions + attention), fp32 on the CPU; a large image is
+    # one entry: tiles of 16 tokens + a thumbnail, a small one a single smart-resized view
+    "lfm2_vl": dict(max_model_len=2048, limits={"image": 2}),
     # realistic sizes: the wide image's entry holds the global view and 3 crops, 4 x 256
     # rows x 2688 fp32 = 11 MB
     "gemma3@2688": dict(arch="gemma3", build=dict(text_hidden=2688, image_size=256),
