@@ -2,11 +2,12 @@
 
 For each family (a tiny random-weight model built offline with transformers' real classes,
 processor and chat template: scripts/tiny_<arch>.py), the library precompute job encodes
-images of several sizes and aspect ratios (one 1000 px wide) with a real ``ec_producer``
-engine; a consumer engine then answers single- and two-image requests for them. Proven
-per family: every image item is a store hit, the vision tower runs 0 times, the first
-token's logprobs equal those of an engine without the connector, and each stored entry
-equals what that engine's own tower computes for the image.
+images of several sizes and aspect ratios (one 1000 px wide), and a video for the five
+families with a video processor, with a real ``ec_producer`` engine; a consumer engine
+then answers single- and two-image requests and a video request for them. Proven per
+family: every item is a store hit, the vision tower runs 0 times, the first token's
+logprobs equal those of an engine without the connector, and each stored entry equals
+what that engine's own tower computes for the image or video.
 
 Two families also run at a realistic entry size (a language model 2688 wide, fp32: the
 width of Gemma 3 27B's fp16 entries in bytes), where a tiny model's 4 KB entries would
@@ -35,30 +36,32 @@ pytestmark = [pytest.mark.engine]
 SINGLE = {"wide": (1000, 400), "square_png": (300, 300), "tall": (240, 520)}
 # sent together only (never singly first: the engine's own cache would answer them)
 MULTI = {"m_a": (640, 480), "m_b": (500, 700)}
+VIDEO = "clip"  # 8 frames of 112 x 84 at 4 fps (a family with a "video" limit)
 
 # per family: engine settings shared by the reference, the producer (one image per prompt,
 # as `encache precompute` runs) and the consumer; ``width``: the entries' expected width;
 # ``fixed``: one resolution for every image; ``arch`` + ``build``: a model built with other
 # sizes (conftest's tiny_family); ``mm_kwargs``: the server's --mm-processor-kwargs;
 # ``consumer``: the consumer's connector settings; ``dtype``: every engine's (float32);
-# ``precompute``: the producer's other engine arguments
+# ``precompute``: the producer's other engine arguments; a ``"video"`` limit: a video
+# is precomputed and served too (vLLM's frame sampler for the family's video processor)
 FAMILIES = {
-    "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "qwen2_vl": dict(max_model_len=2048, limits={"image": 2, "video": 1}),
     # DeepStack: merged patches + one deep-layer feature, side by side (2 x 64 columns)
-    "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=128),
+    "qwen3_vl": dict(max_model_len=2048, limits={"image": 2, "video": 1}, width=128),
     # hybrid LM (gated delta net + full attention); no DeepStack: entries 64 wide; bf16:
     # vLLM's CPU gated-delta-net kernel takes bf16/fp16 only ("requires BF16"), and its bf16
     # tower output moves by 1 ulp with the batch, so the producer encodes one image a step
     "qwen3_5": dict(max_model_len=2048, limits={"image": 2, "video": 0}, width=64,
                     dtype="bfloat16", precompute=dict(max_num_seqs=1)),
-    "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "llava_onevision": dict(max_model_len=2048, limits={"image": 2, "video": 1}),
     "llava_next": dict(max_model_len=2048, limits={"image": 2}),
     "idefics3": dict(max_model_len=2048, limits={"image": 2}),
     "mistral3": dict(max_model_len=2048, limits={"image": 2}),
-    "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "internvl": dict(max_model_len=2048, limits={"image": 2, "video": 1}),
     # fixed resolution (every entry has the same shape); one image per prompt
     "paligemma": dict(max_model_len=2048, limits={"image": 1}, fixed=True),
-    "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
+    "glm4v": dict(max_model_len=2048, limits={"image": 2, "video": 1}),
     # tokens follow the aspect ratio, at most 70 per image (3 x 3 pooled patches); no audio
     # tower (as 26B/31B); video frames go through the same tower, not tested here
     "gemma4": dict(max_model_len=2048, limits={"image": 2, "video": 0}),
@@ -84,9 +87,12 @@ FAMILIES = {
 def first_token_logprobs(llm, paths) -> dict[int, float]:
     from vllm import SamplingParams
 
+    def item(path) -> dict:
+        kind = "video_url" if str(path).endswith(".mp4") else "image_url"
+        return {"type": kind, kind: {"url": data_url(path)}}
+
     conv = [{"role": "user", "content": [
-        *({"type": "image_url", "image_url": {"url": data_url(p)}} for p in paths),
-        {"type": "text", "text": "What is in these pictures?"}]}]
+        *map(item, paths), {"type": "text", "text": "What is in these pictures?"}]}]
     [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
                      use_tqdm=False)
     return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
@@ -101,11 +107,16 @@ def engine_kw(spec: dict) -> dict:
     return kw
 
 
+def has_video(spec: dict) -> bool:
+    return spec["limits"].get("video", 0) > 0
+
+
 def requests_of(spec: dict) -> list[tuple[str, ...]]:
     """Each SINGLE image alone, then the MULTI images in one request (one by one for a
-    family that takes one image per prompt)."""
+    family that takes one image per prompt), then the VIDEO alone (a family with one)."""
     together = spec["limits"]["image"] >= 2
-    return [(n,) for n in SINGLE] + ([tuple(MULTI)] if together else [(n,) for n in MULTI])
+    return ([(n,) for n in SINGLE] + ([tuple(MULTI)] if together else [(n,) for n in MULTI])
+            + ([(VIDEO,)] if has_video(spec) else []))
 
 
 def serve_all(llm, tap, images, spec) -> dict:
@@ -164,6 +175,10 @@ def family(request, tiny_family, tmp_path_factory):
     model = tiny_family(spec.get("arch", arch), **spec.get("build", {}))
     root = tmp_path_factory.mktemp(arch.replace("@", "-"))
     images = draw_images(root / "corpus", {**SINGLE, **MULTI}, seed=21)
+    if has_video(spec):
+        from media_files import make_video
+        images[VIDEO] = make_video(root / "corpus" / f"{VIDEO}.mp4", frames=8, fps=4.0,
+                                   size=(112, 84), seed=1)
     store = str(root / "store")
     tap = TowerTap(model)
     try:
@@ -194,14 +209,14 @@ def family(request, tiny_family, tmp_path_factory):
            "consumer_warnings": warnings, "read_ahead_jobs": jobs}
 
 
-def test_precompute_encodes_every_image(family):
+def test_precompute_encodes_every_item(family):
     s = family["summary"]
-    assert (s.encoded, s.failed) == (len(SINGLE) + len(MULTI), 0), s.failures
+    assert (s.encoded, s.failed) == (len(family["images"]), 0), s.failures
 
 
 def test_every_item_hits_and_the_tower_stays_idle(family):
     counters = open_store(family["store"]).read_counters()
-    n = len(SINGLE) + len(MULTI)
+    n = len(family["images"])
     assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
     runs = {name: len(items) for name, (_, items) in family["served"].items()}
     assert runs == {name: 0 for name in runs}, runs
@@ -250,64 +265,3 @@ def test_entries_equal_the_serving_tower(family):
             rows.add(tower.shape[0])
     # the row count follows each image's size / aspect ratio (but at fixed resolution)
     assert len(rows) == 1 if family["spec"].get("fixed") else len(rows) >= 2, rows
-
-
-VIDEO_FAMILIES = ("glm4v", "internvl", "llava_onevision", "qwen2_vl", "qwen3_vl")
-
-
-@pytest.mark.parametrize("arch", VIDEO_FAMILIES)
-def test_videos_hit_and_match_the_plain_engine(arch, tiny_family, tmp_path):
-    """A video precomputed by the library job (vLLM's frame sampler for the family's video
-    processor) is a hit for a consumer sent the same ``video_url``: the tower idle, the
-    plain engine's first-token logprobs, and the entry equals the plain engine's tower
-    output for the video."""
-    from media_files import make_video
-
-    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-
-    model = tiny_family(arch)
-    corpus = tmp_path / "videos"
-    corpus.mkdir()
-    make_video(corpus / "clip.mp4", frames=8, fps=4.0, size=(112, 84), seed=1)
-    spec = dict(FAMILIES[arch], limits={"image": 1, "video": 1})
-    store = str(tmp_path / "store")
-    ident = identify_file(corpus / "clip.mp4", model)
-    assert ident.kind == "video"
-    conv = [{"role": "user", "content": [
-        {"type": "video_url", "video_url": {"url": data_url(corpus / "clip.mp4")}},
-        {"type": "text", "text": "What happens?"}]}]
-
-    def ask(llm) -> dict[int, float]:
-        from vllm import SamplingParams
-        [out] = llm.chat([conv], SamplingParams(max_tokens=1, temperature=0, logprobs=5),
-                         use_tqdm=False)
-        return {tok: lp.logprob for tok, lp in out.outputs[0].logprobs[0].items()}
-
-    tap = TowerTap(model)
-    try:
-        llm = make_llm(model, **engine_kw(spec))
-        tap.on = True
-        want = ask(llm)
-        tap.on = False
-        [tower] = tap.take()
-        shutdown(llm)
-        engine = dict(PRECOMPUTE_KW["engine_args"], **engine_kw(spec))
-        engine.pop("max_model_len")
-        options = PrecomputeOptions(model=model, store=store, max_model_len=spec["max_model_len"],
-                                    dtype="float32", engine_args=engine)
-        summary = precompute_corpus(str(corpus), options)
-        assert (summary.encoded, summary.failed) == (1, 0), summary.failures
-        llm = make_llm(model, consumer_config(store), **engine_kw(spec))
-        tap.on = True
-        got = ask(llm)
-        tap.on = False
-        shutdown(llm)
-    finally:
-        tap.close()
-    assert tap.take() == [], "the consumer ran the vision tower"
-    counters = open_store(store).read_counters()
-    assert (counters.get("hits", 0), counters.get("misses", 0)) == (1, 0), counters
-    assert_logprobs_close(got, want)
-    entry = stored_tensor(store, ident.identifier)
-    assert entry is not None and entry.shape == tower.shape, tower.shape
-    assert (entry - tower).abs().max().item() < 1e-4
