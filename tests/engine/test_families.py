@@ -257,8 +257,9 @@ def test_entries_equal_the_serving_tower(family):
     for names, (_, towers) in family["reference"].items():
         assert len(towers) == len(names), (names, [t.shape for t in towers])
         for name, tower in zip(names, towers):
-            ident = identify_file(family["images"][name], family["model"]).identifier
-            entry = stored_tensor(family["store"], ident)
+            found = identify_file(family["images"][name], family["model"])
+            assert found.kind == ("video" if name == VIDEO else "image"), (name, found.kind)
+            entry = stored_tensor(family["store"], found.identifier)
             assert entry is not None and entry.shape == tower.shape, (name, tower.shape)
             assert (entry - tower).abs().max().item() < 1e-4, name
             assert tower.shape[1] == family["spec"].get("width", tower.shape[1]), tower.shape
