@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm.distributed.ec_transfer.ec_connector.base import ECConnectorMetadata
@@ -32,6 +34,35 @@ TORCH_DTYPES = {
 }
 DTYPE_CODES = {v: k for k, v in TORCH_DTYPES.items()}
 DTYPE_BYTES = {k: torch.empty(0, dtype=v).element_size() for k, v in TORCH_DTYPES.items()}
+#: the numpy type a tensor over a writable buffer is made through (:func:`tensor_over`);
+#: BF16 has none: its 16 bits are viewed as bfloat16 after
+_NUMPY_TYPES = {
+    "F16": np.float16, "BF16": np.uint16, "F32": np.float32, "F64": np.float64,
+    "I8": np.int8, "U8": np.uint8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
+    "BOOL": np.bool_,
+}
+
+
+def tensor_over(blob, offset: int, dtype: str, shape) -> torch.Tensor:
+    """A tensor of the stored ``dtype`` and ``shape`` over ``blob``'s bytes from
+    ``offset``, no copy. A writable buffer (one a load read into, a copy-on-write
+    mapping) goes through a numpy view: made cold, as right after a large read,
+    ``torch.from_numpy`` over an ``np.ndarray`` measured 26-33 us here against 43-60 for
+    ``torch.frombuffer`` and a view, a fifth of a 0.25 MB load. A read-only one (a Redis
+    reply's bytes, a worker process's copy) goes through ``torch.frombuffer``, whose
+    warning that it is read-only is silenced: the encoder cache never writes to it."""
+    if offset % 8 == 0 and not isinstance(blob, bytes):
+        view = np.ndarray(shape, _NUMPY_TYPES[dtype], blob, offset)
+        if view.flags.writeable:
+            t = torch.from_numpy(view)
+            return t.view(torch.bfloat16) if dtype == "BF16" else t
+    numel = 1
+    for s in shape:
+        numel *= s
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.frombuffer(blob, dtype=TORCH_DTYPES[dtype], count=numel, offset=offset)
+    return t.view(shape)
 
 
 #: entries at least this big reach multiprocess workers as pinned files (worker_loads auto)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 
 import torch
 
@@ -33,7 +32,7 @@ from ..writer import EntryWriter
 from .config import ConnectorConfig
 from .device_copy import DeviceCopier
 from .metadata import (DTYPE_BYTES, DTYPE_CODES, TORCH_DTYPES, EncacheConnectorMetadata, LoadItem,
-                       open_pinned)
+                       open_pinned, tensor_over)
 
 log = logging.getLogger("encache.connector")
 
@@ -79,9 +78,6 @@ class EncacheWorkerConnector:
 
     def _to_tensor(self, item: LoadItem) -> torch.Tensor:
         dtype = TORCH_DTYPES[item.dtype]
-        numel = 1
-        for s in item.shape:
-            numel *= s
         cast_to = None
         if dtype.is_floating_point and self.model_dtype is not None and dtype != self.model_dtype:
             if not self._warned_dtype:  # hits, but not what this engine's tower computes
@@ -90,10 +86,12 @@ class EncacheWorkerConnector:
                             "differ slightly from encoding here; precompute with --dtype %s",
                             dtype, self.model_dtype, str(self.model_dtype).replace("torch.", ""))
             cast_to = self.model_dtype
-        device = self._target_device()
+        device = self._device or self._target_device()
         if device.type != "cpu":  # one pass into page-locked staging, then an async copy
             copier = self._device_copier(device)
-            nbytes = numel * DTYPE_BYTES[item.dtype]
+            nbytes = DTYPE_BYTES[item.dtype]
+            for s in item.shape:
+                nbytes *= s
             if item.blob is None:  # a pinned disk entry: read it here (another process)
                 buf = copier.from_file(item.ref, item.offset, nbytes)
             else:
@@ -102,14 +100,7 @@ class EncacheWorkerConnector:
         blob = item.blob
         if blob is None:  # a pinned disk entry: read it here (another process)
             item.blob = blob = open_pinned(item.ref, self._mmap_min())
-        if isinstance(blob, bytes) or (isinstance(blob, memoryview) and blob.readonly):
-            # read-only (Redis, a worker process's copy)
-            with warnings.catch_warnings():  # the cache never writes to it
-                warnings.simplefilter("ignore", UserWarning)
-                t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
-        else:  # writable: a copy-on-write mapping or a buffer read into
-            t = torch.frombuffer(item.blob, dtype=dtype, count=numel, offset=item.offset)
-        t = t.view(item.shape)
+        t = tensor_over(blob, item.offset, item.dtype, item.shape)
         return t if cast_to is None else t.to(cast_to)
 
     def _device_copier(self, device: torch.device) -> DeviceCopier:

@@ -9,9 +9,10 @@ from other processes on a shared machine hits all of them alike and every load r
 after other work, as an engine's does (the CPU caches hold the last loads' bytes, not
 this method's code). Timed per load:
 
-  readinto            os.open + readinto of the whole entry file into a preallocated buffer
-                      (one kernel copy: the floor for a loader that reads files; ratios
-                      are against this)
+  readinto            os.open of the entry file's path (given as a string: no path is
+                      built), one readv of the whole file into a preallocated buffer,
+                      close (one kernel copy: the floor for a loader that reads files;
+                      ratios are against this)
   ecexample           vLLM's ECExampleConnector.start_load_caches (its real code: makedirs,
                       safetensors.torch.load_file, which maps the file) for one item, then
                       the tensor copied into the destination buffer
@@ -232,9 +233,14 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 assert lk["staged"].request(i) in (State.READY, State.PENDING)
             lk["staged"].wait_idle(60)
 
+            paths = [str(store.entry_path(i)) for i in ids]  # (untimed: a path is given)
+
             def readinto(i):
-                with open(store.entry_path(ids[i]), "rb", buffering=0) as f:
-                    f.readinto(pre)
+                fd = os.open(paths[i], os.O_RDONLY)
+                try:
+                    os.readv(fd, [pre])
+                finally:
+                    os.close(fd)
                 return pre
 
             def readinto_copy(i):
@@ -373,16 +379,19 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             def readinto_fresh(i):
                 if len(kept) >= n:
                     kept.clear()
-                buf = uninitialized(os.path.getsize(store.entry_path(ids[i])))
-                with open(store.entry_path(ids[i]), "rb", buffering=0) as f:
-                    f.readinto(buf)
+                fd = os.open(paths[i], os.O_RDONLY)
+                try:
+                    buf = uninitialized(os.fstat(fd).st_size)
+                    os.readv(fd, [buf])
+                finally:
+                    os.close(fd)
                 kept.append(buf)
                 return buf
 
             def onepass(i, into, chunk=FILE_CHUNK, ahead=False):
                 """Entry ``i`` read into ``into(size)`` and hashed in one pass (``ahead``:
                 with the read-ahead helper)."""
-                fd = os.open(store.entry_path(ids[i]), os.O_RDONLY)
+                fd = os.open(paths[i], os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
                     buf = into(size)
