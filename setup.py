@@ -1,8 +1,16 @@
-"""The one C extension (the read-ahead helpers, connectors/store/_readpool.c); everything
-else about the package is declared in pyproject.toml."""
+"""The one C extension (the read-ahead helpers, connectors/store/_readpool.c, with the
+vendored xxHash header); everything else about the package is declared in pyproject.toml."""
+
+import platform
 
 from setuptools import Extension, setup
 
+VENDOR = "connectors/store/vendor"
+# x86: xxHash's run-time choice of SSE2 / AVX2 / AVX-512 (other CPUs: xxhash.h alone)
+DISPATCH = ([f"{VENDOR}/xxh_x86dispatch.c"]
+            if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686") else [])
+
 setup(ext_modules=[Extension("encache.connectors.store._readpool",
-                             ["connectors/store/_readpool.c"],
+                             ["connectors/store/_readpool.c", *DISPATCH],
+                             depends=[f"{VENDOR}/xxhash.h", f"{VENDOR}/xxh_x86dispatch.h"],
                              extra_compile_args=["-O2", "-Wall"])])

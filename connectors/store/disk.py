@@ -320,17 +320,19 @@ class DiskStore(Store):
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
                                          verify=hashing,
-                                         ahead=self._ahead(fd, hashing))
+                                         ahead=self._ahead(fd, hashing, st.st_size))
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
 
-    def _ahead(self, fd: int, hashing: bool):
+    def _ahead(self, fd: int, hashing: bool, size: int):
         """How a read of the open entry ``fd`` starts its read-ahead job
         (:func:`.entry.read_verified`'s ``ahead``), or None: one thread (a read that
-        does not hash, or ``read_threads`` 1)."""
-        return partial(read_ahead.start, fd) if hashing and self.read_threads > 1 else None
+        does not hash, ``read_threads`` 1, an entry under ``read_ahead.MIN_BYTES``)."""
+        if hashing and self.read_threads > 1 and size >= read_ahead.MIN_BYTES:
+            return partial(read_ahead.start, fd)
+        return None
 
     def _touch(self, fd: int, st: os.stat_result, version, now: int):
         """Refresh the entry's access time (the LRU clock) when it is older than
@@ -626,7 +628,7 @@ class DiskStore(Store):
                         meta, offset = read_verified(
                             lambda view: os.readv(fd, [view]), st.st_size, buf,
                             chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
-                            ahead=self._ahead(fd, hashing))
+                            ahead=self._ahead(fd, hashing, st.st_size))
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

@@ -12,7 +12,8 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
     vllm_version    version of the producing vLLM
     hash_algo       vLLM's mm hasher algorithm (blake3 / sha256 / sha512)
     created         epoch seconds (float, as text)
-    checksum        ``xxh3_128:<hex>`` of the tensor bytes (``blake3:`` also verified)
+    checksum        ``xxh3_128x512k:<hex>`` of the tensor bytes (:func:`checksum`;
+                    ``xxh3_128:`` and ``blake3:`` of earlier entries also verified)
     encoder_config  digest of the producer's non-default encoder settings
                     (:mod:`encache.connectors.encoder_config`); absent for the default
     lora_digest     digest of the LoRA adapter's files (:mod:`encache.connectors.store.lora_stamp`);
@@ -108,16 +109,31 @@ class EntryMeta(msgspec.Struct, frozen=True):
         }
 
 
-CHECKSUM_ALGO = "xxh3_128"
+#: the checksum new entries record (:func:`checksum`)
+CHECKSUM_ALGO = "xxh3_128x512k"
+#: the tensor bytes per digest of ``xxh3_128x512k``, a piece (part of the algorithm: fixed)
+HASH_PIECE = 512 << 10
+_CHUNKED_PREFIX = CHECKSUM_ALGO + ":"
+_CHUNKED_MARK = b'"checksum":"' + _CHUNKED_PREFIX.encode()
 
 
 def checksum(data, algo: str = CHECKSUM_ALGO) -> str:
     """``"<algo>:<hex>"`` of the tensor bytes.
 
-    New entries use xxh3-128: it guards against bit rot and torn copies (not against an
-    adversary) at 15-30 GB/s, so verifying every load costs a fraction of reading it;
-    blake3 (~3.5 GB/s here) is still verified for entries written with it.
+    New entries use ``xxh3_128x512k``: XXH3-128 of each 512 KiB of the tensor bytes (the
+    last piece shorter), then XXH3-128 of those digests, concatenated in order. XXH3
+    guards against bit rot and torn copies (not against an adversary) at 15-30 GB/s, so
+    verifying every load costs a fraction of reading it; hashed in pieces, a load that
+    reads an entry on two threads hashes it on both, each thread the pieces it read
+    while they are in its CPU's cache (:func:`read_verified`, ``read_ahead``), where one
+    XXH3 over the whole tensor is one thread's work. Earlier entries' ``xxh3_128`` (one
+    XXH3-128 of the tensor bytes) and ``blake3`` (~3.5 GB/s here) are still verified.
     """
+    if algo == "xxh3_128x512k":
+        view = memoryview(data).cast("B")
+        digests = b"".join([xxhash.xxh3_128_digest(view[i:i + HASH_PIECE])
+                            for i in range(0, view.nbytes, HASH_PIECE)])
+        return "xxh3_128x512k:" + xxhash.xxh3_128_hexdigest(digests)
     if algo == "xxh3_128":
         return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
     if algo == "blake3":
@@ -324,13 +340,58 @@ FILE_CHUNK = 4 << 20
 STREAM_CHUNK = 256 << 10
 
 
+class _PieceHasher:
+    """``xxh3_128x512k`` of bytes that arrive in steps of any size (a socket's, a file's):
+    each 512 KiB piece's digest as its last byte arrives, a whole piece that arrives in
+    one step hashed in one call."""
+
+    __slots__ = ("_piece", "_left", "_digests")
+
+    def __init__(self):
+        self._piece = xxhash.xxh3_128()
+        self._left = HASH_PIECE  # bytes still to come of the current piece
+        self._digests: list[bytes] = []
+
+    def update(self, view) -> None:
+        n, pos = view.nbytes, 0
+        while pos < n:
+            take = min(self._left, n - pos)
+            if take == HASH_PIECE:  # (a whole piece in this step)
+                self._digests.append(xxhash.xxh3_128_digest(view[pos:pos + take]))
+            else:
+                self._piece.update(view[pos:pos + take])
+                self._left -= take
+                if not self._left:
+                    self._digests.append(self._piece.digest())
+                    self._piece.reset()
+                    self._left = HASH_PIECE
+            pos += take
+
+    def hexdigest(self) -> str:
+        digests = self._digests
+        if self._left < HASH_PIECE:  # the last piece, shorter
+            digests = digests + [self._piece.digest()]
+        return xxhash.xxh3_128_hexdigest(b"".join(digests))
+
+
 def _hasher(recorded: str):
     algo = recorded.split(":", 1)[0]
+    if algo == "xxh3_128x512k":
+        return _PieceHasher()
     if algo == "xxh3_128":
         return xxhash.xxh3_128()
     if algo == "blake3":
         return blake3()
     raise CorruptEntry("bad-header", f"unknown checksum algorithm {algo!r}")
+
+
+#: with a helper (``ahead``): bytes of the first read, which holds the header (a
+#: one-tensor header is a few hundred bytes), before the helper's part is chosen
+HEAD_STEP = 64 << 10
+#: with a helper, of an entry checksummed in pieces: the share of the pieces this thread
+#: reads and hashes before it waits for the helper's (it also parses the header, and
+#: takes the helper's pieces from the end while the helper reads; read_ahead.py)
+HASHED_FRONT = 0.5
 
 
 def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | None = None,
@@ -340,16 +401,20 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
     ``readinto(view) -> n`` reads the entry's next bytes into ``view`` (a file's
     ``readinto``, ``os.readv`` on a descriptor, a socket's ``recv_into``); ``buf`` is any
     writable buffer of ``size`` bytes (the buffer the engine will own: a private copy,
-    or a pinned staging buffer on a GPU host). Each chunk is hashed right after it was
+    or a pinned staging buffer on a GPU host). Each step is hashed right after it was
     read, while it is still in the CPU cache, so a checksummed first load costs one pass
     over the bytes instead of a read (or page faults) plus a second, hashing pass.
     ``chunk``: bytes per step (:data:`FILE_CHUNK` or :data:`STREAM_CHUNK`).
-    ``ahead(view, size)``: optional, for a source that can be read at an offset (a file):
-    starts reading the entry's back part into ``view`` on another thread and returns a
-    job (:class:`.read_ahead.Job`: its part starts at ``begin``; ``landed()`` yields each
-    of its steps' range once it is in; ``close()``), or None. Then this thread reads and
-    hashes the front part, then hashes the job's steps in order: the read is shared by
-    two threads and the hash overlaps it (the job is always ended before this returns).
+    ``ahead(view, size, begin=None, chunk=None, hash=False)``: optional, for a source that
+    can be read at an offset (a file): starts reading the entry's back part (from
+    ``begin``, or where it chooses) into ``view`` on another thread and returns a job
+    (:class:`.read_ahead.Job`: its part starts at ``begin``; ``landed()`` yields each of
+    its steps' range once it is in; ``digests()``; ``close()``), or None. Then this
+    thread reads the front part while the job reads the back. An entry checksummed in
+    pieces (``xxh3_128x512k``) is hashed on both threads: the job hashes each piece it
+    reads (``hash``), this thread the front's, and the digests are joined. Any other
+    checksum is this thread's: it hashes the front, then the job's steps in order as
+    they land. (The job is always ended before this returns.)
     Returns ``(meta, offset of the tensor bytes)``; raises :class:`CorruptEntry` as
     :func:`validate_blob` does (``truncated`` when the source ends early)."""
     view = memoryview(buf).cast("B")
@@ -363,13 +428,27 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
                 raise CorruptEntry("truncated", f"expected {size} bytes, read {start}")
             start += n
 
-    job = ahead(view, size) if ahead is not None else None
-    stop = size if job is None else job.begin  # this thread reads bytes [0, stop)
-    steps = None if job is None else job.landed()
+    job = None
+    pieces = 0  # > 0: the pieces [0, pieces) are this thread's, the rest the job's hashed
     try:
-        got = min(stop, max(8, chunk))
+        got = min(size, max(8, chunk if ahead is None else HEAD_STEP))
         fill(0, got)
         need = header_length(view[:got])
+        if ahead is not None:
+            if verify and need <= got and _CHUNKED_MARK in view[8:need].tobytes():
+                # (a peek: the parsed header decides below; the pieces are the tensor's,
+                # which starts right after the header in every entry encache writes)
+                total = -(-(size - need) // HASH_PIECE)
+                pieces = max(1, int(total * HASHED_FRONT))
+                if pieces < total:
+                    job = ahead(view, size, begin=need + pieces * HASH_PIECE,
+                                chunk=HASH_PIECE, hash=True)
+                if job is None:
+                    pieces = 0
+            else:
+                job = ahead(view, size)
+        stop = size if job is None else job.begin  # this thread reads bytes [0, stop)
+        steps = None if job is None else job.landed()
         if need > got:  # a header longer than the first step
             fill(got, min(stop, need))
             got = min(stop, need)
@@ -381,6 +460,27 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
         meta, offset = parse_header(view[:got], total_size=size)
         if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
             raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
+        if pieces and (offset != need or not (meta.checksum or "").startswith(_CHUNKED_PREFIX)):
+            pieces = 0  # (not the entry the peek took it for: hashed below, in order)
+        if pieces:
+            digests = []
+            for begin in range(offset, stop, HASH_PIECE):
+                end = begin + HASH_PIECE
+                if end > got:
+                    fill(got, end)
+                    got = end
+                digests.append(xxhash.xxh3_128_digest(view[begin:end]))
+            for _ in steps:  # (each read and hashed by the job, or by this thread in it)
+                pass
+            digests.append(job.digests())
+            if xxhash.xxh3_128_hexdigest(b"".join(digests)) != meta.checksum[len(_CHUNKED_PREFIX):]:
+                raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
+            return meta, offset
+        if job is None and got == size:  # (read in one step: hashed in one call)
+            if (verify and meta.checksum is not None
+                    and not checksum_matches(view[offset:size], meta.checksum)):
+                raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
+            return meta, offset
         hasher = _hasher(meta.checksum) if verify and meta.checksum is not None else None
         if hasher is not None and got > offset:
             hasher.update(view[offset:got])

@@ -1,13 +1,16 @@
-"""Read a file entry on two threads while one of them hashes it.
+"""Read a file entry on two threads, and hash it on both.
 
 A checksummed first load of a file entry (:func:`.entry.read_verified`) reads each step
 and hashes it while it is still in the CPU cache. On one thread those are two costs in
 a row: a file's read is a synchronous copy from the page cache, and the hash (xxh3, a
 third to a half of the read here) waits for it. With a helper thread, the caller reads
-and hashes the entry's front part (:data:`FRONT` of it) while the helper reads the back
-part, then hashes the back part's steps in order as they land. The split is chosen so
-that both finish together: the caller's read of the front and the whole hash take about
-as long as the helper's read of the back.
+the entry's front part while the helper reads the back part. An entry checksummed in
+pieces (``xxh3_128x512k``, every entry encache writes now) is hashed by both too: the
+helper hashes each piece it reads (one step per piece), the caller the front's, and the
+caller joins the digests (:data:`.entry.HASHED_FRONT` of the pieces are the caller's).
+An entry with one hash over all its bytes (``xxh3_128``, written before) can only be
+hashed in order on one thread: the caller hashes the front (:data:`FRONT` of the entry),
+then the back part's steps as they land, so that both threads finish together.
 
 The back part is read in :data:`CHUNK` steps with ``pread`` (the caller's own file
 position is never touched), each by whichever thread claims it first: the helper in
@@ -62,13 +65,16 @@ def split(size: int, front: float = FRONT) -> int:
     return min(size, max(_ALIGN, int(size * front) // _ALIGN * _ALIGN))
 
 
-def start(fd: int, view: memoryview, size: int, *, chunk: int = CHUNK,
-          front: float = FRONT) -> Job | None:
-    """Read the back part of the ``size``-byte file ``fd`` (from ``Job.begin``: ``front``
-    of it left to the caller, in whole 64 KiB) into ``view`` on a helper thread, in
-    ``chunk`` steps; None when the entry is under :data:`MIN_BYTES` or no helper is free
-    (then the caller reads it all). The caller must :meth:`Job.close` the job before
-    closing ``fd`` or handing ``view``'s buffer on."""
+def start(fd: int, view: memoryview, size: int, *, begin: int | None = None,
+          chunk: int | None = None, front: float = FRONT, hash: bool = False) -> Job | None:
+    """Read the back part of the ``size``-byte file ``fd`` (from ``begin``; by default
+    ``front`` of it is left to the caller, in whole 64 KiB) into ``view`` on a helper
+    thread, in ``chunk`` steps (default :data:`CHUNK`); ``hash``: each step is hashed
+    too, by the thread that read it (``Job.digests()``: an entry checksummed in pieces,
+    a step per piece). None when the entry is under :data:`MIN_BYTES` or no helper is
+    free (then the caller reads it all). The caller must :meth:`Job.close` the job
+    before closing ``fd`` or handing ``view``'s buffer on."""
     if size < MIN_BYTES:
         return None
-    return _readpool.start(fd, view, split(size, front), size, chunk)
+    return _readpool.start(fd, view, split(size, front) if begin is None else begin, size,
+                           chunk or CHUNK, hash)

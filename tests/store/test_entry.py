@@ -5,9 +5,10 @@ import struct
 
 import numpy as np
 import pytest
+import xxhash
 
-from encache.connectors.store.entry import (FILE_CHUNK, STREAM_CHUNK, CorruptEntry, decode,
-                                            encode, read_verified)
+from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, STREAM_CHUNK, CorruptEntry,
+                                            checksum, decode, encode, read_verified)
 
 
 def _with_checksum(blob: bytes, value: str) -> bytes:
@@ -19,15 +20,44 @@ def _with_checksum(blob: bytes, value: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
 
 
-def test_new_entries_use_xxh3_and_detect_a_flip():
+def test_new_entries_use_xxh3_in_pieces_and_detect_a_flip():
     arr = np.arange(64, dtype=np.float16)
     b = encode("x", arr.view(np.uint8), "F16", arr.shape)
     meta, data = decode(b)
-    assert meta.checksum.startswith("xxh3_128:") and np.array_equal(np.frombuffer(data, np.float16), arr)
+    assert meta.checksum.startswith("xxh3_128x512k:")
+    assert np.array_equal(np.frombuffer(data, np.float16), arr)
     flipped = bytearray(b)
     flipped[-1] ^= 1
     with pytest.raises(CorruptEntry, match="checksum"):
         decode(bytes(flipped))
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, HASH_PIECE - 1, HASH_PIECE, HASH_PIECE + 1,
+                                    3 * HASH_PIECE + 5])
+def test_the_piecewise_checksum_is_what_its_name_says(nbytes):
+    """``xxh3_128x512k``: XXH3-128 of each 512 KiB of the tensor bytes (the last piece
+    shorter), then XXH3-128 of the digests in order; written here from its definition,
+    not from the codec."""
+    data = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8).tobytes()
+    pieces = [data[i:i + (512 << 10)] for i in range(0, len(data), 512 << 10)]
+    want = xxhash.xxh3_128_hexdigest(b"".join(xxhash.xxh3_128_digest(p) for p in pieces))
+    assert checksum(data) == "xxh3_128x512k:" + want
+
+
+def test_entries_with_one_xxh3_over_their_bytes_still_verify():
+    """What encache wrote before the piecewise checksum."""
+    arr = np.random.default_rng(1).standard_normal(300_000).astype(np.float32)
+    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape),
+                       "xxh3_128:" + xxhash.xxh3_128_hexdigest(arr.tobytes()))
+    assert decode(b)[0].checksum.startswith("xxh3_128:")
+    for chunk in (STREAM_CHUNK, FILE_CHUNK):
+        buf = bytearray(len(b))
+        assert read_verified(_reader(b, 1 << 30), len(b), buf, chunk=chunk)[0].shape == arr.shape
+    bad = bytearray(b)
+    bad[-5] ^= 2
+    with pytest.raises(CorruptEntry) as e:
+        decode(bytes(bad))
+    assert e.value.reason == "checksum"
 
 
 def test_blake3_entries_still_verify():
@@ -143,6 +173,24 @@ def _reader(blob: bytes, most: int):
         pos += n
         return n
     return readinto
+
+
+@pytest.mark.parametrize("chunk", [4096, 100_003, STREAM_CHUNK, HASH_PIECE + 1, FILE_CHUNK])
+def test_read_verified_over_several_pieces_in_any_steps(chunk):
+    """Steps that end inside a piece, on a piece's end, or span pieces: the digests are
+    the pieces'; a flipped byte in any piece is caught."""
+    arr = np.random.default_rng(2).integers(0, 255, 3 * HASH_PIECE + 777, dtype=np.uint8)
+    blob = encode("x", arr, "U8", arr.shape)
+    buf = bytearray(len(blob))
+    meta, offset = read_verified(_reader(blob, 1 << 30), len(blob), buf, chunk=chunk)
+    assert bytes(buf) == blob
+    for at in (offset, offset + HASH_PIECE - 1, offset + HASH_PIECE, len(blob) - 1):
+        bad = bytearray(blob)
+        bad[at] ^= 1
+        with pytest.raises(CorruptEntry) as e:
+            read_verified(_reader(bytes(bad), 1 << 30), len(blob), bytearray(len(blob)),
+                          chunk=chunk)
+        assert e.value.reason == "checksum"
 
 
 @pytest.mark.parametrize("chunk", [8, 100, 4096, STREAM_CHUNK, FILE_CHUNK])

@@ -16,7 +16,8 @@ import pytest
 
 from encache.connectors.store import _readpool, read_ahead
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.entry import FILE_CHUNK, CorruptEntry, encode, read_verified
+from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, CorruptEntry, checksum,
+                                            encode, read_verified)
 
 
 @pytest.fixture(autouse=True)
@@ -41,29 +42,57 @@ def _hold_every_helper(fd: int, size: int) -> list:
     return held
 
 
-def _blob(nbytes: int = 3 << 20, seed: int = 0, ident: str = "x") -> bytes:
+def _blob(nbytes: int = 3 << 20, seed: int = 0, ident: str = "x", *,
+          algo: str = "xxh3_128x512k", **header) -> bytes:
+    """An entry of ``nbytes`` random tensor bytes checksummed with ``algo`` (a format of
+    earlier entries: ``xxh3_128``), its JSON header written with ``header`` (json.dumps
+    options: another writer's spacing)."""
     arr = np.random.default_rng(seed).integers(0, 255, nbytes, dtype=np.uint8)
-    return encode(ident, arr, "U8", arr.shape)
+    blob = encode(ident, arr, "U8", arr.shape)
+    if algo == "xxh3_128x512k" and not header:
+        return blob
+    return rewrite_header(blob, checksum=checksum(arr, algo), **header)
+
+
+def rewrite_header(blob: bytes, *, checksum: str | None = None, gap: int = 0, **dumps) -> bytes:
+    """``blob`` with another header: ``checksum``; ``gap`` bytes between the header and
+    the tensor (data_offsets starting at ``gap``, as a safetensors file may have)."""
+    n = struct.unpack_from("<Q", blob)[0]
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    if checksum is not None:
+        header["__metadata__"]["checksum"] = checksum
+    header["ec_cache"]["data_offsets"] = [gap, gap + len(data)]
+    raw = json.dumps(header, **({"separators": (",", ":")} | dumps)).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"g" * gap + data
 
 
 class _Spy:
-    """read_ahead.start, counting the jobs it handed to a helper."""
+    """read_ahead.start, counting the jobs it handed to a helper (``hashed``: the jobs
+    that hash the pieces they read). ``chunk``: the step of a job that only reads (a
+    hashing job's step is a piece of the checksum)."""
 
     def __init__(self, fd: int, chunk: int = read_ahead.CHUNK):
-        self.fd, self.chunk, self.jobs = fd, chunk, 0
+        self.fd, self.chunk, self.jobs, self.hashed = fd, chunk, 0, 0
 
-    def __call__(self, view, size):
-        job = read_ahead.start(self.fd, view, size, chunk=self.chunk)
+    def __call__(self, view, size, **kw):
+        if not kw.get("hash"):
+            kw["chunk"] = self.chunk
+        job = read_ahead.start(self.fd, view, size, **kw)
         self.jobs += job is not None
+        self.hashed += job is not None and bool(kw.get("hash"))
         return job
 
 
-def _read(path, size=None, *, chunk=read_ahead.CHUNK, identifier=None, buf=None):
+def _read(path, size=None, *, chunk=read_ahead.CHUNK, identifier=None, buf=None,
+          spy=None):
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size if size is None else size
         buf = bytearray(size) if buf is None else buf
-        spy = _Spy(fd, chunk)
+        spy = _Spy(fd, chunk) if spy is None else spy
+        spy.fd = fd
         meta, offset = read_verified(lambda view: os.readv(fd, [view]), size, buf,
                                      chunk=FILE_CHUNK, identifier=identifier, ahead=spy)
         return buf, meta, offset, spy.jobs
@@ -78,23 +107,64 @@ def _write(tmp_path, blob: bytes, name: str = "e") -> str:
 
 
 @pytest.mark.parametrize("chunk", [4096, 300_001, read_ahead.CHUNK])
-def test_the_helper_reads_what_one_thread_would(tmp_path, chunk):
-    blob = _blob()
-    buf, meta, offset, jobs = _read(_write(tmp_path, blob), chunk=chunk, identifier="x")
+@pytest.mark.parametrize("algo", ["xxh3_128x512k", "xxh3_128"])
+def test_the_helper_reads_what_one_thread_would(tmp_path, chunk, algo):
+    """An entry checksummed in pieces is hashed by the helper too (a hashing job); one
+    with a single hash over its bytes (written before) by the load's thread alone."""
+    blob = _blob(algo=algo)
+    spy = _Spy(0, chunk)
+    buf, meta, offset, jobs = _read(_write(tmp_path, blob), identifier="x", spy=spy)
     assert jobs == 1 and bytes(buf) == blob and meta.identifier == "x"
-    assert offset == len(blob) - meta.data_bytes
+    assert offset == len(blob) - meta.data_bytes and meta.checksum.startswith(algo + ":")
+    assert spy.hashed == (algo == "xxh3_128x512k")
 
 
+@pytest.mark.parametrize("nbytes", [(1 << 20) - 9, 2 * HASH_PIECE, 5 * HASH_PIECE + 3])
+def test_pieces_on_both_threads_at_any_tensor_size(tmp_path, nbytes):
+    """Tensors of whole pieces and of a short last one; the pieces a load hashes are its
+    front's, the rest the helper's, and the helper's steps are the pieces."""
+    blob = _blob(nbytes)
+    spy = _Spy(0)
+    buf, meta, offset, jobs = _read(_write(tmp_path, blob), spy=spy)
+    assert bytes(buf) == blob and meta.data_bytes == nbytes and spy.hashed == jobs == 1
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128x512k", "xxh3_128"])
 @pytest.mark.parametrize("where", ["front", "before the split", "at the split",
                                    "helper's part", "last byte"])
-def test_a_flipped_byte_anywhere_is_caught(tmp_path, where):
-    blob = bytearray(_blob())
-    split = read_ahead.split(len(blob))
+def test_a_flipped_byte_anywhere_is_caught(tmp_path, where, algo):
+    blob = bytearray(_blob(algo=algo))
+    offset = len(blob) - (3 << 20)
+    pieces = int(-(-(3 << 20) // HASH_PIECE) * read_ahead_front())
+    split = (read_ahead.split(len(blob)) if algo == "xxh3_128" else
+             offset + pieces * HASH_PIECE)
     at = {"front": 1000, "before the split": split - 1, "at the split": split,
           "helper's part": (split + len(blob)) // 2, "last byte": len(blob) - 1}[where]
     blob[at] ^= 1
     with pytest.raises(CorruptEntry) as e:
         _read(_write(tmp_path, bytes(blob)), chunk=256 << 10)
+    assert e.value.reason == "checksum"
+
+
+def read_ahead_front() -> float:
+    from encache.connectors.store.entry import HASHED_FRONT
+    return HASHED_FRONT
+
+
+@pytest.mark.parametrize("header", [{"gap": 16}, {"separators": (", ", ": ")}],
+                         ids=["tensor after a gap", "another writer's spacing"])
+def test_an_entry_not_as_encache_lays_it_out_is_still_checked_whole(tmp_path, header):
+    """The load takes a header's checksum for pieces and lets the helper hash from a
+    peek at its bytes; a tensor that does not start right after the header (a gap
+    before it), or a header the peek does not recognise, is hashed in order instead:
+    still verified, and a flipped byte still caught."""
+    blob = _blob(**header)
+    buf, meta, offset, _ = _read(_write(tmp_path, blob))
+    assert bytes(buf) == blob and offset == len(blob) - meta.data_bytes
+    bad = bytearray(blob)
+    bad[(offset + len(blob)) // 2] ^= 1
+    with pytest.raises(CorruptEntry) as e:
+        _read(_write(tmp_path, bytes(bad), "bad"))
     assert e.value.reason == "checksum"
 
 
@@ -364,3 +434,34 @@ def test_a_forked_child_has_helpers_of_its_own(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_hashing_job_gives_each_steps_xxh3_whoever_read_it(tmp_path):
+    """The C hash (vendored xxHash, the CPU's widest vector unit) is python-xxhash's,
+    for the steps the helper read and those the load took from the end; the digests are
+    there only once every step was yielded, and only for a job that hashes."""
+    import xxhash
+    data = np.random.default_rng(3).integers(0, 255, 5 * HASH_PIECE + 123, dtype=np.uint8)
+    path = _write(tmp_path, data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for delay in (0.0, 0.002):  # (a slow helper: the load reads steps from the end)
+            _readpool.delay_helpers(0, delay)
+            buf = bytearray(data.nbytes)
+            job = read_ahead.start(fd, memoryview(buf), data.nbytes, begin=100,
+                                   chunk=HASH_PIECE, hash=True)
+            steps = []
+            with pytest.raises(ValueError):
+                job.digests()
+            steps = list(job.landed())
+            got = job.digests()
+            job.close()
+            want = b"".join(xxhash.xxh3_128_digest(data[a:b].tobytes()) for a, b in steps)
+            assert got == want and bytes(buf[100:]) == data[100:].tobytes()
+        plain = read_ahead.start(fd, memoryview(bytearray(data.nbytes)), data.nbytes)
+        list(plain.landed())
+        with pytest.raises(ValueError):
+            plain.digests()
+        plain.close()
+    finally:
+        os.close(fd)
