@@ -175,17 +175,39 @@ class LocalRayCluster:
         self.stop()
 
 
+#: how long a node's start waits for its raylet to register with the GCS
+REGISTER_WAIT_S = 180.0
+
+
 def _ray_start_main() -> int:
-    """``ray start`` with the multi-node refusal of loopback mode lifted (see above)."""
+    """``ray start`` with the multi-node refusal of loopback mode lifted (see above), and
+    patient with a slow raylet: Ray's node start gives its raylet 30 s to register with
+    the GCS (a constant in ``Node.__init__``), which a test suite's other lanes on two
+    CPUs have made it miss ("The current node timed out during startup"); here each look
+    for the node waits up to :data:`REGISTER_WAIT_S`."""
     import types
 
     import ray._private.ray_constants as rc
+    import ray._private.services as services
     import ray.scripts.scripts as scripts
 
     proxy = types.ModuleType("ray_constants_for_cli")
     proxy.__dict__.update(rc.__dict__)
     proxy.ENABLE_RAY_CLUSTER = True  # only the CLI's check; node IPs stay 127.0.0.1
     scripts.ray_constants = proxy
+    get_node = services.get_node
+
+    def patient_get_node(*args, **kw):
+        deadline = time.monotonic() + REGISTER_WAIT_S
+        while True:
+            try:
+                return get_node(*args, **kw)
+            except RuntimeError:  # (not registered yet)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = patient_get_node
     sys.argv = ["ray", *sys.argv[1:]]
     return scripts.main()
 

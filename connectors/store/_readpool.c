@@ -22,10 +22,11 @@
 
    A job can also hash (start(..., hash=True)): each step, once read, is hashed with
    XXH3-128 by the thread that read it, while its bytes are still in that CPU's cache,
-   and Job.digests() gives the steps' digests in order. That is the part of an entry's
-   chunked checksum (entry.py, xxh3_128x) that lies in the job's part of the file: the
-   read and the hash both split between two threads, where a whole-entry hash is one
-   thread's work after the read. (xxHash v0.8.2 is vendored, BSD-2: vendor/.)
+   and Job.digests() gives the steps' digests in order: the pieces of an entry's
+   piecewise checksum (entry.py, xxh3_128x512k: a step per piece) that lie in the job's
+   part of the file. The read and the hash both split between two threads, where one
+   hash over the whole entry is one thread's work. (xxHash v0.8.2 is vendored, BSD-2:
+   vendor/.)
 
    Helpers are a process-wide pool of at most set_helpers(n) threads, made on demand;
    start() returns None when none is free (the caller reads alone). After fork() the

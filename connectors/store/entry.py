@@ -113,8 +113,8 @@ class EntryMeta(msgspec.Struct, frozen=True):
 CHECKSUM_ALGO = "xxh3_128x512k"
 #: the tensor bytes per digest of ``xxh3_128x512k``, a piece (part of the algorithm: fixed)
 HASH_PIECE = 512 << 10
-_CHUNKED_PREFIX = CHECKSUM_ALGO + ":"
-_CHUNKED_MARK = b'"checksum":"' + _CHUNKED_PREFIX.encode()
+_PIECES_PREFIX = CHECKSUM_ALGO + ":"
+_PIECES_MARK = b'"checksum":"' + _PIECES_PREFIX.encode()
 
 
 def checksum(data, algo: str = CHECKSUM_ALGO) -> str:
@@ -435,7 +435,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
         fill(0, got)
         need = header_length(view[:got])
         if ahead is not None:
-            if verify and need <= got and _CHUNKED_MARK in view[8:need].tobytes():
+            if verify and need <= got and _PIECES_MARK in view[8:need].tobytes():
                 # (a peek: the parsed header decides below; the pieces are the tensor's,
                 # which starts right after the header in every entry encache writes)
                 total = -(-(size - need) // HASH_PIECE)
@@ -460,7 +460,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
         meta, offset = parse_header(view[:got], total_size=size)
         if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
             raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
-        if pieces and (offset != need or not (meta.checksum or "").startswith(_CHUNKED_PREFIX)):
+        if pieces and (offset != need or not (meta.checksum or "").startswith(_PIECES_PREFIX)):
             pieces = 0  # (not the entry the peek took it for: hashed below, in order)
         if pieces:
             digests = []
@@ -473,7 +473,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
             for _ in steps:  # (each read and hashed by the job, or by this thread in it)
                 pass
             digests.append(job.digests())
-            if xxhash.xxh3_128_hexdigest(b"".join(digests)) != meta.checksum[len(_CHUNKED_PREFIX):]:
+            if xxhash.xxh3_128_hexdigest(b"".join(digests)) != meta.checksum[len(_PIECES_PREFIX):]:
                 raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
             return meta, offset
         if job is None and got == size:  # (read in one step: hashed in one call)

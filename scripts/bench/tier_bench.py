@@ -126,8 +126,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
             # (entries differ by a byte or two: their headers hold the write time)
             pre = memoryview(bytearray(max(os.path.getsize(disk.entry_path(i)) for i in ids)))
 
+            paths = [str(disk.entry_path(i)) for i in ids]  # (untimed: a path is given)
+
             def readinto(i):
-                fd = os.open(disk.entry_path(ids[i]), os.O_RDONLY)
+                fd = os.open(paths[i], os.O_RDONLY)
                 try:
                     size, got = os.fstat(fd).st_size, 0
                     while got < size:
