@@ -1,5 +1,6 @@
-"""The one C extension (the read-ahead helpers, connectors/store/_readpool.c, with the
-vendored xxHash header); everything else about the package is declared in pyproject.toml."""
+"""The one C extension (the read-ahead helpers, connectors/store/_readpool.c, with xxHash
+vendored in connectors/store/vendor); everything else about the package is declared in
+pyproject.toml."""
 
 import platform
 
