@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import time
 
 import numpy as np
@@ -17,7 +15,7 @@ from typer.testing import CliRunner
 
 from encache.cli.app import app
 from encache.connectors.store.disk import ENTRY_FILE, DiskStore
-from entries import put_entry
+from entries import put_entry, rewrite_header
 from store_contract import blob
 
 H = [f"{i:064x}" for i in range(1, 10)]  # plain identifiers (hex hashes)
@@ -77,16 +75,6 @@ ALL_IDS = {H[0], H[1], H[2], "ad1:" + H[3], "ad1:" + H[4], H[5], H[6], H[7], H[8
 
 def file_sizes(store) -> dict[str, int]:
     return {e.identifier: e.size for e in store.scan()}
-
-
-def rewrite_header(data: bytes, mutate) -> bytes:
-    """Re-encode an entry's safetensors header after ``mutate(header_dict)``."""
-    (n,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + n])
-    mutate(header)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
 
 
 def one_line_error(result) -> str:

@@ -1,6 +1,5 @@
 """The entry codec: checksum algorithms and header validation."""
 
-import json
 import struct
 
 import numpy as np
@@ -9,15 +8,7 @@ import xxhash
 
 from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, STREAM_CHUNK, CorruptEntry,
                                             checksum, decode, encode, read_verified)
-
-
-def _with_checksum(blob: bytes, value: str) -> bytes:
-    n = struct.unpack_from("<Q", blob)[0]
-    header = json.loads(blob[8:8 + n])
-    header["__metadata__"]["checksum"] = value
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
+from entries import rewrite_header
 
 
 def test_new_entries_use_xxh3_in_pieces_and_detect_a_flip():
@@ -47,8 +38,8 @@ def test_the_piecewise_checksum_is_what_its_name_says(nbytes):
 def test_entries_with_one_xxh3_over_their_bytes_still_verify():
     """What encache wrote before the piecewise checksum."""
     arr = np.random.default_rng(1).standard_normal(300_000).astype(np.float32)
-    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape),
-                       "xxh3_128:" + xxhash.xxh3_128_hexdigest(arr.tobytes()))
+    b = _with_metadata(encode("x", arr.view(np.uint8), "F32", arr.shape),
+                       checksum="xxh3_128:" + xxhash.xxh3_128_hexdigest(arr.tobytes()))
     assert decode(b)[0].checksum.startswith("xxh3_128:")
     for chunk in (STREAM_CHUNK, FILE_CHUNK):
         buf = bytearray(len(b))
@@ -63,8 +54,8 @@ def test_entries_with_one_xxh3_over_their_bytes_still_verify():
 def test_blake3_entries_still_verify():
     from blake3 import blake3
     arr = np.ones(32, np.float32)
-    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape),
-                       "blake3:" + blake3(arr.tobytes()).hexdigest())
+    b = _with_metadata(encode("x", arr.view(np.uint8), "F32", arr.shape),
+                       checksum="blake3:" + blake3(arr.tobytes()).hexdigest())
     assert decode(b)[0].checksum.startswith("blake3:")
     bad = bytearray(b)
     bad[-2] ^= 4
@@ -75,7 +66,8 @@ def test_blake3_entries_still_verify():
 
 def test_unknown_checksum_algorithm_is_a_bad_header():
     arr = np.ones(4, np.float32)
-    b = _with_checksum(encode("x", arr.view(np.uint8), "F32", arr.shape), "md5:abc")
+    b = _with_metadata(encode("x", arr.view(np.uint8), "F32", arr.shape),
+                       checksum="md5:abc")
     with pytest.raises(CorruptEntry) as e:
         decode(b)
     assert e.value.reason == "bad-header"
@@ -94,16 +86,13 @@ def test_malformed_blobs(blob, reason):
 
 def _with_tensor(blob: bytes, **info) -> bytes:
     """``blob`` with its tensor description's fields replaced (``None``: removed)."""
-    n = struct.unpack_from("<Q", blob)[0]
-    header = json.loads(blob[8:8 + n])
-    for k, v in info.items():
-        if v is None:
-            header["ec_cache"].pop(k)
-        else:
-            header["ec_cache"][k] = v
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
+    def mutate(header):
+        for k, v in info.items():
+            if v is None:
+                header["ec_cache"].pop(k)
+            else:
+                header["ec_cache"][k] = v
+    return rewrite_header(blob, mutate)
 
 
 @pytest.mark.parametrize("info, reason", [
@@ -139,12 +128,9 @@ def test_a_metadata_value_that_is_not_a_string_is_a_bad_header(key, value):
 
 
 def _with_metadata(blob: bytes, **md) -> bytes:
-    n = struct.unpack_from("<Q", blob)[0]
-    header = json.loads(blob[8:8 + n])
-    header["__metadata__"].update(md)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + blob[8 + n:]
+    """``blob`` with these header metadata values (a checksum of another algorithm, a
+    value that is not a string)."""
+    return rewrite_header(blob, lambda header: header["__metadata__"].update(md))
 
 
 def test_unknown_metadata_is_kept_and_a_scalar_shape_is_allowed():
@@ -152,12 +138,7 @@ def test_unknown_metadata_is_kept_and_a_scalar_shape_is_allowed():
     b = encode("x", data, "F32", ())
     meta, view = decode(b)
     assert meta.shape == () and meta.extra == {} and view.nbytes == 4
-    n = struct.unpack_from("<Q", b)[0]
-    header = json.loads(b[8:8 + n])
-    header["__metadata__"]["note"] = "kept"
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    meta = decode(struct.pack("<Q", len(raw)) + raw + b[8 + n:])[0]
+    meta = decode(_with_metadata(b, note="kept"))[0]
     assert meta.extra == {"note": "kept"} and meta.identifier == "x"
 
 

@@ -18,6 +18,7 @@ from encache.connectors.store import _readpool, read_ahead
 from encache.connectors.store.disk import DiskStore
 from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, CorruptEntry, checksum,
                                             encode, read_verified)
+from entries import rewrite_header
 
 
 @pytest.fixture(autouse=True)
@@ -51,21 +52,8 @@ def _blob(nbytes: int = 3 << 20, seed: int = 0, ident: str = "x", *,
     blob = encode(ident, arr, "U8", arr.shape)
     if algo == "xxh3_128x512k" and not header:
         return blob
-    return rewrite_header(blob, checksum=checksum(arr, algo), **header)
-
-
-def rewrite_header(blob: bytes, *, checksum: str | None = None, gap: int = 0, **dumps) -> bytes:
-    """``blob`` with another header: ``checksum``; ``gap`` bytes between the header and
-    the tensor (data_offsets starting at ``gap``, as a safetensors file may have)."""
-    n = struct.unpack_from("<Q", blob)[0]
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    if checksum is not None:
-        header["__metadata__"]["checksum"] = checksum
-    header["ec_cache"]["data_offsets"] = [gap, gap + len(data)]
-    raw = json.dumps(header, **({"separators": (",", ":")} | dumps)).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw + b"g" * gap + data
+    value = checksum(arr, algo)
+    return rewrite_header(blob, lambda h: h["__metadata__"].update(checksum=value), **header)
 
 
 class _Spy:
