@@ -37,8 +37,8 @@ this method's code). Timed per load:
                       more): the load reads and hashes the front while a helper reads the
                       back part in 1 MiB steps (store.read_ahead)
   encache.first.staging.bytes  breakdown, not a load: the same load ending with the bytes
-                      in staging, before the tensor over them is made (torch.frombuffer +
-                      view, which the staging row includes): what that tensor costs right
+                      in staging, before the tensor over them is made (metadata.tensor_over,
+                      which the staging row includes): what that tensor costs right
                       after a large read (the CPU caches hold the entry's bytes, not
                       torch's code)
   encache.first.staging.one_thread  the same with read_threads=1 (the connector
@@ -69,6 +69,12 @@ this method's code). Timed per load:
                       load ends with: a loader that reads the file into memory of its own,
                       checks nothing and hands the engine a tensor over it (what a
                       checksummed first load is also compared with)
+  readinto.hash / readinto.tensor / readinto.hash.tensor  breakdown, not loads: readinto,
+                      then the entry's checksum over the tensor bytes just read
+                      (entry.checksum, on this thread), the tensor over them
+                      (metadata.tensor_over), or both: the floor of any loader on one
+                      thread that checks an entry and hands the engine a tensor, before
+                      it finds, parses or validates anything
   checksum.only       breakdown, not a load: the xxh3 pass alone over an entry's kept
                       mapping (no copy). It costs about one readinto, which is why a load
                       that verifies on the request path cannot reach 0.9x readinto
@@ -126,9 +132,11 @@ METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache
            "encache.first.ahead", "encache.first.encoded",
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
-           "encache.repeat.read", "readinto.copy", "checksum.only", "readinto.fresh",
+           "encache.repeat.read", "readinto.copy", "readinto.hash", "readinto.tensor",
+           "readinto.hash.tensor", "checksum.only", "readinto.fresh",
            "onepass.fresh", "onepass.reused", "onepass.reused.ahead", "onepass.reused.256k"]
-NOT_LOADS = ("encache.first.staging.bytes", "checksum.only", "readinto.fresh", "onepass.fresh",
+NOT_LOADS = ("encache.first.staging.bytes", "readinto.hash", "readinto.tensor",
+             "readinto.hash.tensor", "checksum.only", "readinto.fresh", "onepass.fresh",
              "onepass.reused", "onepass.reused.ahead", "onepass.reused.256k")
 GOAL_VS_READINTO = 0.9
 
@@ -149,7 +157,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                                                 read_verified)
     from encache.connectors.store.files import uninitialized
     from encache.connectors.store.entry import checksum as checksum_of
-    from encache.connectors.vllm.metadata import LoadItem
+    from encache.connectors.vllm.metadata import LoadItem, tensor_over
     from encache.connectors.vllm.worker import EncacheWorkerConnector
     from encache.connectors.writer import EntryWriter
 
@@ -242,6 +250,12 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 finally:
                     os.close(fd)
                 return pre
+
+            def readinto_checked(i, hashing, tensor):
+                readinto(i)
+                if hashing:
+                    checksum_of(memoryview(pre)[file_size - nbytes:file_size])
+                return tensor_over(pre, file_size - nbytes, "F16", shape) if tensor else pre
 
             def readinto_copy(i):
                 readinto(i)
@@ -414,6 +428,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
                    "onepass.reused": onepass_reused,
+                   "readinto.hash": partial(readinto_checked, hashing=True, tensor=False),
+                   "readinto.tensor": partial(readinto_checked, hashing=False, tensor=True),
+                   "readinto.hash.tensor": partial(readinto_checked, hashing=True, tensor=True),
                    "onepass.reused.ahead": lambda i: onepass(i, ReusedStaging(), ahead=True),
                    "onepass.reused.256k": lambda i: onepass(i, ReusedStaging(), STREAM_CHUNK),
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
