@@ -25,8 +25,9 @@
    and Job.digests() gives the steps' digests in order: the pieces of an entry's
    piecewise checksum (entry.py, xxh3_128x512k: a step per piece) that lie in the job's
    part of the file. The read and the hash both split between two threads, where one
-   hash over the whole entry is one thread's work. (xxHash v0.8.2 is vendored, BSD-2:
-   vendor/.)
+   hash over the whole entry is one thread's work. A job with no descriptor (fd -1)
+   only hashes: its bytes are in the buffer already (an entry's mapping, whose pages
+   the hash faults in on both threads). (xxHash v0.8.2 is vendored, BSD-2: vendor/.)
 
    Helpers are a process-wide pool of at most set_helpers(n) threads, made on demand;
    start() returns None when none is free (the caller reads alone). After fork() the
@@ -119,7 +120,7 @@ static Py_ssize_t step_end(const state *s, Py_ssize_t i) {
 enum { READ_EOF = -1 };
 static int read_step(const state *s, Py_ssize_t i, Py_ssize_t *eof_at) {
     Py_ssize_t off = step_start(s, i), e = step_end(s, i);
-    while (off < e) {
+    while (s->fd >= 0 && off < e) {  /* (no descriptor: the bytes are in buf, hash only) */
         ssize_t n = pread(s->fd, s->buf + off, (size_t)(e - off), off);
         if (n < 0) {
             if (errno == EINTR) continue;
@@ -426,13 +427,18 @@ static PyObject *start(PyObject *mod, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bad part or step");
         return NULL;
     }
+    if (fd < 0 && !hash) {
+        PyErr_SetString(PyExc_ValueError, "no descriptor to read and nothing to hash");
+        return NULL;
+    }
     Job *job = PyObject_New(Job, &JobType);
     if (job == NULL) return NULL;
     job->s = NULL;
     job->h = NULL;
     job->settled = NULL;
     job->closed = 1;  /* (nothing to end until set up) */
-    if (PyObject_GetBuffer(buf, &job->view, PyBUF_WRITABLE) < 0) {
+    /* (a job that only hashes, fd < 0, reads buf: a read-only mapping will do) */
+    if (PyObject_GetBuffer(buf, &job->view, fd < 0 ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) {
         Py_DECREF(job);
         return NULL;
     }
@@ -512,8 +518,8 @@ static PyObject *delay_helpers(PyObject *mod, PyObject *args) {
 static PyMethodDef module_methods[] = {
     {"start", start, METH_VARARGS,
      "start(fd, buf, begin, end, chunk, hash=False) -> Job | None: read [begin, end) of "
-     "fd into buf on a helper thread in chunk steps (hash: and hash each step); None "
-     "when no helper is free."},
+     "fd into buf on a helper thread in chunk steps (hash: and hash each step; fd -1: "
+     "the bytes are in buf already, only hash them); None when no helper is free."},
     {"set_helpers", set_helpers, METH_O, "set_helpers(n): at most n helper threads."},
     {"busy_helpers", busy_helpers, METH_NOARGS, "helpers given to a job not closed yet."},
     {"counts", counts, METH_NOARGS,

@@ -287,6 +287,7 @@ class DiskStore(Store):
         CPU cache), where reading it and then hashing the buffer takes two passes. A
         mapped entry is mapped as :meth:`read_entry` does and hashed over the mapping,
         which faults its pages in: one pass too, and the staged bytes stay the page cache.
+        Either is done on two threads from ``read_ahead.MIN_BYTES`` (``read_threads``).
         Reading a mapped-size entry into a private buffer instead measured slower on this
         machine: the engine keeps the tensor, so every load's buffer is fresh anonymous
         memory, and its zero-fill page faults cost more than the hash saves (performance.md
@@ -314,7 +315,8 @@ class DiskStore(Store):
                 if got is None:
                     return None
                 buf, version = got
-                meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
+                meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
+                                             ahead=self._ahead(-1, hashing, st.st_size))
                 return buf, version, meta, offset, hashing
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
@@ -328,7 +330,8 @@ class DiskStore(Store):
 
     def _ahead(self, fd: int, hashing: bool, size: int):
         """How a read of the open entry ``fd`` starts its read-ahead job
-        (:func:`.entry.read_verified`'s ``ahead``), or None: one thread (a read that
+        (:func:`.entry.read_verified`'s ``ahead``; ``fd`` -1: a job that hashes the back
+        of a mapping, :func:`.entry.validate_blob`'s), or None: one thread (a load that
         does not hash, ``read_threads`` 1, an entry under ``read_ahead.MIN_BYTES``)."""
         if hashing and self.read_threads > 1 and size >= read_ahead.MIN_BYTES:
             return partial(read_ahead.start, fd)

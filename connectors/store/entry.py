@@ -309,22 +309,51 @@ def _shape(shape: tuple) -> tuple:
     return _SHAPES.setdefault(shape, shape)
 
 
-def validate_blob(blob, *, identifier: str | None = None,
-                  verify: bool = True) -> tuple[EntryMeta, int]:
+def validate_blob(blob, *, identifier: str | None = None, verify: bool = True,
+                  ahead=None) -> tuple[EntryMeta, int]:
     """Validate a whole entry; return ``(meta, offset of the tensor bytes)``.
 
     Raises :class:`CorruptEntry` for truncation, a bad header, a shape that does not
     match the byte count, an identifier that is not the one asked for, or (``verify``)
     a checksum mismatch. Legacy entries carry no checksum and are only size-checked.
+    ``ahead``: optional, as :func:`read_verified`'s but for bytes already in ``blob`` (a
+    mapping: ``read_ahead.start`` with no descriptor): an entry checksummed in pieces is
+    hashed on two threads, this one the front :data:`HASHED_FRONT` of the pieces, a
+    helper the rest (each thread faults in the pages of a mapping it hashes).
     """
     view = memoryview(blob).cast("B")
     meta, offset = parse_header(view, total_size=view.nbytes)
     if identifier is not None and meta.identifier is not None and meta.identifier != identifier:
         raise CorruptEntry("wrong-identifier", f"entry holds {meta.identifier!r}")
     if verify and meta.checksum is not None:
-        if not checksum_matches(view[offset:offset + meta.data_bytes], meta.checksum):
+        end = offset + meta.data_bytes
+        if not (_pieces_match(view, offset, end, meta.checksum, ahead)
+                if ahead is not None and meta.checksum.startswith(_PIECES_PREFIX)
+                else checksum_matches(view[offset:end], meta.checksum)):
             raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
     return meta, offset
+
+
+def _pieces_match(view: memoryview, begin: int, end: int, recorded: str, ahead) -> bool:
+    """Whether the tensor bytes ``view[begin:end]`` match ``recorded`` (an
+    ``xxh3_128x512k`` checksum), hashed on two threads when ``ahead`` starts a job for
+    the back pieces (:func:`validate_blob`), else on this one."""
+    total = -(-(end - begin) // HASH_PIECE)
+    pieces = max(1, int(total * HASHED_FRONT))
+    job = None
+    if pieces < total:
+        job = ahead(view, end, begin=begin + pieces * HASH_PIECE, chunk=HASH_PIECE, hash=True)
+    if job is None:
+        return checksum_matches(view[begin:end], recorded)
+    try:
+        digests = [xxhash.xxh3_128_digest(view[at:at + HASH_PIECE])
+                   for at in range(begin, job.begin, HASH_PIECE)]
+        for _ in job.landed():  # (each hashed by the job, or by this thread in it)
+            pass
+        digests.append(job.digests())
+    finally:
+        job.close()
+    return xxhash.xxh3_128_hexdigest(b"".join(digests)) == recorded[len(_PIECES_PREFIX):]
 
 
 #: bytes per step of :func:`read_verified` from a file read on one thread (no ``ahead``

@@ -12,6 +12,10 @@ An entry with one hash over all its bytes (``xxh3_128``, written before) can onl
 hashed in order on one thread: the caller hashes the front (:data:`FRONT` of the entry),
 then the back part's steps as they land, so that both threads finish together.
 
+A mapped entry's first load (a CPU engine's) is hashed on two threads the same way: a
+job with no descriptor only hashes its pieces of the mapping (faulting their pages in),
+while the caller hashes the front's (:func:`.entry.validate_blob`).
+
 The back part is read in :data:`CHUNK` steps with ``pread`` (the caller's own file
 position is never touched), each by whichever thread claims it first: the helper in
 order from the start of the part; the caller, once it has hashed its front, each step
@@ -71,9 +75,11 @@ def start(fd: int, view: memoryview, size: int, *, begin: int | None = None,
     ``front`` of it is left to the caller, in whole 64 KiB) into ``view`` on a helper
     thread, in ``chunk`` steps (default :data:`CHUNK`); ``hash``: each step is hashed
     too, by the thread that read it (``Job.digests()``: an entry checksummed in pieces,
-    a step per piece). None when the entry is under :data:`MIN_BYTES` or no helper is
-    free (then the caller reads it all). The caller must :meth:`Job.close` the job
-    before closing ``fd`` or handing ``view``'s buffer on."""
+    a step per piece). ``fd`` -1: the bytes are in ``view`` already (an entry's
+    mapping): the job only hashes them (``hash`` must be set). None when the entry is
+    under :data:`MIN_BYTES` or no helper is free (then the caller reads it all). The
+    caller must :meth:`Job.close` the job before closing ``fd`` or handing ``view``'s
+    buffer on."""
     if size < MIN_BYTES:
         return None
     return _readpool.start(fd, view, split(size, front) if begin is None else begin, size,

@@ -4,6 +4,7 @@ a read on one thread; the helper never outlives the read (it never writes into a
 handed back); a load that finds no helper free reads on its own thread. A helper made
 slow or late (its CPU busy) is a test hook of the C module (``delay_helpers``)."""
 
+import contextlib
 import json
 import os
 import struct
@@ -453,3 +454,66 @@ def test_a_hashing_job_gives_each_steps_xxh3_whoever_read_it(tmp_path):
         plain.close()
     finally:
         os.close(fd)
+
+
+def test_a_job_without_a_descriptor_only_hashes_the_bytes_it_is_given():
+    """fd -1: the bytes are in the buffer already (a mapping, read-only will do); the job
+    hashes its steps, whoever claims them, and reads nothing. A job with neither a
+    descriptor nor a hash is refused."""
+    import xxhash
+    data = np.random.default_rng(4).integers(0, 255, 5 * HASH_PIECE + 77, dtype=np.uint8)
+    frozen = data.tobytes()  # (read-only)
+    for delay in (0.0, 0.002):  # (a slow helper: the caller hashes steps from the end)
+        _readpool.delay_helpers(0, delay)
+        job = read_ahead.start(-1, memoryview(frozen), len(frozen), begin=100,
+                               chunk=HASH_PIECE, hash=True)
+        steps = list(job.landed())
+        got = job.digests()
+        job.close()
+        assert got == b"".join(xxhash.xxh3_128_digest(frozen[a:b]) for a, b in steps)
+        assert steps[0][0] == 100 and steps[-1][1] == len(frozen)
+    with pytest.raises(ValueError):
+        _readpool.start(-1, bytearray(len(frozen)), 0, len(frozen), HASH_PIECE, False)
+
+
+@pytest.mark.parametrize("where", [None, "front", "at the split", "last byte"])
+def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, monkeypatch, where):
+    """A CPU engine's first load of an entry maps it and hashes the mapping: the load
+    hashes the front half of the pieces while a helper hashes the rest (faulting in
+    their pages). A flipped byte anywhere is caught; ``read_threads`` 1 and an entry
+    with one hash over its bytes are hashed on the load's thread alone."""
+    jobs = []
+    real = read_ahead.start
+
+    def spy(fd, *a, **kw):
+        job = real(fd, *a, **kw)
+        jobs.append((fd, job is not None))
+        return job
+    monkeypatch.setattr(read_ahead, "start", spy)
+    arr = np.random.default_rng(5).integers(0, 255, 3 << 20, dtype=np.uint8)
+    blob = bytearray(encode("k", arr, "U8", arr.shape))
+    offset = len(blob) - arr.nbytes
+    split = offset + int(6 * read_ahead_front()) * HASH_PIECE
+    if where is not None:
+        blob[{"front": offset + 10, "at the split": split,
+              "last byte": len(blob) - 1}[where]] ^= 1
+    DiskStore(tmp_path / "s", fsync=False).put("k", bytes(blob))
+    store = DiskStore(tmp_path / "s", fsync=False)
+    if where is None:
+        buf, _, meta, at, hashed = store.read_verified("k")
+        assert hashed and not isinstance(buf, (bytearray, np.ndarray))  # (a mapping)
+        assert bytes(memoryview(buf)[at:at + meta.data_bytes]) == arr.tobytes()
+    else:
+        with pytest.raises(CorruptEntry) as e:
+            store.read_verified("k")
+        assert e.value.reason == "checksum"
+    assert jobs == [(-1, True)]
+    alone = DiskStore(tmp_path / "s", fsync=False, read_threads=1)
+    with pytest.raises(CorruptEntry) if where else contextlib.nullcontext():
+        alone.read_verified("k")
+    assert len(jobs) == 1
+    if where is None:  # an entry written with one xxh3 over its bytes
+        DiskStore(tmp_path / "s", fsync=False).put("k", _blob(3 << 20, algo="xxh3_128",
+                                                              ident="k"))
+        assert DiskStore(tmp_path / "s", fsync=False).read_verified("k")[4]
+        assert len(jobs) == 1
