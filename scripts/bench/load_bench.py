@@ -27,7 +27,10 @@ this method's code). Timed per load:
   encache.first       the first load of a stored version, cold, checksum inline: a new
                       store object and lookup each round (default settings, but no log of
                       verified versions), so open + map (64 KiB+) or read, header parse
-                      + xxh3 checksum on the request path, then the copy
+                      + xxh3 checksum on the request path, then the copy; an entry of
+                      1 MiB or more is hashed on two threads (read_threads=2, the
+                      default: a helper hashes the back half of the mapping)
+  encache.first.one_thread  the same with read_threads=1: hashed on the load's thread
   encache.first.staging  the same first load as a consumer whose worker copies entries to
                       an accelerator from this process does it (HostStaging): read and
                       hashed in one pass into staging, here a reused buffer as torch's
@@ -126,7 +129,7 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.staging", "encache.first.staging.bytes",
+           "encache.first.one_thread", "encache.first.staging", "encache.first.staging.bytes",
            "encache.first.staging.one_thread",
            "encache.first.staging.gil", "encache.first.staging.one_thread.gil",
            "encache.first.ahead", "encache.first.encoded",
@@ -375,6 +378,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 """A consumer that never saw these versions, nor did any other this boot
                 (no log): every load of the round is a cold first load."""
                 restarted("first", verify_ahead_start_bytes=0, remember_verified=False)
+                restarted("first.one_thread", 1, verify_ahead_start_bytes=0,
+                          remember_verified=False)
 
             def prepare_restart_tail():
                 """A start-up pass that does nothing (budget 0): its first loads are all
@@ -434,7 +439,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "onepass.reused.ahead": lambda i: onepass(i, ReusedStaging(), ahead=True),
                    "onepass.reused.256k": lambda i: onepass(i, ReusedStaging(), STREAM_CHUNK),
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
-                   "encache.first": encache("first", ids), "encache.always": encache("always", ids),
+                   "encache.first": encache("first", ids),
+                   "encache.first.one_thread": encache("first.one_thread", ids),
+                   "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
                    "encache.first.staging.bytes":
                        lambda i: lk["staging.bytes"].load_now(ids[i]),
@@ -581,7 +588,8 @@ def goals(results: dict) -> dict:
     for row in results["sizes"]:
         m = row["methods"]
         g = {}
-        for name in ("encache.repeat", "encache.first", "encache.first.staging",
+        for name in ("encache.repeat", "encache.first", "encache.first.one_thread",
+                     "encache.first.staging",
                      "encache.first.staging.one_thread", "encache.first.ahead",
                      "encache.first.encoded", "encache.first.restart",
                      "encache.first.restart.tail", "encache.staged",
