@@ -60,8 +60,9 @@ class EntryLookup:
         worker process maps (``store/memfd.py``); None: private memory.
         ``host_staging(n)``: instead, the buffer such a load goes into when a worker in
         this process copies entries to an accelerator from it (page-locked staging,
-        ``vllm/device_copy.py``); with ``host_staging.stages`` a load that hashes reads
-        into it in one pass where the store would otherwise map the entry."""
+        ``vllm/device_copy.py``); with ``host_staging.stages`` a first load of a disk entry
+        reads into it too (hashed in the same pass when it must be) where the store would
+        otherwise map the entry."""
         self.store = store
         self.model = model  # the engine's model id: start-up verify-ahead skips other models'
         self.verify_ahead_start_bytes = max(0, int(verify_ahead_start_bytes))

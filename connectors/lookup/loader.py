@@ -110,7 +110,8 @@ class Loader:
         self.shared_from = shared_from
         #: ``host_staging(n)``: the buffer a load reads or receives an entry into when a
         #: worker in this process copies it to an accelerator from there (page-locked
-        #: staging; ``host_staging.stages``: a load that hashes reads into it in one pass)
+        #: staging; ``host_staging.stages``: a first load of a disk entry reads into it
+        #: too, hashed in the same pass when it must be)
         self.host_staging = host_staging
         self.index, self.verified, self.staging = index, verified, staging
         self.checks, self.misses, self.metrics = checks, misses, metrics

@@ -221,8 +221,8 @@ class Store(ABC):
         here instead (shared memory a worker process can map: :mod:`.memfd`; the
         page-locked staging of a device copy); a mapped or kept copy is served as it is.
         ``into.stages`` true: its buffers are where the bytes go next anyway (a device
-        copy's staging), so a version that must be hashed is read into one and hashed in
-        the same pass even where it would be mapped. Raises
+        copy's staging), so an entry is read into one (and a version that must be hashed
+        hashed in the same pass) even where it would be mapped or kept. Raises
         :class:`~.entry.CorruptEntry` for bad bytes.
         Default: :meth:`read_entry`, then a validation pass over the buffer (``into``
         unused)."""

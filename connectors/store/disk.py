@@ -293,8 +293,11 @@ class DiskStore(Store):
         memory, and its zero-fill page faults cost more than the hash saves (performance.md
         section 1, rows ``readinto.fresh`` and ``onepass.fresh``). Where ``into.stages``
         (its buffers are a device copy's reused staging: the bytes are copied there
-        anyway), an entry that must be hashed is read into one in that same single pass
-        instead. ``checksum(version)`` is asked once the file is open;
+        anyway), every entry is read into one instead, hashed in that same single pass
+        when it must be: a version that needs no hash (one a producer on this host
+        vouched for, EPD on one host) is one read into staging, where a mapping would
+        fault its pages in and the device copy's staging take a second copy.
+        ``checksum(version)`` is asked once the file is open;
         a version that needs no checksum gets header and size checks only. ``into``: the
         buffer an entry that is read is read into (:meth:`Store.read_verified`)."""
         path = self._entry_file(identifier)
@@ -308,8 +311,8 @@ class DiskStore(Store):
                 return None
             version = self.version_type.of(st)
             hashing = checksum(version)
-            if not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes
-                               and not getattr(into, "stages", False)):
+            if not getattr(into, "stages", False) and (
+                    not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes)):
                 # mapped (or kept) and validated over the mapping, from this open file
                 got = self._serve_open(fd, st, path, version, self.mapped_loads)
                 if got is None:

@@ -234,6 +234,27 @@ def test_a_hashed_first_load_is_read_into_staging_in_one_pass(entry, tmp_path):
         lk.close()
 
 
+def test_a_first_load_that_needs_no_hash_is_read_into_staging_too(entry):
+    """A version on the store's log of versions verified this boot (a producer on this
+    host vouched for it, EPD on one host; here the fixture's lookup hashed it) is not
+    hashed again; with staging that stages it is still read into a staging buffer, one
+    pass, not mapped and then copied into staging by the worker."""
+    _, _, arr, store = entry
+    staging = PageableStaging()
+    lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1,
+                     verify_ahead=False, host_staging=staging)
+    try:
+        assert lk.start_verify_done.wait(30)  # (the log is read at start)
+        st = lk.load_now("g")
+        assert len(staging.given) == 1 and st.blob is staging.given[0]
+        assert lk.metrics.pending("checksums_skipped") == 1
+        assert not lk.metrics.pending("checksums")
+        got = np.frombuffer(st.blob, np.float16, count=arr.size, offset=st.offset)
+        assert np.array_equal(got.view(np.uint16), arr.reshape(-1).view(np.uint16))
+    finally:
+        lk.close()
+
+
 def test_the_worker_copies_to_the_device_straight_from_page_locked_staging(entry,
                                                                            monkeypatch):
     """A staged buffer the lookup read into page-locked staging is the device copy's
