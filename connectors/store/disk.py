@@ -319,24 +319,26 @@ class DiskStore(Store):
                     return None
                 buf, version = got
                 meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
-                                             ahead=self._ahead(-1, hashing, st.st_size))
+                                             ahead=self._ahead(-1, st.st_size))
                 return buf, version, meta, offset, hashing
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
                                          verify=hashing,
-                                         ahead=self._ahead(fd, hashing, st.st_size))
+                                         ahead=self._ahead(fd, st.st_size))
             version = self._touch(fd, st, version, time.time_ns())
             return buf, version, meta, offset, hashing
         finally:
             os.close(fd)
 
-    def _ahead(self, fd: int, hashing: bool, size: int):
-        """How a read of the open entry ``fd`` starts its read-ahead job
-        (:func:`.entry.read_verified`'s ``ahead``; ``fd`` -1: a job that hashes the back
-        of a mapping, :func:`.entry.validate_blob`'s), or None: one thread (a load that
-        does not hash, ``read_threads`` 1, an entry under ``read_ahead.MIN_BYTES``)."""
-        if hashing and self.read_threads > 1 and size >= read_ahead.MIN_BYTES:
+    def _ahead(self, fd: int, size: int):
+        """How a load of the open entry ``fd`` starts its read-ahead job
+        (:func:`.entry.read_verified`'s ``ahead``: a read, hashed or not; ``fd`` -1: a job
+        that hashes the back of a mapping, :func:`.entry.validate_blob`'s), or None: one
+        thread (``read_threads`` 1, an entry under ``read_ahead.MIN_BYTES``). A read that
+        does not hash is split too: on this machine one thread's copy from the page cache
+        is slower than two (performance.md section 1)."""
+        if self.read_threads > 1 and size >= read_ahead.MIN_BYTES:
             return partial(read_ahead.start, fd)
         return None
 
@@ -628,13 +630,14 @@ class DiskStore(Store):
                     hashing = checksum(version)
                     if self.mapped_loads and st.st_size >= max(self.map_min_bytes, 8):
                         buf = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
-                        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing)
+                        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
+                                                     ahead=self._ahead(-1, st.st_size))
                     else:
                         buf = uninitialized(st.st_size)
                         meta, offset = read_verified(
                             lambda view: os.readv(fd, [view]), st.st_size, buf,
                             chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
-                            ahead=self._ahead(fd, hashing, st.st_size))
+                            ahead=self._ahead(fd, st.st_size))
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
                 return buf, version, meta, offset

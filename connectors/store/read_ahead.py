@@ -12,9 +12,12 @@ An entry with one hash over all its bytes (``xxh3_128``, written before) can onl
 hashed in order on one thread: the caller hashes the front (:data:`FRONT` of the entry),
 then the back part's steps as they land, so that both threads finish together.
 
-A mapped entry's first load (a CPU engine's) is hashed on two threads the same way: a
-job with no descriptor only hashes its pieces of the mapping (faulting their pages in),
-while the caller hashes the front's (:func:`.entry.validate_blob`).
+A read that does not hash (a version verified before, read into a device copy's
+staging) is split the same way, the helper only reading: on this machine one thread's
+copy from the page cache is slower than two. A mapped entry's first load (a CPU
+engine's) is hashed on two threads too: a job with no descriptor only hashes its pieces
+of the mapping (faulting their pages in), while the caller hashes the front's
+(:func:`.entry.validate_blob`).
 
 The back part is read in :data:`CHUNK` steps with ``pread`` (the caller's own file
 position is never touched), each by whichever thread claims it first: the helper in

@@ -517,3 +517,27 @@ def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, monkeypatch, wh
                                                               ident="k"))
         assert DiskStore(tmp_path / "s", fsync=False).read_verified("k")[4]
         assert len(jobs) == 1
+
+
+def test_a_read_that_does_not_hash_is_split_too(tmp_path, monkeypatch):
+    """A version that needs no hash, read into a device copy's staging (a producer on
+    this host vouched for it), is read on two threads all the same: a job that only
+    reads; ``read_threads`` 1 reads alone."""
+    jobs = []
+    real = read_ahead.start
+
+    def spy(*a, **kw):
+        job = real(*a, **kw)
+        jobs.append((job is not None, bool(kw.get("hash"))))
+        return job
+    monkeypatch.setattr(read_ahead, "start", spy)
+    arr = np.random.default_rng(6).integers(0, 255, 3 << 20, dtype=np.uint8)
+    DiskStore(tmp_path / "s", fsync=False).put("k", encode("k", arr, "U8", arr.shape))
+    store = DiskStore(tmp_path / "s", fsync=False)
+    buf, _, meta, offset, hashed = store.read_verified("k", lambda version: False,
+                                                       into=_Staging())
+    assert not hashed and jobs == [(True, False)]
+    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
+    DiskStore(tmp_path / "s", read_threads=1).read_verified("k", lambda version: False,
+                                                            into=_Staging())
+    assert len(jobs) == 1
