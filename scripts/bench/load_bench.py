@@ -58,6 +58,10 @@ this method's code). Timed per load:
                       the encoder just wrote), nothing verified before it: the producer's
                       record in the store's verified log vouches for its bytes, so header
                       checks + open + map, no checksum, then the copy
+  encache.first.encoded.staging  the same load by a consumer reading into staging (as
+                      encache.first.staging): no checksum, the entry read into staging in
+                      one pass, ending with the tensor over it (a single-GPU PD instance
+                      on the encoder's host)
   encache.first.restart the first request-path load after a consumer restart: a new
                       store object and lookup (nothing verified, no buffers kept) whose
                       start-up verify-ahead verified the most recently used entries in the
@@ -132,7 +136,7 @@ METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache
            "encache.first.one_thread", "encache.first.staging", "encache.first.staging.bytes",
            "encache.first.staging.one_thread",
            "encache.first.staging.gil", "encache.first.staging.one_thread.gil",
-           "encache.first.ahead", "encache.first.encoded",
+           "encache.first.ahead", "encache.first.encoded", "encache.first.encoded.staging",
            "encache.first.restart", "encache.first.restart.tail",
            "encache.always", "encache.repeat.noreuse", "encache.repeat.mmap",
            "encache.repeat.read", "readinto.copy", "readinto.hash", "readinto.tensor",
@@ -352,6 +356,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 def __call__(self, n):
                     return pre[:n]
 
+            lk["encoded.staging"] = make_lookup(verify_ahead=False,
+                                                host_staging=ReusedStaging())
+            assert lk["encoded.staging"].start_verify_done.wait(120)
+
             def prepare_staging():
                 """As prepare_first, for the consumers whose lookups read into staging
                 (with read_threads=1: the read-ahead helper off)."""
@@ -451,6 +459,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.first.staging.one_thread.gil": contended("staging.one_thread.gil"),
                    "encache.first.ahead": encache("ahead", ahead_ids),
                    "encache.first.encoded": encache("encoded", encoded_ids),
+                   "encache.first.encoded.staging":
+                       lambda i: to_tensor(lk["encoded.staging"].load_now(encoded_ids[i])),
                    "encache.first.restart": encache("restart", ids),
                    "encache.first.restart.tail": encache("tail", ids),
                    "checksum.only": checksum_only,
@@ -469,8 +479,8 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             ref_ahead = torch.from_numpy(ahead_data[0].copy())
             for m in METHODS:
                 if m != "readinto" and m not in NOT_LOADS:
-                    want = ref_ahead if m in ("encache.first.ahead",
-                                              "encache.first.encoded") else ref
+                    want = ref_ahead if m in ("encache.first.ahead", "encache.first.encoded",
+                                              "encache.first.encoded.staging") else ref
                     assert torch.equal(fns[m](0).view(torch.int16), want.view(torch.int16)), m
 
             times = {m: [] for m in METHODS}
@@ -531,6 +541,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 "loadavg": [la0, loadavg()], "ahead_verified_per_round": ahead_verified,
                 "encoded_loads_trusted": lk["encoded"].verified.trusted_loads,
                 "encoded_loads": n * (rounds + 1) + 1,
+                "encoded_staging_loads_trusted": lk["encoded.staging"].verified.trusted_loads,
                 "restart_verified_at_start_per_round": restart_verified,
                 "restart_tail_trusted_versions_per_round": tail_trusted,
                 "restart_tail_trusted_loads_last_round": lk["tail"].verified.trusted_loads,
@@ -591,7 +602,8 @@ def goals(results: dict) -> dict:
         for name in ("encache.repeat", "encache.first", "encache.first.one_thread",
                      "encache.first.staging",
                      "encache.first.staging.one_thread", "encache.first.ahead",
-                     "encache.first.encoded", "encache.first.restart",
+                     "encache.first.encoded", "encache.first.encoded.staging",
+                     "encache.first.restart",
                      "encache.first.restart.tail", "encache.staged",
                      "encache.always", "encache.repeat.noreuse"):
             r = m[name]["vs_readinto_round_median"]
