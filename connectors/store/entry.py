@@ -346,14 +346,20 @@ def _pieces_match(view: memoryview, begin: int, end: int, recorded: str, ahead) 
     if job is None:
         return checksum_matches(view[begin:end], recorded)
     try:
-        digests = [xxhash.xxh3_128_digest(view[at:at + HASH_PIECE])
-                   for at in range(begin, job.begin, HASH_PIECE)]
-        for _ in job.landed():  # (each hashed by the job, or by this thread in it)
-            pass
-        digests.append(job.digests())
+        return _joined_match([xxhash.xxh3_128_digest(view[at:at + HASH_PIECE])
+                              for at in range(begin, job.begin, HASH_PIECE)], job, recorded)
     finally:
         job.close()
-    return xxhash.xxh3_128_hexdigest(b"".join(digests)) == recorded[len(_PIECES_PREFIX):]
+
+
+def _joined_match(front: list, job, recorded: str) -> bool:
+    """Whether the digests of the front pieces (``front``, this thread's) and of the
+    rest (``job``'s: each hashed by the job, or by this thread as it iterates the job's
+    steps) make the ``xxh3_128x512k`` checksum ``recorded``."""
+    for _ in job.landed():  # (steps already yielded are not yielded again)
+        pass
+    return (xxhash.xxh3_128_hexdigest(b"".join(front) + job.digests())
+            == recorded[len(_PIECES_PREFIX):])
 
 
 #: bytes per step of :func:`read_verified` from a file read on one thread (no ``ahead``
@@ -499,10 +505,7 @@ def read_verified(readinto, size: int, buf, *, chunk: int, identifier: str | Non
                     fill(got, end)
                     got = end
                 digests.append(xxhash.xxh3_128_digest(view[begin:end]))
-            for _ in steps:  # (each read and hashed by the job, or by this thread in it)
-                pass
-            digests.append(job.digests())
-            if xxhash.xxh3_128_hexdigest(b"".join(digests)) != meta.checksum[len(_PIECES_PREFIX):]:
+            if not _joined_match(digests, job, meta.checksum):
                 raise CorruptEntry("checksum", "tensor bytes do not match the recorded checksum")
             return meta, offset
         if job is None and got == size:  # (read in one step: hashed in one call)

@@ -352,21 +352,28 @@ class _Staging:
         return np.empty(n, np.uint8)
 
 
-def test_a_store_read_into_staging_uses_the_helper(tmp_path, monkeypatch):
+@pytest.fixture
+def store_jobs(monkeypatch):
+    """The jobs stores start (read_ahead.start patched): ``(fd, given to a helper,
+    hashing)`` per call, in order."""
     jobs = []
     real = read_ahead.start
 
-    def spy(*a, **kw):
-        job = real(*a, **kw)
-        jobs.append(job is not None)
+    def spy(fd, *a, **kw):
+        job = real(fd, *a, **kw)
+        jobs.append((fd, job is not None, bool(kw.get("hash"))))
         return job
     monkeypatch.setattr(read_ahead, "start", spy)
+    return jobs
+
+
+def test_a_store_read_into_staging_uses_the_helper(tmp_path, store_jobs):
     store = DiskStore(tmp_path / "s", fsync=False)
     arr = np.random.default_rng(1).integers(0, 255, 3 << 20, dtype=np.uint8)
     blob = encode("k", arr, "U8", arr.shape)
     store.put("k", blob)
     buf, _, meta, offset, hashed = store.read_verified("k", into=_Staging())
-    assert hashed and jobs == [True]
+    assert hashed and [given for _, given, _ in store_jobs] == [True]
     assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
     path = store.entry_path("k")
     with open(path, "r+b") as f:
@@ -384,7 +391,7 @@ def test_a_store_read_into_staging_uses_the_helper(tmp_path, monkeypatch):
         alone.read_verified("k", into=_Staging())
     store.put("k", blob)
     buf, _, meta, offset, hashed = alone.read_verified("k", into=_Staging())
-    assert hashed and jobs == [True, True]  # (none more)
+    assert hashed and [given for _, given, _ in store_jobs] == [True, True]  # (none more)
     assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
 
 
@@ -477,19 +484,11 @@ def test_a_job_without_a_descriptor_only_hashes_the_bytes_it_is_given():
 
 
 @pytest.mark.parametrize("where", [None, "front", "at the split", "last byte"])
-def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, monkeypatch, where):
+def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, store_jobs, where):
     """A CPU engine's first load of an entry maps it and hashes the mapping: the load
     hashes the front half of the pieces while a helper hashes the rest (faulting in
     their pages). A flipped byte anywhere is caught; ``read_threads`` 1 and an entry
     with one hash over its bytes are hashed on the load's thread alone."""
-    jobs = []
-    real = read_ahead.start
-
-    def spy(fd, *a, **kw):
-        job = real(fd, *a, **kw)
-        jobs.append((fd, job is not None))
-        return job
-    monkeypatch.setattr(read_ahead, "start", spy)
     arr = np.random.default_rng(5).integers(0, 255, 3 << 20, dtype=np.uint8)
     blob = bytearray(encode("k", arr, "U8", arr.shape))
     offset = len(blob) - arr.nbytes
@@ -507,37 +506,30 @@ def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, monkeypatch, wh
         with pytest.raises(CorruptEntry) as e:
             store.read_verified("k")
         assert e.value.reason == "checksum"
-    assert jobs == [(-1, True)]
+    assert store_jobs == [(-1, True, True)]
     alone = DiskStore(tmp_path / "s", fsync=False, read_threads=1)
     with pytest.raises(CorruptEntry) if where else contextlib.nullcontext():
         alone.read_verified("k")
-    assert len(jobs) == 1
+    assert len(store_jobs) == 1
     if where is None:  # an entry written with one xxh3 over its bytes
         DiskStore(tmp_path / "s", fsync=False).put("k", _blob(3 << 20, algo="xxh3_128",
                                                               ident="k"))
         assert DiskStore(tmp_path / "s", fsync=False).read_verified("k")[4]
-        assert len(jobs) == 1
+        assert len(store_jobs) == 1
 
 
-def test_a_read_that_does_not_hash_is_split_too(tmp_path, monkeypatch):
+def test_a_read_that_does_not_hash_is_split_too(tmp_path, store_jobs):
     """A version that needs no hash, read into a device copy's staging (a producer on
     this host vouched for it), is read on two threads all the same: a job that only
     reads; ``read_threads`` 1 reads alone."""
-    jobs = []
-    real = read_ahead.start
-
-    def spy(*a, **kw):
-        job = real(*a, **kw)
-        jobs.append((job is not None, bool(kw.get("hash"))))
-        return job
-    monkeypatch.setattr(read_ahead, "start", spy)
     arr = np.random.default_rng(6).integers(0, 255, 3 << 20, dtype=np.uint8)
     DiskStore(tmp_path / "s", fsync=False).put("k", encode("k", arr, "U8", arr.shape))
     store = DiskStore(tmp_path / "s", fsync=False)
     buf, _, meta, offset, hashed = store.read_verified("k", lambda version: False,
                                                        into=_Staging())
-    assert not hashed and jobs == [(True, False)]
+    assert not hashed and [(given, hashing) for _, given, hashing in store_jobs] == [
+        (True, False)]
     assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
     DiskStore(tmp_path / "s", read_threads=1).read_verified("k", lambda version: False,
                                                             into=_Staging())
-    assert len(jobs) == 1
+    assert len(store_jobs) == 1
