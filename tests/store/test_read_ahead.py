@@ -489,9 +489,8 @@ def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, store_jobs, whe
     hashes the front half of the pieces while a helper hashes the rest (faulting in
     their pages). A flipped byte anywhere is caught; ``read_threads`` 1 and an entry
     with one hash over its bytes are hashed on the load's thread alone."""
-    arr = np.random.default_rng(5).integers(0, 255, 3 << 20, dtype=np.uint8)
-    blob = bytearray(encode("k", arr, "U8", arr.shape))
-    offset = len(blob) - arr.nbytes
+    blob = bytearray(_blob(3 << 20, seed=5, ident="k"))
+    offset = len(blob) - (3 << 20)
     split = offset + int(6 * read_ahead_front()) * HASH_PIECE
     if where is not None:
         blob[{"front": offset + 10, "at the split": split,
@@ -499,9 +498,9 @@ def test_a_mapped_first_load_is_hashed_on_both_threads(tmp_path, store_jobs, whe
     DiskStore(tmp_path / "s", fsync=False).put("k", bytes(blob))
     store = DiskStore(tmp_path / "s", fsync=False)
     if where is None:
-        buf, _, meta, at, hashed = store.read_verified("k")
+        buf, _, _, _, hashed = store.read_verified("k")
         assert hashed and not isinstance(buf, (bytearray, np.ndarray))  # (a mapping)
-        assert bytes(memoryview(buf)[at:at + meta.data_bytes]) == arr.tobytes()
+        assert bytes(buf) == bytes(blob)
     else:
         with pytest.raises(CorruptEntry) as e:
             store.read_verified("k")
@@ -522,14 +521,13 @@ def test_a_read_that_does_not_hash_is_split_too(tmp_path, store_jobs):
     """A version that needs no hash, read into a device copy's staging (a producer on
     this host vouched for it), is read on two threads all the same: a job that only
     reads; ``read_threads`` 1 reads alone."""
-    arr = np.random.default_rng(6).integers(0, 255, 3 << 20, dtype=np.uint8)
-    DiskStore(tmp_path / "s", fsync=False).put("k", encode("k", arr, "U8", arr.shape))
+    blob = _blob(3 << 20, seed=6, ident="k")
+    DiskStore(tmp_path / "s", fsync=False).put("k", blob)
     store = DiskStore(tmp_path / "s", fsync=False)
-    buf, _, meta, offset, hashed = store.read_verified("k", lambda version: False,
-                                                       into=_Staging())
+    buf, _, _, _, hashed = store.read_verified("k", lambda version: False, into=_Staging())
     assert not hashed and [(given, hashing) for _, given, hashing in store_jobs] == [
         (True, False)]
-    assert bytes(memoryview(buf)[offset:offset + meta.data_bytes]) == arr.tobytes()
+    assert bytes(buf) == blob
     DiskStore(tmp_path / "s", read_threads=1).read_verified("k", lambda version: False,
                                                             into=_Staging())
     assert len(store_jobs) == 1
