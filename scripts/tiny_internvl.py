@@ -40,14 +40,13 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         InternVLForConditionalGeneration,
         InternVLProcessor,
         InternVLVisionConfig,
-        Qwen2Config,
     )
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
         GotOcr2ImageProcessorPil,
     )
     from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
 
-    from tiny_common import text_width, train
+    from tiny_common import qwen2_text, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -57,12 +56,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
                                       "context_image_token": "<IMG_CONTEXT>",
                                       "video_token": "<video>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
-    heads, _ = text_width(text_hidden)
-    text = Qwen2Config(
-        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=max_len,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False)
+    text = qwen2_text(tok, text_hidden, max_len)
     vision = InternVLVisionConfig(
         hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
         num_hidden_layers=vision_layers, num_attention_heads=2,

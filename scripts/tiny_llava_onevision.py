@@ -42,7 +42,6 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         LlavaOnevisionConfig,
         LlavaOnevisionForConditionalGeneration,
         LlavaOnevisionProcessor,
-        Qwen2Config,
         SiglipVisionConfig,
     )
     from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
@@ -52,19 +51,14 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
         LlavaOnevisionVideoProcessor,
     )
 
-    from tiny_common import hub_layout, text_width, train
+    from tiny_common import hub_layout, qwen2_text, train
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok = train(SPECIALS, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                 extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
-    heads, _ = text_width(text_hidden)
-    text = Qwen2Config(
-        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=max_len,
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False)
+    text = qwen2_text(tok, text_hidden, max_len)
     vision = SiglipVisionConfig(
         hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
         num_hidden_layers=vision_layers, num_attention_heads=2, image_size=image_size,

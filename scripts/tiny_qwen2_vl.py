@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from tiny_qwen2_5_vl import (CHAT_TEMPLATE, MAX_PIXELS, MIN_PIXELS, train_tokenizer,
-                             vision_token_ids)
+from tiny_qwen2_5_vl import (CHAT_TEMPLATE, MAX_PIXELS, MIN_PIXELS, text_config,
+                             train_tokenizer, vision_token_ids)
 
 
 def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int = 0,
@@ -33,19 +33,8 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
-    from tiny_common import mrope_sections, text_width
-
     tok, ids = train_tokenizer()
-    heads, head_dim = text_width(text_hidden)
-    text = Qwen2VLTextConfig(
-        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
-        max_position_embeddings=max_len, max_window_layers=2,
-        rope_parameters={"rope_type": "default",
-                         "mrope_section": mrope_sections((4, 6, 6), head_dim),
-                         "rope_theta": 1000000.0},
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"])
+    text = text_config(Qwen2VLTextConfig, tok, ids, text_hidden, max_len)
     vision = Qwen2VLVisionConfig(
         depth=vision_layers, embed_dim=vision_hidden, hidden_size=text_hidden, mlp_ratio=2,
         num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
