@@ -78,18 +78,20 @@ def text_width(hidden: int) -> tuple[int, int]:
     return hidden // head_dim, head_dim
 
 
-def qwen2_text(tok, text_hidden: int, max_len: int):
-    """The tiny Qwen2 language model of the families whose LM is plain Qwen2 (InternVL,
-    LLaVA-OneVision), with Qwen's turn markers in ``tok`` as its BOS, EOS and padding."""
-    from transformers import Qwen2Config
+def qwen2_text(tok, text_hidden: int, max_len: int, config_class=None, **fields):
+    """The tiny Qwen2 language model, with Qwen's turn markers in ``tok`` as its BOS, EOS
+    and padding: a ``Qwen2Config`` (InternVL, LLaVA-OneVision), or ``config_class`` with
+    the family's own ``fields`` (the Qwen-VL text configs' M-RoPE)."""
+    if config_class is None:
+        from transformers import Qwen2Config as config_class
 
     heads, _ = text_width(text_hidden)
     token = tok.convert_tokens_to_ids
-    return Qwen2Config(
+    return config_class(
         vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=heads, num_key_value_heads=1, max_position_embeddings=max_len,
         bos_token_id=token("<|endoftext|>"), eos_token_id=token("<|im_end|>"),
-        pad_token_id=token("<|endoftext|>"), tie_word_embeddings=False)
+        pad_token_id=token("<|endoftext|>"), **fields)
 
 
 def mrope_sections(sections: tuple[int, ...], head_dim: int) -> list[int]:

@@ -56,7 +56,7 @@ def build(out: str, image_size: int = 32, patch: int = 8, vision_hidden: int = 3
                                       "context_image_token": "<IMG_CONTEXT>",
                                       "video_token": "<video>"})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
-    text = qwen2_text(tok, text_hidden, max_len)
+    text = qwen2_text(tok, text_hidden, max_len, tie_word_embeddings=False)
     vision = InternVLVisionConfig(
         hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
         num_hidden_layers=vision_layers, num_attention_heads=2,

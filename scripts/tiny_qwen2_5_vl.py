@@ -55,21 +55,16 @@ def train_tokenizer():
     return tok, {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
 
 
-def text_config(config_class, tok, ids: dict, text_hidden: int, max_len: int):
+def text_config(config_class, tok, text_hidden: int, max_len: int):
     """The tiny Qwen2 language model with M-RoPE, as ``config_class`` (Qwen2-VL's and
     Qwen2.5-VL's text configs take the same fields)."""
-    from tiny_common import mrope_sections, text_width
+    from tiny_common import mrope_sections, qwen2_text, text_width
 
-    heads, head_dim = text_width(text_hidden)
-    return config_class(
-        vocab_size=len(tok), hidden_size=text_hidden, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
-        max_position_embeddings=max_len, max_window_layers=2,
-        rope_parameters={"rope_type": "default",
-                         "mrope_section": mrope_sections((4, 6, 6), head_dim),
-                         "rope_theta": 1000000.0},
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"])
+    _, head_dim = text_width(text_hidden)
+    return qwen2_text(tok, text_hidden, max_len, config_class, max_window_layers=2,
+                      rope_parameters={"rope_type": "default",
+                                       "mrope_section": mrope_sections((4, 6, 6), head_dim),
+                                       "rope_theta": 1000000.0})
 
 
 def vision_token_ids(ids: dict) -> dict:
@@ -100,7 +95,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok, ids = train_tokenizer()
-    text = text_config(Qwen2_5_VLTextConfig, tok, ids, text_hidden, max_len)
+    text = text_config(Qwen2_5_VLTextConfig, tok, text_hidden, max_len)
     vision = Qwen2_5_VLVisionConfig(
         depth=vision_layers, hidden_size=vision_hidden, intermediate_size=vision_hidden * 2,
         num_heads=2, out_hidden_size=text_hidden, patch_size=14, spatial_merge_size=2,

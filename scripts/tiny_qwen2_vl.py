@@ -34,7 +34,7 @@ def build(out: str, vision_hidden: int = 64, vision_layers: int = 2, seed: int =
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
     tok, ids = train_tokenizer()
-    text = text_config(Qwen2VLTextConfig, tok, ids, text_hidden, max_len)
+    text = text_config(Qwen2VLTextConfig, tok, text_hidden, max_len)
     vision = Qwen2VLVisionConfig(
         depth=vision_layers, embed_dim=vision_hidden, hidden_size=text_hidden, mlp_ratio=2,
         num_heads=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
