@@ -69,9 +69,8 @@ class HostStaging:
     buffers) whose ``base`` is the page-locked tensor the worker's copy goes from
     (:meth:`DeviceCopier.from_buffer`). ``stages``: true while page-locked memory can be
     had, so a disk entry's first load is read into it (and hashed in the same pass when
-    it must be) rather than mapped; where it
-    cannot (no accelerator allocator, a locked-memory limit), private memory, and entries
-    are mapped as on a CPU engine. Staged entries hold their buffer: page-locked memory in
+    it must be) rather than mapped; where it cannot (no accelerator allocator, a
+    locked-memory limit), private memory, and entries are mapped as on a CPU engine. Staged entries hold their buffer: page-locked memory in
     use stays within the lookup's ``staging_bytes`` and the loads in flight. The buffers
     are :meth:`DeviceCopier.staging`'s (``device``: where the worker copies them)."""
 
