@@ -1,6 +1,8 @@
 """The one C extension (the read-ahead helpers, connectors/store/_readpool.c, with xxHash
 vendored in connectors/store/vendor); everything else about the package is declared in
-pyproject.toml."""
+pyproject.toml. The extension is optional: where no C compiler (or no Python headers) is
+found, the build says so and goes on, and encache reads and checksums each load on one
+thread instead (connectors/store/read_ahead.py; same results, one warning at run time)."""
 
 import platform
 
@@ -14,4 +16,4 @@ DISPATCH = ([f"{VENDOR}/xxh_x86dispatch.c"]
 setup(ext_modules=[Extension("encache.connectors.store._readpool",
                              ["connectors/store/_readpool.c", *DISPATCH],
                              depends=[f"{VENDOR}/xxhash.h", f"{VENDOR}/xxh_x86dispatch.h"],
-                             extra_compile_args=["-O2", "-Wall"])])
+                             extra_compile_args=["-O2", "-Wall"], optional=True)])

@@ -65,7 +65,7 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
     def no_vllm(e: ImportError) -> errors.EncacheError:
         return errors.EncacheError(
             f"encache hash needs vLLM's hasher, which does not import ({e})",
-            errors.EXIT_ENGINE, hint="install encache with the [cpu] or [gpu] extra")
+            errors.EXIT_ENGINE, hint=errors.NO_VLLM_HINT)
 
     try:
         from encache.connectors.vllm.hashing import identify_file

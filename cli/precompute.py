@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
         request_mm_processor_kwargs: Annotated[str | None, typer.Option(help="JSON object: the mm_processor_kwargs the served requests carry (hashed into each identifier and applied by the producer), e.g. '{\"max_pixels\": 200704}'.")] = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
-        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs the ray extra (pip install encache\\[ray]). See docs/ray.md.")] = None,
+        ray: Annotated[str | None, typer.Option("--ray", metavar="auto|ADDRESS", help="Run on a Ray cluster (auto, or the head's host:port); needs the ray extra (pip install encache-vllm\\[ray]). See docs/ray.md.")] = None,
         engines: Annotated[int, typer.Option(
             min=1, help="With --ray: number of engine actors.")] = 1,
         gpus_per_engine: Annotated[float, typer.Option(

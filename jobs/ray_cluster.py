@@ -36,7 +36,7 @@ def import_ray():
         import ray.data  # noqa: F401
     except ImportError:
         raise EncacheError("--ray needs Ray on this machine and on every node: "
-                           "pip install 'encache[ray]'", EXIT_CLUSTER) from None
+                           "pip install 'encache-vllm[ray]'", EXIT_CLUSTER) from None
     return ray
 
 

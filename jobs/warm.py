@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, EncacheError
+from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, NO_VLLM_HINT, EncacheError
 from ..connectors.media import unreadable_reason
 from ..connectors.store.base import Store, StoreError
 from ..connectors.store.keys import split_lora
@@ -299,7 +299,7 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
     except ImportError as e:
         raise EncacheError(
             f"hashing IMAGE arguments needs vLLM's hasher, which does not import: {e}",
-            EXIT_ENGINE, hint="install encache with the [cpu] or [gpu] extra") from None
+            EXIT_ENGINE, hint=NO_VLLM_HINT) from None
     with progress("Hashing images", len(files), "images") as tick:
         return hash_media(files, model, lora, summary, hash_algo=hash_algo,
                           media_io_kwargs=media_io_kwargs, progress=tick)

@@ -405,7 +405,7 @@ def stored_tensor(store: str, identifier: str):
     import torch
 
     from encache.connectors.store.entry import decode
-    from encache.connectors.vllm.metadata import TORCH_DTYPES
+    from encache.connectors.vllm.loads import TORCH_DTYPES
 
     blob = open_store(store).get(identifier)
     if blob is None:

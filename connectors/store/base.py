@@ -294,7 +294,7 @@ class Store(ABC):
     def file_store(self, version) -> Store | None:
         """The store whose entry file on this host holds a version a read of this store
         returned, for a worker process on the host to open itself (a scheduler pins the
-        file: ``vllm/metadata.pin_entry``): a local disk store itself, a tier's local copy
+        file: ``vllm/loads.pin_entry``): a local disk store itself, a tier's local copy
         its tier (:mod:`.tiered`); None where the bytes were received or read from
         elsewhere (Redis, a network filesystem). Default: None."""
         return None

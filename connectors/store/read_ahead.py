@@ -31,7 +31,11 @@ a buffer or reads a descriptor that is no longer the job's.
 The helpers and the job are C (``_readpool.c``): a helper never holds the GIL, so it
 neither waits for the caller's hashing nor for the interpreter to wake it. They are a
 small process-wide pool (:data:`HELPERS`: one per CPU beyond the first, at most 4; none
-on one CPU). When every helper is busy, :func:`start` returns None and the caller reads
+on one CPU). The extension is optional: where it was not built (installed with no C
+compiler) or ``ENCACHE_PURE_PYTHON=1`` is set, there are no helpers, every load reads
+and hashes on its own thread (the same bytes and checks, the ``read_threads=1`` path),
+and the first load of an entry that a helper would have shared logs one warning saying
+so (:data:`BUILT`). When every helper is busy, :func:`start` returns None and the caller reads
 on its own: a load never queues behind another load's read. Entries under
 :data:`MIN_BYTES` are read on the caller's thread too: handing a job over costs a thread
 wake-up, more than it saves on a quarter megabyte.
@@ -39,10 +43,21 @@ wake-up, more than it saves on a quarter megabyte.
 
 from __future__ import annotations
 
+import logging
 import os
 
-from . import _readpool
-from ._readpool import Job
+try:
+    if os.environ.get("ENCACHE_PURE_PYTHON", "") not in ("", "0"):
+        raise ImportError("ENCACHE_PURE_PYTHON is set")
+    from . import _readpool
+    from ._readpool import Job
+except ImportError as _why:  # built without a compiler: one thread per load, same results
+    _readpool, Job, _MISSING = None, None, str(_why)
+else:
+    _MISSING = ""
+
+#: whether the C helpers (``_readpool``) are there
+BUILT = _readpool is not None
 
 #: bytes per step of the back part. Measured here in the load benchmark with the earlier
 #: Python helpers, before the caller took steps itself (two runs each, the first load
@@ -59,11 +74,13 @@ CHUNK = 1 << 20
 FRONT = 0.35
 #: entries smaller than this are read on the caller's thread (a hand-over costs more).
 MIN_BYTES = 1 << 20
-#: helper threads in the process.
-HELPERS = max(0, min(4, (os.cpu_count() or 1) - 1))
+#: helper threads in the process (none without the extension).
+HELPERS = max(0, min(4, (os.cpu_count() or 1) - 1)) if BUILT else 0
 _ALIGN = 64 << 10  # the front part ends on a multiple of this
+_warned = False
 
-_readpool.set_helpers(HELPERS)
+if BUILT:
+    _readpool.set_helpers(HELPERS)
 
 
 def split(size: int, front: float = FRONT) -> int:
@@ -85,5 +102,20 @@ def start(fd: int, view: memoryview, size: int, *, begin: int | None = None,
     buffer on."""
     if size < MIN_BYTES:
         return None
+    if not BUILT:
+        _warn_unbuilt()
+        return None
     return _readpool.start(fd, view, split(size, front) if begin is None else begin, size,
                            chunk or CHUNK, hash)
+
+
+def _warn_unbuilt() -> None:
+    """Say once per process what the missing extension costs (docs/install.md)."""
+    global _warned
+    if not _warned:
+        _warned = True
+        logging.getLogger("encache").warning(
+            "encache: the C read-ahead helper is not built (%s): first loads of entries of "
+            "1 MiB or more are read and checksummed on one thread, slower than on two "
+            "(docs/performance.md, load benchmark); install with a C compiler to build it",
+            _MISSING)

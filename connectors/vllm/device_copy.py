@@ -40,7 +40,7 @@ import warnings
 
 import torch
 
-from .metadata import open_ref
+from .loads import DTYPE_BYTES, TORCH_DTYPES, LoadItem, open_ref
 
 log = logging.getLogger("encache.connector")
 
@@ -126,7 +126,7 @@ class DeviceCopier:
         return buf
 
     def from_file(self, ref, offset: int, nbytes: int) -> torch.Tensor:
-        """Staging filled by reading a pinned entry (:func:`~.metadata.pin_entry`'s ref)
+        """Staging filled by reading a pinned entry (:func:`~.loads.pin_entry`'s ref)
         straight into it: one pass from the page cache, no mapping, no bounce."""
         f, _ = open_ref(ref)
         try:
@@ -141,6 +141,20 @@ class DeviceCopier:
             return buf
         finally:
             os.close(f)
+
+    def load(self, item: LoadItem, cast_to: torch.dtype | None = None) -> torch.Tensor:
+        """A load item's tensor on the device: one pass into page-locked staging (read
+        from its pinned file when it carries no bytes: a worker in another process), then
+        the asynchronous copy, cast there to ``cast_to`` when given. The worker's
+        accelerator path, and the GPU benchmark's (``scripts/bench/gpu``)."""
+        nbytes = DTYPE_BYTES[item.dtype]
+        for s in item.shape:
+            nbytes *= s
+        if item.blob is None:
+            buf = self.from_file(item.ref, item.offset, nbytes)
+        else:
+            buf = self.from_buffer(item.blob, item.offset, nbytes)
+        return self.to_device(buf, TORCH_DTYPES[item.dtype], tuple(item.shape), cast_to)
 
     def to_host(self, tensor: torch.Tensor) -> tuple[torch.Tensor, object | None]:
         """``(host tensor, event or None)``: a device tensor's copy queued on the current

@@ -8,7 +8,7 @@ or on the load threads; the request is deferred while reads run) ->
 ``has_cache_item`` says yes only for a staged entry and pins it for this step ->
 ``update_state_after_alloc`` counts the hit (or the miss and its reason) and queues the
 pinned entry -> ``build_connector_meta`` ships the queued entries to the worker as
-:class:`~.metadata.LoadItem` (bytes, or a pinned file for large disk entries and
+:class:`~.loads.LoadItem` (bytes, or a pinned file for large disk entries and
 workers in other processes).
 
 A producer's scheduler keeps the adapter digest of each LoRA name it serves (sent to the
@@ -44,8 +44,8 @@ from ..store import memfd
 from ..store.keys import split_lora
 from .config import ConnectorConfig
 from .device_copy import HostStaging
-from .metadata import (WORKER_READS_MIN_BYTES, EncacheConnectorMetadata, LoadItem, pin_entry,
-                       pin_shared)
+from .metadata import EncacheConnectorMetadata
+from .loads import WORKER_READS_MIN_BYTES, LoadItem, pin_entry, pin_shared
 from .metrics import EncacheStats
 
 if TYPE_CHECKING:

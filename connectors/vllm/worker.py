@@ -1,6 +1,6 @@
 """EncacheWorkerConnector: the worker-side half of :class:`EncacheConnector`.
 
-A consumer's worker turns the step's :class:`~.metadata.LoadItem` list into tensors in
+A consumer's worker turns the step's :class:`~.loads.LoadItem` list into tensors in
 vLLM's encoder cache (``start_load_caches``): on CPU a view over the staged buffer (no
 copy), or over a pinned file the worker opens itself (another process); on an
 accelerator one pass into page-locked staging and an asynchronous device copy
@@ -31,8 +31,8 @@ from ..store.keys import split_lora
 from ..writer import EntryWriter
 from .config import ConnectorConfig
 from .device_copy import DeviceCopier
-from .metadata import (DTYPE_BYTES, DTYPE_CODES, TORCH_DTYPES, EncacheConnectorMetadata, LoadItem,
-                       open_pinned, tensor_over)
+from .metadata import EncacheConnectorMetadata
+from .loads import DTYPE_CODES, TORCH_DTYPES, LoadItem, open_pinned, tensor_over
 
 log = logging.getLogger("encache.connector")
 
@@ -88,15 +88,7 @@ class EncacheWorkerConnector:
             cast_to = self.model_dtype
         device = self._device or self._target_device()
         if device.type != "cpu":  # one pass into page-locked staging, then an async copy
-            copier = self._device_copier(device)
-            nbytes = DTYPE_BYTES[item.dtype]
-            for s in item.shape:
-                nbytes *= s
-            if item.blob is None:  # a pinned disk entry: read it here (another process)
-                buf = copier.from_file(item.ref, item.offset, nbytes)
-            else:
-                buf = copier.from_buffer(item.blob, item.offset, nbytes)
-            return copier.to_device(buf, dtype, tuple(item.shape), cast_to)
+            return self._device_copier(device).load(item, cast_to)
         blob = item.blob
         if blob is None:  # a pinned disk entry: read it here (another process)
             item.blob = blob = open_pinned(item.ref, self._mmap_min())

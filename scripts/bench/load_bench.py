@@ -40,7 +40,7 @@ this method's code). Timed per load:
                       more): the load reads and hashes the front while a helper reads the
                       back part in 1 MiB steps (store.read_ahead)
   encache.first.staging.bytes  breakdown, not a load: the same load ending with the bytes
-                      in staging, before the tensor over them is made (metadata.tensor_over,
+                      in staging, before the tensor over them is made (loads.tensor_over,
                       which the staging row includes): what that tensor costs right
                       after a large read (the CPU caches hold the entry's bytes, not
                       torch's code)
@@ -79,7 +79,7 @@ this method's code). Timed per load:
   readinto.hash / readinto.tensor / readinto.hash.tensor  breakdown, not loads: readinto,
                       then the entry's checksum over the tensor bytes just read
                       (entry.checksum, on this thread), the tensor over them
-                      (metadata.tensor_over), or both: the floor of any loader on one
+                      (loads.tensor_over), or both: the floor of any loader on one
                       thread that checks an entry and hands the engine a tensor, before
                       it finds, parses or validates anything
   checksum.only       breakdown, not a load: the xxh3 pass alone over an entry's kept
@@ -164,7 +164,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                                                 read_verified)
     from encache.connectors.store.files import uninitialized
     from encache.connectors.store.entry import checksum as checksum_of
-    from encache.connectors.vllm.metadata import LoadItem, tensor_over
+    from encache.connectors.vllm.loads import LoadItem, tensor_over
     from encache.connectors.vllm.worker import EncacheWorkerConnector
     from encache.connectors.writer import EntryWriter
 

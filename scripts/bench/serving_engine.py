@@ -333,7 +333,7 @@ def direct_load_times(ids: list[str], enc_dir: Path, ex_dir: Path, rounds: int =
 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store import open_store
-    from encache.connectors.vllm.metadata import LoadItem
+    from encache.connectors.vllm.loads import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     worker = object.__new__(EncacheWorkerConnector)

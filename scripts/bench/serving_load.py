@@ -93,7 +93,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
     from encache.connectors.store.entry import encode_parts, parse_header
     from encache.connectors.store.redis import RedisStore
     from encache.connectors.store.base import Store
-    from encache.connectors.vllm.metadata import LoadItem
+    from encache.connectors.vllm.loads import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     # the worker half of EncacheConnector without a VllmConfig: only these two fields matter

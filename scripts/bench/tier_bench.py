@@ -64,7 +64,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
     from encache.connectors.store.redis import RedisStore
-    from encache.connectors.vllm.metadata import LoadItem
+    from encache.connectors.vllm.loads import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     worker = object.__new__(EncacheWorkerConnector)  # only these two fields matter

@@ -56,8 +56,7 @@ DESIGNS = ["bytes.inband", "bytes.oob", "worker.reads", "worker.reads.shared"]
 
 
 set_engine_env()
-from encache.connectors.vllm.metadata import (DTYPE_BYTES, LoadItem, pin_entry,  # noqa: E402
-                                              pin_shared)
+from encache.connectors.vllm.loads import DTYPE_BYTES, LoadItem, pin_entry
 
 
 class LegacyLoadItem(LoadItem):

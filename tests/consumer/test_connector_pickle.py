@@ -14,7 +14,7 @@ import torch
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
 from encache.connectors.store.disk import DiskStore
-from encache.connectors.vllm.metadata import LoadItem
+from encache.connectors.vllm.loads import LoadItem
 from encache.connectors.vllm.scheduler import EncacheSchedulerConnector
 from encache.connectors.vllm.worker import EncacheWorkerConnector
 
@@ -96,7 +96,7 @@ def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
     exact version the scheduler verified, even after the entry was rewritten and purged."""
     import multiprocessing as mp
 
-    from encache.connectors.vllm.metadata import pin_entry
+    from encache.connectors.vllm.loads import pin_entry
 
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
@@ -131,7 +131,7 @@ def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
     process reads the verified bytes after the commit renamed it."""
     import multiprocessing as mp
 
-    from encache.connectors.vllm.metadata import pin_entry
+    from encache.connectors.vllm.loads import pin_entry
 
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(2).standard_normal((1024, 1024)).astype(np.float16)
@@ -206,7 +206,7 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
 
     from encache.connectors.store import open_store
     from encache.connectors.store.memfd import SharedBuffer
-    from encache.connectors.vllm.metadata import WORKER_READS_MIN_BYTES
+    from encache.connectors.vllm.loads import WORKER_READS_MIN_BYTES
 
     store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:")
     big = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
@@ -255,7 +255,7 @@ def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_serve
 
     from encache.connectors.store import open_store
     from encache.connectors.store.memfd import SharedBuffer
-    from encache.connectors.vllm.metadata import WORKER_READS_MIN_BYTES
+    from encache.connectors.vllm.loads import WORKER_READS_MIN_BYTES
 
     store = open_store(redis_server.url, prefix=f"t-{uuid.uuid4().hex[:8]}:",
                        local_tier=str(tmp_path / "tier"))
@@ -341,15 +341,15 @@ def test_shared_memory_that_cannot_be_pinned_ships_as_bytes(monkeypatch):
     import errno
 
     from encache.connectors.store.memfd import shared_buffer
-    from encache.connectors.vllm import metadata
+    from encache.connectors.vllm import loads
 
     buf = shared_buffer(1 << 20)
-    fd, ref = metadata.pin_shared(buf, "x")
+    fd, ref = loads.pin_shared(buf, "x")
     os.close(fd)
     assert ref[0] == os.getpid() and ref[3] is None
 
     def dup(fd):
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(metadata.os, "dup", dup)
-    assert metadata.pin_shared(buf, "x") is None
+    monkeypatch.setattr(loads.os, "dup", dup)
+    assert loads.pin_shared(buf, "x") is None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from encache.connectors.vllm.metadata import TORCH_DTYPES, tensor_over
+from encache.connectors.vllm.loads import TORCH_DTYPES, tensor_over
 
 SHAPE = (3, 5)
 OFFSET = 16

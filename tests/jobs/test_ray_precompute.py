@@ -134,7 +134,7 @@ def test_missing_ray_is_exit_9(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "s")],
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode == 9, out.stderr
-    assert "pip install 'encache[ray]'" in out.stderr and "Traceback" not in out.stderr
+    assert "pip install 'encache-vllm[ray]'" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
