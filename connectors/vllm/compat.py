@@ -1,22 +1,26 @@
 """The vLLM releases whose EC-connector API the adapter has been checked against.
 
 What: :data:`CHECKED_VERSIONS` lists the releases whose ``ECConnectorBase``,
-``ECConnectorFactory`` and ``ECTransferConfig`` were compared with :data:`SPEC` (the API
-encache's adapter relies on, recorded from vLLM 0.32.0; 0.33.0's
-``ec_connector/base.py``, ``factory.py`` and ``config/ec_transfer.py`` are identical).
-:func:`installed_spec` reads the same facts from the installed vLLM, so
-tests/consumer/test_adapter_api.py fails loudly on a release whose API differs, and
-:func:`version_warning` lets the connector warn (not fail) on a release nobody checked.
+``ECConnectorFactory`` and ``ECTransferConfig`` match :data:`SPEC` (the API encache's
+adapter implements), and whose encoder-cache manager, scheduler and worker calls were
+checked against what encache relies on. Each release's facts are recorded from its
+source (:func:`source_api`, by ``scripts/record_vllm_api.py WHEEL``) in
+``tests/vllm_releases/``, since only one release runs here (CI's CPU build);
+tests/consumer/test_vllm_releases.py fails loudly when a recorded release differs from
+what encache implements, and checks :func:`source_api` against the installed release's
+own runtime facts (:func:`installed_spec`). :func:`version_warning` lets the connector
+warn (not fail) on a release nobody checked.
 
 Why: vLLM's connector API moves between releases; an engine that starts with a connector
 whose hooks silently stopped being called serves 100 % misses ("working, just slower").
-To support a new release: install it, run tests/consumer/test_adapter_api.py, then add it here.
+To support a new release: ``pip download vllm==X --no-deps``, record it with
+``scripts/record_vllm_api.py``, run tests/consumer/test_vllm_releases.py, then add it here.
 """
 
 from __future__ import annotations
 
-#: releases checked against SPEC (keep pyproject's ``gpu`` extra range in step)
-CHECKED_VERSIONS = ("0.32.0", "0.33.0")
+#: releases checked against SPEC (each recorded in tests/vllm_releases/)
+CHECKED_VERSIONS = ("0.32.0", "0.33.0", "0.34.0")
 
 #: ECConnectorBase members -> parameter names ("property" for properties)
 BASE_METHODS = {
@@ -112,8 +116,109 @@ def spec_differences(installed: dict, recorded: dict = SPEC) -> list[str]:
 
 def version_warning(version: str) -> str | None:
     """A one-line warning for a vLLM release the adapter was not checked against."""
-    if version in CHECKED_VERSIONS:
+    if version.split("+")[0] in CHECKED_VERSIONS:  # (a local build tag: 0.34.0+cu130)
         return None
     return (f"encache: vLLM {version} is not among the releases its connector API was checked "
-            f"against ({', '.join(CHECKED_VERSIONS)}); run tests/consumer/test_adapter_api.py before "
+            f"against ({', '.join(CHECKED_VERSIONS)}); record it with "
+            "scripts/record_vllm_api.py and run tests/consumer/test_vllm_releases.py before "
             "relying on it (a changed API can mean silent misses)")
+
+
+#: where each release keeps what :func:`source_api` reads (paths under ``vllm/``)
+SOURCES = {
+    "base": "distributed/ec_transfer/ec_connector/base.py",
+    "factory": "distributed/ec_transfer/ec_connector/factory.py",
+    "transfer_config": "config/ec_transfer.py",
+    "manager": "v1/core/encoder_cache_manager.py",
+    "manager_config": "config/ec_manager_config.py",
+    "features": "multimodal/inputs.py",
+}
+#: files whose uses of the connector (``….ec_connector.X``) are recorded
+#: (the V2 GPU runner's ``self.ec_connector`` outside gpu/ec_connector.py is its wrapper)
+CALLERS = ("v1/core/sched/scheduler.py", "v1/worker/ec_connector_model_runner_mixin.py",
+           "v1/worker/gpu/ec_connector.py", "v1/engine/core.py")
+
+
+def source_api(root) -> dict:
+    """A vLLM release's facts read from its source without importing it (``root``: the
+    folder holding ``vllm/``, e.g. an unzipped wheel): :data:`SPEC`'s sections, plus the
+    encoder-cache manager's methods and state, its config's fields, the multimodal
+    feature's fields, and the connector members vLLM's scheduler and workers use."""
+    import ast
+    from pathlib import Path
+
+    vllm_dir = Path(root) / "vllm"
+
+    def tree(rel):
+        return ast.parse((vllm_dir / rel).read_text())
+
+    def cls(rel, name):
+        for node in ast.walk(tree(rel)):
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+        raise LookupError(f"{name} not in {rel}")
+
+    def decorators(fn):
+        return {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in fn.decorator_list}
+
+    def params(fn, bound=False):
+        a = fn.args
+        names = [x.arg for x in [*a.posonlyargs, *a.args]]
+        names += [a.vararg.arg] if a.vararg else []
+        names += [x.arg for x in a.kwonlyargs] + ([a.kwarg.arg] if a.kwarg else [])
+        return names[1:] if bound else names
+
+    def methods(node, *, skip_dunder=True):
+        out = {}
+        for fn in node.body:
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if skip_dunder and fn.name.startswith("__") and fn.name != "__init__":
+                    continue
+                out[fn.name] = "property" if "property" in decorators(fn) else params(fn)
+        return out
+
+    def fields(node):
+        return sorted(st.target.id for st in node.body
+                      if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+                      and "ClassVar" not in ast.unparse(st.annotation))
+
+    base = cls(SOURCES["base"], "ECConnectorBase")
+    role = cls(SOURCES["base"], "ECConnectorRole")
+    factory = cls(SOURCES["factory"], "ECConnectorFactory")
+    transfer = cls(SOURCES["transfer_config"], "ECTransferConfig")
+    manager = cls(SOURCES["manager"], "EncoderCacheManager")
+    init = next(fn for fn in manager.body if getattr(fn, "name", "") == "__init__")
+    state = sorted({t.attr for st in ast.walk(init)
+                    for t in (st.targets if isinstance(st, ast.Assign) else
+                              [st.target] if isinstance(st, ast.AnnAssign) else [])
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"})
+    used = set()
+    for rel in CALLERS:
+        if (vllm_dir / rel).exists():
+            for node in ast.walk(tree(rel)):
+                if isinstance(node, ast.Attribute):
+                    recv = node.value
+                    last = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
+                    if last in ("ec_connector", "_ec_connector"):
+                        used.add(node.attr)
+    return {
+        "base_methods": methods(base),
+        "abstract": sorted(fn.name for fn in base.body if isinstance(fn, ast.FunctionDef)
+                           and "abstractmethod" in decorators(fn)),
+        "roles": [t.id for st in role.body if isinstance(st, ast.Assign) for t in st.targets
+                  if isinstance(t, ast.Name)],
+        "factory": {fn.name: params(fn, bound=True) for fn in factory.body
+                    if isinstance(fn, ast.FunctionDef)
+                    and fn.name in ("register_connector", "create_connector")},
+        "transfer_config_fields": fields(transfer),
+        "transfer_config_properties": sorted(fn.name for fn in transfer.body
+                                             if isinstance(fn, ast.FunctionDef)
+                                             and fn.name.startswith("is_")),
+        "manager_methods": methods(manager, skip_dunder=False),
+        "manager_state": state,
+        "manager_config_fields": fields(cls(SOURCES["manager_config"],
+                                            "EncoderCacheManagerConfig")),
+        "feature_fields": fields(cls(SOURCES["features"], "MultiModalFeatureSpec")),
+        "connector_members_used": sorted(used),
+    }

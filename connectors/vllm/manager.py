@@ -57,8 +57,10 @@ def live_managers() -> list["PolicyEncoderCacheManager"]:
     return list(_LIVE)
 
 
-class PolicyEncoderCacheManager(EncoderCacheManager):
-    """``EncoderCacheManager`` with a pluggable eviction policy (default ``dlfu``)."""
+class PolicyManagerMixin:
+    """The policy's part of :class:`PolicyEncoderCacheManager`, over any release's
+    ``EncoderCacheManager`` (the class puts it in front of the installed one; the release
+    tests put it in front of each checked release's recorded one)."""
 
     #: how many (request, item) first-touches are remembered to dedupe access counting
     TOUCH_MEMORY = 1 << 16
@@ -116,17 +118,16 @@ class PolicyEncoderCacheManager(EncoderCacheManager):
         if refs is None:
             return False
         request_id = request.request_id
-        if not refs:
-            num_encoder_embeds = self.freeable.pop(mm_hash)
-            self.num_freeable_slots -= num_encoder_embeds
+        was_unreferenced, new_reference = not refs, request_id not in refs
+        # vLLM's own bookkeeping, whatever the release keeps (0.34 added per-request
+        # reference counts by hash, which free_encoder_input relies on)
+        super().check_and_update_cache(request, input_id)
+        if was_unreferenced:
             self.policy.pin(mm_hash)
-        if request_id not in refs:
-            refs.add(request_id)
-            if self._first_touch(request_id, mm_hash):
-                self.policy.hit(mm_hash)
-                self.stats["hits"] += 1
-                self.stats["hit_embeds"] += self.num_embeds_by_hash[mm_hash]
-        self.request_cached_ids.setdefault(request_id, set()).add(input_id)
+        if new_reference and self._first_touch(request_id, mm_hash):
+            self.policy.hit(mm_hash)
+            self.stats["hits"] += 1
+            self.stats["hit_embeds"] += self.num_embeds_by_hash[mm_hash]
         return True
 
     def can_allocate(self, request: "Request", input_id: int, encoder_compute_budget: int,
@@ -178,3 +179,7 @@ class PolicyEncoderCacheManager(EncoderCacheManager):
         super().free_encoder_input(request, input_id)
         if was_referenced and mm_hash in self.freeable:
             self.policy.release(mm_hash)
+
+
+class PolicyEncoderCacheManager(PolicyManagerMixin, EncoderCacheManager):
+    """``EncoderCacheManager`` with a pluggable eviction policy (default ``dlfu``)."""

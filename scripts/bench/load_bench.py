@@ -31,6 +31,9 @@ this method's code). Timed per load:
                       1 MiB or more is hashed on two threads (read_threads=2, the
                       default: a helper hashes the back half of the mapping)
   encache.first.one_thread  the same with read_threads=1: hashed on the load's thread
+  encache.first.pure  encache.first as an install without the C extension runs it (built
+                      with no compiler: read_ahead.BUILT false, no helper thread), the
+                      cost the one warning of such an install points to
   encache.first.staging  the same first load as a consumer whose worker copies entries to
                       an accelerator from this process does it (HostStaging): read and
                       hashed in one pass into staging, here a reused buffer as torch's
@@ -133,7 +136,8 @@ from serving_common import (code_state, finish_run, loadavg, machine,  # noqa: E
 
 SIZES = [("0.25 MB", (64, 2048)), ("2.75 MB", (256, 5376)), ("10 MB", (1024, 5120))]
 METHODS = ["readinto", "ecexample", "encache.repeat", "encache.staged", "encache.first",
-           "encache.first.one_thread", "encache.first.staging", "encache.first.staging.bytes",
+           "encache.first.one_thread", "encache.first.pure", "encache.first.staging",
+           "encache.first.staging.bytes",
            "encache.first.staging.one_thread",
            "encache.first.staging.gil", "encache.first.staging.one_thread.gil",
            "encache.first.ahead", "encache.first.encoded", "encache.first.encoded.staging",
@@ -388,6 +392,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                 restarted("first", verify_ahead_start_bytes=0, remember_verified=False)
                 restarted("first.one_thread", 1, verify_ahead_start_bytes=0,
                           remember_verified=False)
+                restarted("first.pure", verify_ahead_start_bytes=0, remember_verified=False)
 
             def prepare_restart_tail():
                 """A start-up pass that does nothing (budget 0): its first loads are all
@@ -438,6 +443,17 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
             def onepass_reused(i):
                 return onepass(i, ReusedStaging())
 
+            def unbuilt(fn):
+                """``fn`` as an install without the C extension runs it (read_ahead.BUILT
+                false: no helper, one warning)."""
+                def call(i):
+                    read_ahead.BUILT = False
+                    try:
+                        return fn(i)
+                    finally:
+                        read_ahead.BUILT = True
+                return call
+
             fns = {"readinto": readinto, "ecexample": ecexample, "readinto.copy": readinto_copy,
                    "readinto.fresh": readinto_fresh, "onepass.fresh": onepass_fresh,
                    "onepass.reused": onepass_reused,
@@ -449,6 +465,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
                    "encache.repeat": encache("repeat", ids), "encache.staged": staged,
                    "encache.first": encache("first", ids),
                    "encache.first.one_thread": encache("first.one_thread", ids),
+                   "encache.first.pure": unbuilt(encache("first.pure", ids)),
                    "encache.always": encache("always", ids),
                    "encache.first.staging": staging_first,
                    "encache.first.staging.bytes":
@@ -600,7 +617,7 @@ def goals(results: dict) -> dict:
         m = row["methods"]
         g = {}
         for name in ("encache.repeat", "encache.first", "encache.first.one_thread",
-                     "encache.first.staging",
+                     "encache.first.pure", "encache.first.staging",
                      "encache.first.staging.one_thread", "encache.first.ahead",
                      "encache.first.encoded", "encache.first.encoded.staging",
                      "encache.first.restart",

