@@ -16,6 +16,8 @@ page cache, timed per load up to the tensor on the device (``torch.cuda.synchron
                     scheduler builds it), read and checksummed in one pass into
                     page-locked staging, then the worker's device copy
                     (``DeviceCopier.load``)
+  encache.first.pure  the same as an install without the C extension runs it (no
+                    read-ahead helper thread: the load reads and checksums alone)
   encache.repeat    the same lookup's next load of that version (verified already: read
                     into staging, no checksum), then the device copy
 
@@ -165,12 +167,23 @@ def measure_loads(root: Path, device: torch.device, rounds: int, scale: float, l
                                             st.meta.shape))
             return fn
 
+        def unbuilt(fn):  # as an install without the C extension runs it (no helper)
+            def call(i):
+                read_ahead.BUILT = False
+                try:
+                    return fn(i)
+                finally:
+                    read_ahead.BUILT = built
+            return call
+
+        built = read_ahead.BUILT
         methods = {"readinto": readinto, "safetensors": safetensors,
                    "encache.first": encache_load("first"),
+                   "encache.first.pure": unbuilt(encache_load("first.pure")),
                    "encache.repeat": encache_load("repeat")}
         # correctness before timing: every method gives the stored tensor
-        new_lookup("first")
-        new_lookup("repeat")
+        for key in ("first", "first.pure", "repeat"):
+            new_lookup(key)
         want = first.to(device)
         for name, fn in methods.items():
             got = fn(0)
@@ -185,7 +198,8 @@ def measure_loads(root: Path, device: torch.device, rounds: int, scale: float, l
 
         times = {name: [] for name in methods}
         for _ in range(rounds):
-            new_lookup("first")  # a consumer that never saw these versions
+            new_lookup("first")  # consumers that never saw these versions
+            new_lookup("first.pure")
             order = list(range(n))
             random.shuffle(order)
             for step, i in enumerate(order):
