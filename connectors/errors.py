@@ -18,6 +18,7 @@ EXIT_ABORTED = 6  # a confirmation was declined or impossible (no TTY, no --yes)
 EXIT_STORE = 7  # the store is unreachable, missing or unwritable
 EXIT_ENGINE = 8  # the vLLM engine could not start
 EXIT_CLUSTER = 9  # Ray is not installed, or the Ray cluster is unreachable (precompute --ray)
+EXIT_NEWER = 10  # verify found no problem, but entries written by a newer encache (left alone)
 
 
 class EncacheError(Exception):

@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 INDEX_FILE = "header-index.pickle"
-FORMAT = 5
+FORMAT = 6
 
 
 class _Unpickler(pickle.Unpickler):
