@@ -248,3 +248,38 @@ def test_the_local_tier_keeps_newer_copies_and_serves_known_ones(redis_server, t
     finally:
         tier.remote.delete_many(list(tier.remote.identifiers()))
         tier.close()
+
+
+# ---- the store's own metadata, of a newer encache ------------------------------------------
+
+
+def test_a_newer_counter_file_of_a_dead_process_is_left_for_its_encache(tmp_path):
+    """This build folds dead processes' counter files into counters.json and deletes
+    them; one of another layout (another magic) it cannot read, so it leaves it."""
+    from encache.connectors.store import counters
+    store = DiskStore(tmp_path / "s")
+    store.add_counters({"hits": 3})
+    d = tmp_path / "s" / ".encache" / "counters"
+    d.mkdir(exist_ok=True)
+    dead = f"{counters._host()}-999999-1{counters.SUFFIX}"  # (no such pid: a dead process)
+    newer = d / dead
+    newer.write_bytes(b"ENCCNT02" + b"\x07" * (counters.SIZE - 8))
+    ours = d / dead.replace("-999999-", "-999998-")
+    ours.write_bytes(newer.read_bytes().replace(b"ENCCNT02", counters.MAGIC, 1))
+    assert store.read_counters()["hits"] == 3
+    assert newer.exists() and not ours.exists()  # ours folded (its garbage slots: none)
+
+
+def test_a_newer_corpus_manifest_is_read_as_empty_and_never_overwritten(tmp_path):
+    from encache.connectors.corpus import MANIFEST_VERSION, Manifest, walk
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.png").write_bytes(b"x")
+    f = next(iter(walk(str(tmp_path / "c"))))
+    path, key = tmp_path / "k.json", {"corpus": "c"}
+    text = json.dumps({"version": MANIFEST_VERSION + 1, "key": key, "layout": "new"})
+    path.write_text(text)
+    m = Manifest.load(path, key)
+    assert m.newer and m.lookup(f) is None
+    m.record(f, "ident1")
+    m.save()
+    assert path.read_text() == text
