@@ -283,3 +283,26 @@ def test_a_newer_corpus_manifest_is_read_as_empty_and_never_overwritten(tmp_path
     m.record(f, "ident1")
     m.save()
     assert path.read_text() == text
+
+
+def test_warm_does_not_copy_a_newer_entry_and_keeps_it(tmp_path, redis_server):
+    """``warm`` verifies what it copies; an entry it cannot verify (a newer encache's) is
+    reported, reason ``newer-format``, not copied, and stays in the source."""
+    src = DiskStore(tmp_path / "src")
+    written = write_fleet(src)
+    src.delete(F.rotten)
+    url = f"{redis_server.url}?prefix=t-mixed-warm-{uuid.uuid4().hex[:8]}:"
+    r = invoke("warm", "--from", src.root, "-s", url, "--json")
+    assert r.exit_code == errors.EXIT_PARTIAL, r.output
+    d = json.loads(r.stdout)
+    assert {f["identifier"]: f["reason"] for f in d["failures"]} == \
+        dict.fromkeys(F.newer, "newer-format")
+    dst = open_store(url)
+    try:
+        assert set(dst.identifiers()) == set(F.known)
+        for i in F.known:
+            assert bytes(memoryview(dst.get(i)).cast("B")) == written[i]
+        dst.delete_many(list(F.known))
+    finally:
+        dst.close()
+    _held(src, written, F.newer)
