@@ -1,7 +1,10 @@
 """A mixed-version fleet: entries of the previous formats, of this build and of a synthetic
 next format (a header this build does not know) side by side in one store, on a real disk
-store and a real Redis, through ``verify``, ``verify --repair``, ``purge``, ``stats``,
-``list``, a consumer's loads and the local tier.
+store and a real Redis (a repair on a real Redis Cluster too), through ``verify``,
+``verify --repair``, ``purge``, ``stats``, ``list``, a consumer's loads, a producer's
+skip, ``warm`` and the local tier; then the
+store's own bookkeeping of a newer encache (counter files, corpus manifests). A real
+engine over such a store: ``tests/engine/test_newer_format_engine.py``.
 
 What must hold (docs/upgrading.md): nothing of a newer format is lost (never quarantined,
 repaired, rewritten or counted corrupt; a consumer misses it with its own reason), and
@@ -148,6 +151,23 @@ def test_verify_reports_newer_entries_apart_and_repair_leaves_them(fleet):
     r = invoke("verify", "-s", url, "--repair", "--quiet")
     assert r.exit_code == errors.EXIT_NEWER and "newer" in r.stdout
     _held(store, written, F.newer | set(F.known))
+
+
+def test_a_redis_cluster_repair_leaves_newer_entries_on_every_primary(redis_cluster):
+    url = f"{redis_cluster.url}?prefix=t-mixed-{uuid.uuid4().hex[:8]}:"
+    store = open_store(url)
+    try:
+        written = write_fleet(store)
+        r, d = _run("verify", "-s", url, "--repair", "--json")
+        assert r.exit_code == errors.EXIT_PROBLEMS, r.output
+        assert {f["identifier"] for f in d["newer_format"]} == F.newer
+        assert [f["identifier"] for f in d["problems"]] == [F.rotten]
+        assert not store.contains(F.rotten)
+        _held(store, written, F.newer | set(F.known))
+        assert invoke("verify", "-s", url).exit_code == errors.EXIT_NEWER
+    finally:
+        store.delete_many(list(store.identifiers()))
+        store.close()
 
 
 def test_list_and_stats_show_newer_entries_and_count_them_apart(fleet):
