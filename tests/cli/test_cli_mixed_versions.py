@@ -326,3 +326,20 @@ def test_warm_does_not_copy_a_newer_entry_and_keeps_it(tmp_path, redis_server):
     finally:
         dst.close()
     _held(src, written, F.newer)
+
+
+def test_a_header_index_of_an_encache_that_reads_other_formats_is_rebuilt(tmp_path, monkeypatch):
+    """The disk store's header index caches each entry's verdict; one written by an
+    encache that reads other formats (an older one: ``newer-format`` for an entry this
+    build reads) is not used, so an upgrade never serves an old verdict."""
+    from encache.connectors.store import header_index
+    store = DiskStore(tmp_path / "s")
+    write_fleet(store)
+    monkeypatch.setattr(header_index, "READS", [["1", "2"], ["xxh3_256x1m"]])
+    list(store.scan())  # indexed by "another" encache
+    assert header_index.load(tmp_path / "s" / ".encache")
+    monkeypatch.undo()
+    assert header_index.load(tmp_path / "s" / ".encache") == {}
+    errs = {e.identifier: e.error for e in store.scan()}
+    assert errs[F.next_format] == errs[F.next_checksum] == "newer-format"
+    assert header_index.load(tmp_path / "s" / ".encache")  # rewritten by this build
