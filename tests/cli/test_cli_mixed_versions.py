@@ -235,11 +235,18 @@ def test_a_consumer_misses_newer_entries_with_their_own_reason_and_loads_the_res
 
 
 def test_a_producer_of_this_build_does_not_replace_a_newer_entry(fleet):
+    """A producer's writer skips what the store holds, and precompute does not encode
+    again what it finds present: a newer encache's entry counts as present to both."""
     from encache.connectors.encoder_config import holds
+    from encache.jobs.precompute.identify import stored_state
     _, store, written = fleet
     assert holds(store, F.next_format, "some-config-digest")
     assert holds(store, F.next_checksum, None, "some-lora-digest")
     assert not holds(store, F.current, "some-config-digest")
+    for ident in F.newer:
+        assert stored_state(store, ident, "", "") == "present"
+        assert stored_state(store, ident, "some-config-digest", "some-lora-digest") == "present"
+    assert stored_state(store, F.current, "some-config-digest", "") == "other_config"
 
 
 def test_the_local_tier_keeps_newer_copies_and_serves_known_ones(redis_server, tmp_path):
