@@ -76,7 +76,7 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
     return DiskStore(url, create=create, **disk_opts)
 
 __all__ = [
-    "COUNTER_NAMES", "CorruptEntry", "EntryInfo", "EntryMeta", "LockBusy", "NewerFormat", "Store",
-    "StoreError", "StoreInfo", "check_url", "decode", "encode", "encode_parts", "open_store",
-    "redact",
+    "COUNTER_NAMES", "CorruptEntry", "EntryInfo", "EntryMeta", "LockBusy", "NewerFormat",
+    "Store", "StoreError", "StoreInfo", "check_url", "decode", "encode", "encode_parts",
+    "open_store", "redact",
 ]

@@ -182,8 +182,8 @@ class TieredStore(Store):
     def _read(self, identifier: str, local, remote, *args):
         """``local(identifier, *args)`` from the tier when its copy may be served, else
         ``remote(...)``, written behind into the tier. A tier copy that cannot be read is
-        a tier miss: dropped (kept when a newer encache wrote it), the remote serves. (Bound methods, no lambda: a tier hit's
-        whole cost is a few calls.)"""
+        a tier miss: dropped (kept when a newer encache wrote it), the remote serves.
+        (Bound methods, no lambda: a tier hit's whole cost is a few calls.)"""
         if self._trusted and identifier not in self._suspect:
             try:
                 got = local(identifier, *args)

@@ -54,8 +54,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 )
 
 COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
-            "misses_model", "misses_newer_format", "hits_local", "hits_remote", "bytes_loaded", "store_evictions",
-            "store_bytes_saved")
+            "misses_model", "misses_newer_format", "hits_local", "hits_remote", "bytes_loaded",
+            "store_evictions", "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes",
           "local_tier_bytes", "local_tier_capacity_bytes", "store_down", "store_parts_down")
 #: gauges every non-empty interval carries (the others: a store sample was taken)

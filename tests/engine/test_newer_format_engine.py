@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from encache.cli.app import app
 from encache.connectors.store import open_store
-from engine_support import PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config, make_llm, shutdown
+from engine_support import (PRECOMPUTE_KW, EncoderCounter, chat_texts, consumer_config, make_llm,
+                            shutdown)
 from entries import rewrite_header
 
 pytestmark = pytest.mark.engine
