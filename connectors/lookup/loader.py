@@ -33,7 +33,7 @@ from ..ratelimit import RateLimitedLog
 from ..store.base import Store
 from ..store.files import populate, prefault, uninitialized
 from ..store.memfd import shared_buffer
-from ..store.entry import CorruptEntry, EntryMeta, validate_blob
+from ..store.entry import CorruptEntry, EntryMeta, NewerFormat, validate_blob
 from .breaker import CircuitBreaker
 from .checks import EntryChecks
 from .index import StoreIndex
@@ -232,6 +232,11 @@ class Loader:
                 blob, meta, offset, version = got
                 staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
                                 version, self.store.served_from(version))
+        except NewerFormat as e:  # a newer encache's entry: a miss here, left as it is
+            self.misses.reject(identifier, "newer_format")
+            self.warn.warning("newer", "encache: entry %s in %s was %s; re-encoding (an "
+                              "upgraded encache serves it)", identifier, self.store.url,
+                              e.detail)
         except CorruptEntry as e:
             self.misses.reject(identifier, "corrupt")
             self.metrics.count("load_errors")

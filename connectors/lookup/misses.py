@@ -1,7 +1,8 @@
 """Why an item was a miss, and which entries to skip for a while.
 
 An entry that was found but could not be used — corrupt, produced under another encoder
-config, a stale LoRA adapter's, or rejected by the engine (wrong token count) — is
+config, a stale LoRA adapter's, written by a newer encache (``newer_format``), or
+rejected by the engine (wrong token count) — is
 skipped for ``REJECT_S`` (a miss without another read), and its reason is remembered so
 the connector can count ``misses_<reason>``. Anything else is ``absent`` (the connector's
 :class:`~encache.connectors.diagnosis.MissDiagnosis` refines that further).
@@ -24,7 +25,7 @@ class MissReasons:
 
     def reject(self, identifier: str, reason: str) -> None:
         """Skip ``identifier`` for ``REJECT_S``: it was found but is unusable (``reason``:
-        ``corrupt``, ``config``, ``lora_stale``)."""
+        ``corrupt``, ``config``, ``lora_stale``, ``newer_format``)."""
         with self._lock:
             self._rejected[identifier] = time.monotonic() + REJECT_S
             if len(self._reasons) > REASONS_MAX:
@@ -36,8 +37,8 @@ class MissReasons:
         return self._rejected.get(identifier, 0) > now  # one dict read: atomic under the GIL
 
     def reason(self, identifier: str) -> str:
-        """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an
-        entry was found but not usable), else ``absent``."""
+        """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt``,
+        ``newer_format`` (an entry was found but not usable), else ``absent``."""
         with self._lock:
             if self._rejected.get(identifier, 0) > time.monotonic():
                 return self._reasons.get(identifier, "corrupt")

@@ -6,7 +6,7 @@ Imports nothing of encache outside this package (``tests/test_layers.py``). Its 
 from urllib.parse import urlsplit
 
 from .base import COUNTER_NAMES, EntryInfo, LockBusy, Store, StoreError, StoreInfo
-from .entry import CorruptEntry, EntryMeta, decode, encode, encode_parts
+from .entry import CorruptEntry, EntryMeta, NewerFormat, decode, encode, encode_parts
 from .url import CLUSTER_SCHEMES, REDIS_SCHEMES, redact
 
 
@@ -76,7 +76,7 @@ def _open_backend(url: str, *, create: bool = True, **options) -> Store:
     return DiskStore(url, create=create, **disk_opts)
 
 __all__ = [
-    "COUNTER_NAMES", "CorruptEntry", "EntryInfo", "EntryMeta", "LockBusy", "Store",
-    "StoreError", "StoreInfo", "check_url", "decode", "encode", "encode_parts", "open_store",
-    "redact",
+    "COUNTER_NAMES", "CorruptEntry", "EntryInfo", "EntryMeta", "LockBusy", "NewerFormat",
+    "Store", "StoreError", "StoreInfo", "check_url", "decode", "encode", "encode_parts",
+    "open_store", "redact",
 ]

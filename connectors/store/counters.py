@@ -222,10 +222,22 @@ def read_totals(meta_dir: Path) -> dict[str, float]:
     return totals
 
 
+def _newer(path: Path) -> bool:
+    """A counter file of another layout (another ``ENCCNT`` magic): a newer encache's,
+    which this one cannot read, so must not fold (nor delete)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(MAGIC))
+    except OSError:
+        return False
+    return magic.startswith(MAGIC[:6]) and magic != MAGIC and len(magic) == len(MAGIC)
+
+
 def compact(meta_dir: Path, write_json) -> int:
     """Fold dead processes' files into ``counters.json`` and delete them (caller holds
-    the counters lock). Returns how many were folded; read-only stores fold nothing."""
-    dead = [p for p in _files(meta_dir) if _dead(p)]
+    the counters lock). Returns how many were folded; read-only stores fold nothing.
+    A file of a newer encache's layout (:func:`_newer`) is left for it to fold."""
+    dead = [p for p in _files(meta_dir) if _dead(p) and not _newer(p)]
     if not dead:
         return 0
     totals = read_json(meta_dir / "counters.json")

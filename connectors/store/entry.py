@@ -22,6 +22,13 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.
 
+A header naming an entry format this build does not read (``encache_format`` not in
+:data:`READ_FORMATS`) or a checksum algorithm it does not know (not in
+:data:`CHECKSUM_ALGOS`) is an entry written by a newer encache: :class:`NewerFormat`, a
+:class:`CorruptEntry` whose ``reason`` is ``newer-format``, raised before anything else of
+the header is judged. Every caller that would remove, replace or count a corrupt entry
+tells it apart and leaves it alone (``docs/upgrading.md`` has the rules).
+
 The codec imports no tensor library (no torch, no numpy): the CLI reads headers of
 100,000 entries without one, and the vLLM adapter turns the returned buffer into a tensor
 with ``torch.frombuffer`` (no copy). Headers are decoded by msgspec (a vLLM dependency)
@@ -44,6 +51,11 @@ from blake3 import blake3
 from .keys import split_lora, validate
 
 FORMAT_VERSION = "1"
+#: the entry formats this build reads (every one this repository has written; absent:
+#: a legacy entry); any other is a newer encache's (:class:`NewerFormat`)
+READ_FORMATS = frozenset({FORMAT_VERSION})
+#: the ``reason`` of :class:`NewerFormat` (``EntryInfo.error`` of such an entry in a scan)
+NEWER_FORMAT = "newer-format"
 TENSOR_KEY = "ec_cache"
 MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
@@ -67,6 +79,17 @@ class CorruptEntry(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+class NewerFormat(CorruptEntry):
+    """An entry written by a newer encache: its format, or its checksum algorithm, is one
+    this build does not know. Not corruption: nothing may remove, repair, rewrite or count
+    it as corrupt; a consumer misses it (``newer_format``) and ``verify`` reports it apart.
+    A :class:`CorruptEntry` still, so any reader that only needs "not usable here" (a load,
+    a copy) stays correct without knowing of it."""
+
+    def __init__(self, detail: str):
+        super().__init__(NEWER_FORMAT, detail + ": written by a newer encache")
 
 
 class EntryMeta(msgspec.Struct, frozen=True):
@@ -111,6 +134,9 @@ class EntryMeta(msgspec.Struct, frozen=True):
 
 #: the checksum new entries record (:func:`checksum`)
 CHECKSUM_ALGO = "xxh3_128x512k"
+#: every checksum algorithm this build verifies (each one this repository has written)
+CHECKSUM_ALGOS = ("xxh3_128x512k", "xxh3_128", "blake3")
+_CHECKSUM_PREFIXES = tuple(a + ":" for a in CHECKSUM_ALGOS)
 #: the tensor bytes per digest of ``xxh3_128x512k``, a piece (part of the algorithm: fixed)
 HASH_PIECE = 512 << 10
 _PIECES_PREFIX = CHECKSUM_ALGO + ":"
@@ -138,7 +164,7 @@ def checksum(data, algo: str = CHECKSUM_ALGO) -> str:
         return "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
     if algo == "blake3":
         return "blake3:" + blake3(data).hexdigest()
-    raise CorruptEntry("bad-header", f"unknown checksum algorithm {algo!r}")
+    raise NewerFormat(f"checksum algorithm {algo!r}")
 
 
 def checksum_matches(data, recorded: str) -> bool:
@@ -255,9 +281,18 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
     try:
         header = _HEADER.decode(buf[8:start])
     except msgspec.ValidationError as e:
+        _raise_if_newer(buf[8:start])  # (a newer format may describe its tensor otherwise)
         raise CorruptEntry("bad-header", f"not a safetensors header of an entry ({e})") from None
     except msgspec.DecodeError:
         raise CorruptEntry("bad-header", "header is not JSON") from None
+    md = header.metadata or _NO_EXTRA
+    get = md.get
+    fmt = get("encache_format")
+    if fmt is not None and fmt not in READ_FORMATS:
+        raise NewerFormat(f"entry format {fmt!r}")
+    recorded = get("checksum")
+    if recorded and not recorded.startswith(_CHECKSUM_PREFIXES):
+        raise NewerFormat(f"checksum algorithm {recorded.split(':', 1)[0]!r}")
     info = header.tensor
     dtype, shape = info.dtype, tuple(info.shape)
     begin, end = info.data_offsets
@@ -271,8 +306,6 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
     if total_size is not None and start + end != total_size:
         kind = "truncated" if start + end > total_size else "trailing-bytes"
         raise CorruptEntry(kind, f"expected {start + end} bytes, found {total_size}")
-    md = header.metadata or _NO_EXTRA
-    get = md.get
     created = get("created")
     try:
         created = float(created) if created else None
@@ -284,7 +317,7 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         identifier=get("identifier") or None, dtype=sys.intern(dtype), shape=_shape(shape),
         data_bytes=end - begin, lora=_intern(get("lora")), model=_intern(get("model")),
         vllm_version=_intern(get("vllm_version")), hash_algo=_intern(get("hash_algo")),
-        created=created, checksum=get("checksum") or None,
+        created=created, checksum=recorded or None,
         format_version=_intern(get("encache_format")),
         encoder_config=sys.intern(get("encoder_config", "")),
         lora_digest=get("lora_digest", ""),
@@ -292,6 +325,18 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
                else {k: v for k, v in md.items() if k not in _KNOWN_METADATA}),
     )
     return meta, start + begin
+
+
+def _raise_if_newer(raw) -> None:
+    """:class:`NewerFormat` when the JSON header ``raw``, which is not one this build
+    parses, names an entry format this build does not read in its ``__metadata__``."""
+    try:
+        md = json.loads(bytes(raw)).get("__metadata__")
+        fmt = md.get("encache_format") if isinstance(md, dict) else None
+    except (ValueError, AttributeError):
+        return
+    if isinstance(fmt, str) and fmt not in READ_FORMATS:
+        raise NewerFormat(f"entry format {fmt!r}")
 
 
 _NO_EXTRA: dict = {}  # shared by entries without unknown metadata (never mutated)
@@ -417,7 +462,7 @@ def _hasher(recorded: str):
         return xxhash.xxh3_128()
     if algo == "blake3":
         return blake3()
-    raise CorruptEntry("bad-header", f"unknown checksum algorithm {algo!r}")
+    raise NewerFormat(f"checksum algorithm {algo!r}")
 
 
 #: with a helper (``ahead``): bytes of the first read, which holds the header (a

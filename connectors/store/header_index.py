@@ -13,7 +13,10 @@ It is a cache, never the source of truth: every scan still lists the directories
 stats every entry file, and uses a record only when the file's version matches it — so a
 concurrent writer, a purge or an eviction between two index updates can never make a scan
 wrong (a replaced file does not match and is re-read; a removed one is not listed). A
-missing, unreadable or foreign-version index file is simply rebuilt by the next full scan.
+missing, unreadable or foreign-version index file is simply rebuilt by the next full scan,
+and so is one written by an encache that reads other entry formats or checksums
+(:data:`READS`): its verdicts (``newer-format`` for an entry this build reads) are not
+this build's.
 Concurrent scans each write a complete index atomically (temp file + rename): the last one
 wins, and either is valid.
 
@@ -33,8 +36,13 @@ import pickle
 import tempfile
 from pathlib import Path
 
+from .entry import CHECKSUM_ALGOS, READ_FORMATS
+
 INDEX_FILE = "header-index.pickle"
-FORMAT = 5
+FORMAT = 6
+
+#: the entry formats and checksum algorithms of the encache that wrote an index
+READS = [sorted(READ_FORMATS), list(CHECKSUM_ALGOS)]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -62,7 +70,7 @@ def _read(meta_dir: Path) -> dict | None:
         return None
     except Exception:  # truncated, corrupt, or from an incompatible version: rebuild
         return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("reads") != READS:
         return None
     return data
 
@@ -101,8 +109,9 @@ def save(meta_dir: Path, records: dict) -> bool:
         meta_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=meta_dir)
         with os.fdopen(fd, "wb") as f:
-            pickle.dump({"format": FORMAT, "versions": versions, "summary": state,
-                         "records": blob}, f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump({"format": FORMAT, "reads": READS, "versions": versions,
+                         "summary": state, "records": blob}, f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, meta_dir / INDEX_FILE)
         return True
     except OSError:

@@ -75,7 +75,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from .base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
-from .entry import CorruptEntry, byte_views, header_length
+from .entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
 from .keys import validate
 from .redis_errors import ERRORS, ConnectionRetry, describe_error
 from .redis_lock import RedisLock
@@ -619,10 +619,11 @@ class RedisStore(Store):
                 if value is None:  # deleted between SCAN and now
                     continue
                 info = self._info(ident, value, atimes[n])
-                if info.error is not None and metas[n] is not None:
+                if info.error not in (None, NEWER_FORMAT) and metas[n] is not None:
                     # the side record may be what is damaged, not the entry: its own
                     # header decides (and is written back), so a repair never removes a
-                    # good entry for a bad side record
+                    # good entry for a bad side record (a newer encache's header, read
+                    # whole, is not damage: its row is left as it is)
                     with self._errors():
                         again = self._read_heads([ident]).get(ident)
                     if again is not None:

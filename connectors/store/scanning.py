@@ -5,7 +5,7 @@ no torch, no backend internals), so it works on every backend.
 * :func:`parse_age` turns ``90s`` / ``30m`` / ``12h`` / ``7d`` / ``2w`` into seconds.
 * :class:`EntryFilter` selects entries by LoRA, model and age.
 * :class:`Summary` aggregates counts and bytes (total, by model, by LoRA, legacy,
-  unreadable); summaries merge, so shards can be scanned in parallel.
+  unreadable, written by a newer encache); summaries merge, so shards can be scanned in parallel.
 * :class:`ScanThrottle` paces full walks repeated in the background (≤ 5 % of the time).
 * :func:`scan` / :func:`summarize` walk a store (headers only), optionally across
   processes (:func:`summarize` with ``workers > 1`` re-opens the store by URL in each
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .base import EntryInfo, Store
+from .entry import NEWER_FORMAT
 from .keys import split_lora
 
 _AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
@@ -161,6 +162,10 @@ class Summary:
     legacy_bytes: int = 0
     unreadable: int = 0
     unreadable_bytes: int = 0
+    #: entries written by a newer encache (a format this build does not read): not
+    #: counted as unreadable
+    newer: int = 0
+    newer_bytes: int = 0
     oldest: float | None = None  # earliest creation
     newest: float | None = None  # latest creation
     last_access: float | None = None
@@ -175,7 +180,10 @@ class Summary:
         size = e.size
         self.entries += 1
         self.bytes += size
-        if e.error is not None:
+        if e.error == NEWER_FORMAT:
+            self.newer += 1
+            self.newer_bytes += size
+        elif e.error is not None:
             self.unreadable += 1
             self.unreadable_bytes += size
         elif e.meta is not None and e.meta.legacy:
@@ -224,8 +232,9 @@ class Summary:
     def to_state(self) -> dict:
         """Plain builtins (for the disk store's header index)."""
         state = {k: getattr(self, k) for k in ("entries", "bytes", "legacy", "legacy_bytes",
-                                                "unreadable", "unreadable_bytes", "oldest",
-                                                "newest", "last_access")}
+                                                "unreadable", "unreadable_bytes", "newer",
+                                                "newer_bytes", "oldest", "newest",
+                                                "last_access")}
         for name in ("by_model", "by_lora", "by_encoder_config"):
             state[name] = {k: (g.entries, g.bytes) for k, g in getattr(self, name).items()}
         return state
@@ -244,6 +253,8 @@ class Summary:
         self.legacy_bytes += other.legacy_bytes
         self.unreadable += other.unreadable
         self.unreadable_bytes += other.unreadable_bytes
+        self.newer += other.newer
+        self.newer_bytes += other.newer_bytes
         for name in ("oldest", "last_access", "newest"):
             a, b = getattr(self, name), getattr(other, name)
             if b is not None:

@@ -51,7 +51,7 @@ from collections.abc import Iterable, Iterator
 
 from .base import JOURNAL_FULL_CHECK_S, EntryInfo, Store, StoreError, StoreInfo
 from .disk import DiskStore
-from .entry import CorruptEntry
+from .entry import CorruptEntry, NewerFormat
 from .files import ServedVersion
 from .throttle import ScanThrottle
 
@@ -182,16 +182,17 @@ class TieredStore(Store):
     def _read(self, identifier: str, local, remote, *args):
         """``local(identifier, *args)`` from the tier when its copy may be served, else
         ``remote(...)``, written behind into the tier. A tier copy that cannot be read is
-        a tier miss: dropped, the remote serves. (Bound methods, no lambda: a tier hit's
-        whole cost is a few calls.)"""
+        a tier miss: dropped (kept when a newer encache wrote it), the remote serves.
+        (Bound methods, no lambda: a tier hit's whole cost is a few calls.)"""
         if self._trusted and identifier not in self._suspect:
             try:
                 got = local(identifier, *args)
             except (OSError, StoreError, CorruptEntry) as e:
                 log.warning("encache: local tier %s: cannot read %s: %s", self.tier.root,
                             identifier, e)
-                with contextlib.suppress(OSError, StoreError):
-                    self.tier.delete(identifier)
+                if not isinstance(e, NewerFormat):  # (a newer encache's copy is kept)
+                    with contextlib.suppress(OSError, StoreError):
+                        self.tier.delete(identifier)
                 got = None
             if got is not None:
                 self.stats["local_reads"] += 1

@@ -15,7 +15,9 @@ count), checksum of the tensor bytes, identifier (the metadata names the entry i
 stored under), LoRA (metadata vs identifier prefix) and, with ``model``, the model the
 entry was made for. Legacy entries (written by vLLM's ECExampleConnector, no metadata)
 are size-checked and reported as unverifiable: a warning, not a failure. Stray temp
-files left by crashed writers are warnings too (invisible to readers).
+files left by crashed writers are warnings too (invisible to readers). An entry written by
+a newer encache (a format or checksum this build does not know: ``entry.NewerFormat``) is
+neither: it is listed in ``report.newer``, never in the problems, and a repair leaves it.
 
 On a local disk store each entry that passes is recorded in the store's log of versions
 verified this boot (``verified_log.py``): run after a reboot, ``encache verify`` spares
@@ -35,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .base import EntryInfo, Store
-from .entry import CorruptEntry, decode
+from .entry import NEWER_FORMAT, CorruptEntry, NewerFormat, decode
 from .keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
 from .scanning import batched, parts_dicts
@@ -47,7 +49,7 @@ CHUNK = 64  # entries per unit of work on the reader threads
 @dataclass(frozen=True)
 class Finding:
     identifier: str
-    severity: str  # "problem" | "warning" | "info"
+    severity: str  # "problem" | "warning" | "info" | "newer" (a newer encache's entry)
     reason: str  # short tag: truncated, checksum, wrong-shape, legacy, stray, …
     detail: str = ""
     size: int = 0
@@ -69,6 +71,8 @@ class VerifyReport:
     problems: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
     info: list[Finding] = field(default_factory=list)
+    #: entries written by a newer encache: not checked, never repaired
+    newer: list[Finding] = field(default_factory=list)
     models: Counter = field(default_factory=Counter)
     bad: list = field(default_factory=list)  # (EntryInfo, reason) for a repair plan
     strays: list = field(default_factory=list)  # Paths
@@ -93,6 +97,7 @@ class VerifyReport:
             "problems": [f.to_dict() for f in self.problems],
             "warnings": [f.to_dict() for f in self.warnings],
             "info": [f.to_dict() for f in self.info],
+            "newer_format": [f.to_dict() for f in self.newer],
             "models": {("" if k is None else k): v for k, v in self.models.items()},
             "unreachable": parts_dicts(self.unreachable),
         }
@@ -109,17 +114,20 @@ def check_entry(store: Store, e: EntryInfo, model: str | None = None, *,
     blob, st = read_untracked_with_stat(store, ident) if _gettable(ident) else (None, None)
     if blob is None:
         if e.error is not None:  # unreadable by name (hashed directory): the scan's verdict
-            return [Finding(ident, "problem", e.error, "", e.size)], None, False
+            severity = "newer" if e.error == NEWER_FORMAT else "problem"
+            return [Finding(ident, severity, e.error, "", e.size)], None, False
         return [], None, True
     try:
         meta, _ = decode(blob, identifier=ident, verify=True)
+    except NewerFormat as err:  # not this build's to judge: reported, left as it is
+        return [Finding(ident, "newer", err.reason, err.detail, len(blob))], None, False
     except CorruptEntry as err:
         return [Finding(ident, "problem", err.reason, err.detail, len(blob))], None, False
     if log is not None and st is not None and meta.checksum is not None:
         from .files import ServedVersion
         from .verified_log import record_key
         log.append(record_key(ident, ServedVersion.of(st)), st.st_ctime_ns)
-    if e.error is not None:  # the scan saw something the full read did not
+    if e.error is not None and e.error != NEWER_FORMAT:  # the scan saw what the read did not
         out.append(Finding(ident, "problem", e.error, "reported by the store's scan", len(blob)))
     if meta.legacy:
         out.append(Finding(ident, "warning", "legacy",
@@ -218,7 +226,7 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
             rep.bytes_checked += e.size
             for f in findings:
                 {"problem": rep.problems, "warning": rep.warnings,
-                 "info": rep.info}[f.severity].append(f)
+                 "info": rep.info, "newer": rep.newer}[f.severity].append(f)
             bad = [f for f in findings if f.severity == "problem"]
             if bad:
                 rep.bad.append((e, bad[0].reason))
@@ -246,6 +254,7 @@ def verify_store(store: Store, *, model: str | None = None, threads: int | None 
         rep.warnings.append(Finding(str(p), "warning", "stray", kind))
     rep.problems.sort(key=lambda f: (f.reason, f.identifier))
     rep.warnings.sort(key=lambda f: (f.reason, f.identifier))
+    rep.newer.sort(key=lambda f: f.identifier)
     if log is not None:
         log.close()
     if repair:

@@ -17,6 +17,8 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
                                               the served name (re-encoded; see lora_stamp)
     vllm:embedding_cache_model_mismatch_misses_total  misses while the store holds entries
                                               only for other --model strings (see diagnosis)
+    vllm:embedding_cache_newer_format_misses_total  entries written by a newer encache than
+                                              this engine's (re-encoded; the entry is kept)
     vllm:embedding_cache_local_tier_hits_total   hits served from the node's local tier
     vllm:embedding_cache_remote_hits_total    hits read from the shared store behind a local
                                               tier (both 0 without a tier)
@@ -52,8 +54,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 )
 
 COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
-            "misses_model", "hits_local", "hits_remote", "bytes_loaded", "store_evictions",
-            "store_bytes_saved")
+            "misses_model", "misses_newer_format", "hits_local", "hits_remote", "bytes_loaded",
+            "store_evictions", "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes",
           "local_tier_bytes", "local_tier_capacity_bytes", "store_down", "store_parts_down")
 #: gauges every non-empty interval carries (the others: a store sample was taken)
@@ -93,8 +95,8 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
-        for key in ("lora_stale", "misses_model", "hits_local", "hits_remote",  # likewise
-                    "store_down", "store_parts_down"):
+        for key in ("lora_stale", "misses_model", "misses_newer_format",  # likewise
+                    "hits_local", "hits_remote", "store_down", "store_parts_down"):
             if d.get(key):
                 out[key] = int(d[key])
         return out
@@ -138,6 +140,9 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "misses_model": counter(
                 p + "model_mismatch_misses",
                 "Misses while the store holds entries only for other model id strings."),
+            "misses_newer_format": counter(
+                p + "newer_format_misses",
+                "Entries written by a newer encache than this engine's (re-encoded, kept)."),
             "hits_local": counter(p + "local_tier_hits",
                                   "Hits served from this node's local tier."),
             "hits_remote": counter(p + "remote_hits",

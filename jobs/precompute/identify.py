@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...connectors.store.entry import NEWER_FORMAT
+
 from .options import PrecomputeOptions, Summary
 
 # manifest markers, not identifiers (identifiers never contain "!"): an unchanged file
@@ -52,10 +54,13 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
 def stored_state(store, ident: str, encoder_config: str, lora_digest: str) -> str:
     """``present`` (usable as is), ``other_config`` (another encoder config),
     ``stale_lora`` (made with another adapter under this LoRA name, or unstamped) or
-    ``missing``: one header read (``holds()`` semantics)."""
+    ``missing``: one header read (``holds()`` semantics). An entry written by a newer
+    encache is ``present``: not this build's to encode again or replace."""
     info = store.stat(ident)
     if info is None:
         return "missing"
+    if info.error == NEWER_FORMAT:
+        return "present"
     if info.meta is None or info.meta.encoder_config != encoder_config:
         return "other_config"
     if lora_digest and info.meta.lora_digest != lora_digest:

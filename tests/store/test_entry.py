@@ -7,7 +7,8 @@ import pytest
 import xxhash
 
 from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, STREAM_CHUNK, CorruptEntry,
-                                            checksum, decode, encode, read_verified)
+                                            NewerFormat, checksum, decode, encode,
+                                            read_verified)
 from entries import rewrite_header
 
 
@@ -64,14 +65,52 @@ def test_blake3_entries_still_verify():
     assert e.value.reason == "checksum"
 
 
-def test_unknown_checksum_algorithm_is_a_bad_header():
+def test_an_unknown_checksum_algorithm_is_a_newer_encaches_entry():
+    """Not corruption: a checksum this build does not know is one a newer encache wrote
+    (an older build called the piecewise checksum ``bad-header`` and its repair removed
+    every entry); judged from the header alone, with or without a checksum pass."""
     arr = np.ones(4, np.float32)
     b = _with_metadata(encode("x", arr.view(np.uint8), "F32", arr.shape),
                        checksum="md5:abc")
-    with pytest.raises(CorruptEntry) as e:
+    for verify in (True, False):
+        with pytest.raises(NewerFormat) as e:
+            decode(b, verify=verify)
+        assert e.value.reason == "newer-format" and "'md5'" in str(e.value)
+    with pytest.raises(NewerFormat):
+        read_verified(_reader(b, 1 << 30), len(b), bytearray(len(b)), chunk=FILE_CHUNK)
+
+
+@pytest.mark.parametrize("fmt", ["2", "1.1", "x"])
+def test_an_unknown_entry_format_is_a_newer_encaches_entry(fmt):
+    """Any ``encache_format`` but those this build reads, before anything else of the
+    header is judged: a newer format may describe its tensor otherwise (here: none)."""
+    arr = np.ones(4, np.float32)
+    b = _with_metadata(encode("x", arr.view(np.uint8), "F32", arr.shape), encache_format=fmt)
+    with pytest.raises(NewerFormat, match=repr(fmt)):
         decode(b)
+    no_tensor = rewrite_header(b, lambda h: h.update(pieces=[h.pop("ec_cache")]))
+    with pytest.raises(NewerFormat):
+        decode(no_tensor, verify=False)
+    garbled = rewrite_header(no_tensor, lambda h: h["__metadata__"].update(encache_format="1"))
+    with pytest.raises(CorruptEntry) as e:  # a known format's bad header is corrupt
+        decode(garbled)
     assert e.value.reason == "bad-header"
-    assert decode(b, verify=False)[0].shape == (4,)
+
+
+def test_every_entry_layout_this_repository_wrote_still_reads():
+    """Format 1 with each checksum encache has written (blake3, xxh3_128, the piecewise
+    xxh3_128x512k) and a legacy entry (no metadata: ECExampleConnector's)."""
+    from blake3 import blake3
+    arr = np.arange(40, dtype=np.float32)
+    data = arr.tobytes()
+    current = encode("x", arr.view(np.uint8), "F32", arr.shape)
+    for recorded in ("blake3:" + blake3(data).hexdigest(),
+                     "xxh3_128:" + xxhash.xxh3_128_hexdigest(data), checksum(data)):
+        meta, got = decode(_with_metadata(current, checksum=recorded))
+        assert meta.checksum == recorded and bytes(got) == data
+    legacy = rewrite_header(current, lambda h: h.pop("__metadata__"))
+    meta, got = decode(legacy)
+    assert meta.legacy and bytes(got) == data
 
 
 @pytest.mark.parametrize("blob, reason", [
