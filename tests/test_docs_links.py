@@ -14,7 +14,7 @@ IMAGE = re.compile(r"!\[[^\]]*\]\(([^()\s]+)\)")
 
 def prose(text: str) -> str:
     """The text without fenced code blocks and inline code (links there are not links)."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", text, flags=re.S | re.M)
     return re.sub(r"`[^`\n]*`", "", text)
 
 
@@ -30,7 +30,7 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", path.read_text(), flags=re.S | re.M)
     for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", text, flags=re.M):
         s = slug(m.group(1))
         n = seen.get(s, 0)

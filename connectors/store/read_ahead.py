@@ -117,5 +117,5 @@ def _warn_unbuilt() -> None:
         logging.getLogger("encache").warning(
             "encache: the C read-ahead helper is not built (%s): first loads of entries of "
             "1 MiB or more are read and checksummed on one thread, slower than on two "
-            "(docs/performance.md, load benchmark); install with a C compiler to build it",
+            "(docs/performance.md, section 2); install with a C compiler to build it",
             _MISSING)
