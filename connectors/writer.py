@@ -17,7 +17,7 @@ The commit itself (fsync, rename, the journal and verified-log records) is then 
 up to ``COMMIT_HOLD_S``, while no other write waits for a thread: it would otherwise run
 while the engine turns the step into the request's answer and compete with it for the
 CPU and the GIL (on a 2-vCPU machine that shows in an encode-only server's request
-latency; docs/performance.md section 6 has the benchmark).
+latency; docs/performance.md section 5 has the benchmark).
 """
 
 from __future__ import annotations

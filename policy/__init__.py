@@ -14,5 +14,5 @@ One idea per module; none imports vLLM:
 The engine-side manager is ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``;
 the benchmark grid (``scripts/bench/policy``) and the driver of vLLM's real manager class
 live in ``scripts/bench/policy_bench.py`` and ``scripts/bench/policy_vllm.py``.
-Design, results and history: docs/policy.md.
+How dlfu decides, and the results: docs/policy.md.
 """
