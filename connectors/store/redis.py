@@ -810,6 +810,9 @@ class RedisStore(Store):
         extra = {
             "prefix": self.prefix,
             "redis_version": server.get("redis_version"),
+            # (Valkey also answers redis_version: the Redis release it is compatible with)
+            **({"valkey_version": server["valkey_version"]}
+               if server.get("valkey_version") else {}),
             "used_memory": mem.get("used_memory"),
             "maxmemory": maxmemory,
             "maxmemory_policy": mem.get("maxmemory_policy"),
