@@ -10,6 +10,7 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/*.lock                    exclusive locks (precompute)
     {root}/.encache/notes/NAME                notes (``put_note``: e.g. a Ray job's marker)
     {root}/.encache/journal/*.log             the change journal (:mod:`.disk_journal`)
+    {root}/.encache/removals.log              entries a policy removed (:mod:`.removals`)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
 renamed over ``encoder_cache.safetensors`` — the rename is the commit point, so a reader
@@ -54,6 +55,8 @@ from stat import S_ISREG
 
 from . import header_index, read_ahead
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .removals import EVICTED, RemovalLog
+from .removals import note_failure as note_removal_failure
 from .disk_journal import DiskJournal
 from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
                     parse_header, read_verified, validate_blob)
@@ -147,6 +150,7 @@ class DiskStore(Store):
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
+    supports_removal_records = True
     supports_verified_log = True
     supports_verified_reads = True
     supports_index_version = True
@@ -903,7 +907,34 @@ class DiskStore(Store):
         if evicted:
             self.changed_outside(gone)
             self.add_counters({"evictions": evicted})
+            self.record_removals(gone, EVICTED)
         return True
+
+    # -- bookkeeping ---------------------------------------------------------------
+    def _removal_log(self) -> RemovalLog:
+        return RemovalLog(self._meta(""))
+
+    def record_removals(self, identifiers, reason: str) -> None:
+        if self.read_only:
+            return
+        try:
+            self._removal_log().record(identifiers, reason)
+        except OSError as e:
+            note_removal_failure(self.url, e)
+
+    def removals(self) -> dict[str, str]:
+        return self._removal_log().read()
+
+    def forget_removals(self, identifiers) -> None:
+        if self.read_only:
+            return
+        try:
+            self._removal_log().forget(identifiers)
+        except OSError as e:
+            note_removal_failure(self.url, e)
+
+    def removal_counts(self) -> dict[str, int]:
+        return self._removal_log().counts()
 
     # -- bookkeeping ---------------------------------------------------------------
     def maintain(self) -> None:

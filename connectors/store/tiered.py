@@ -109,7 +109,8 @@ class TieredStore(Store):
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
                      "supports_change_journal", "journal_complete", "max_bytes",
-                     "low_watermark", "read_only", "supports_failure_domains"):
+                     "low_watermark", "read_only", "supports_failure_domains",
+                     "supports_removal_records"):
             setattr(self, flag, getattr(remote, flag))
         self.supports_verified_reads = True
         self.supports_verified_log = local.supports_verified_log
@@ -601,6 +602,18 @@ class TieredStore(Store):
         self.tier.maintain()
         self.remote.maintain()
         self.sync()
+
+    def record_removals(self, identifiers, reason: str) -> None:
+        self.remote.record_removals(identifiers, reason)
+
+    def removals(self) -> dict[str, str]:
+        return self.remote.removals()
+
+    def forget_removals(self, identifiers) -> None:
+        self.remote.forget_removals(identifiers)
+
+    def removal_counts(self) -> dict[str, int]:
+        return self.remote.removal_counts()
 
     def add_counters(self, deltas: dict[str, float]) -> None:
         self.remote.add_counters(deltas)

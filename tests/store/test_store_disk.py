@@ -147,6 +147,26 @@ def test_capacity_evicts_least_recently_used(tmp_path):
     assert "x1" not in present and {"x0", "x2", "x3", "x4", "x5"} <= present
     assert s.used_bytes() <= s.max_bytes
     assert s.read_counters()["evictions"] == 1
+    assert s.removals() == {"x1": "evicted"}  # a refresh leaves it out (removals.py)
+
+
+def test_removal_log_is_bounded_and_reads_past_damage(tmp_path):
+    """The removal log keeps the newest ``limit`` records (rewritten once it has grown
+    to about twice that), and a torn or hand-edited line is read past."""
+    from encache.connectors.store.removals import RemovalLog
+
+    s = DiskStore(tmp_path, fsync=False)
+    log = RemovalLog(tmp_path / ".encache", limit=10)
+    for n in range(30):
+        log.record([f"id{n:02d}"], "evicted")
+        time.sleep(0.001)  # (records are ordered by their time)
+    assert set(log.read()) == {f"id{n:02d}" for n in range(20, 30)}
+    assert log.path.stat().st_size < 2 * 10 * 64 + 200  # rewritten, not grown
+    with open(log.path, "ab") as f:
+        f.write(b'["evicted", 1.0, "torn\n{not json\n')
+    log.record(["after"], "older-than")
+    assert log.read()["after"] == "older-than" and len(log.read()) == 10
+    assert s.removals()["after"] == "older-than"  # (the store's own log: the same file)
 
 
 def test_capacity_persists_in_store_config(tmp_path):
