@@ -224,6 +224,30 @@ def test_entries_purged_by_age_are_not_encoded_again_by_a_refresh(tmp_path, corp
     assert r.exit_code == 0 and json.loads(r.stdout)["skipped_removed"] == 0
 
 
+@pytest.mark.redis
+def test_entries_purged_by_age_from_redis_are_not_encoded_again(redis_server, corpus):
+    """The same on Redis, whose removal records are sorted sets beside the entries."""
+    import uuid
+
+    prefix = f"t-removed-{uuid.uuid4().hex[:10]}:"
+    url = f"{redis_server.url}?prefix={prefix}"
+    ids = fill(url, corpus)
+    old = time.time() - 40 * 86400
+    store = open_store(url)
+    for rel in sorted(ids)[:2]:  # written and last read 40 days ago
+        ident, arr = ids[rel], np.zeros((4, 8), np.float16)
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=MODEL,
+                                created=old))
+        redis_server.client().zadd(prefix + "atime", {ident: old})
+    assert run("purge", "-s", url, "--older-than", "30d", "--yes", "-q").exit_code == 0
+    assert store.removals() == dict.fromkeys((ids[r] for r in sorted(ids)[:2]), "older-than")
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", url, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert (data["present"], data["skipped_removed"], data["engine_started"]) == (3, 2, False)
+    store.close()
+
+
 def test_killed_holder_releases_the_lock(tmp_path, corpus):
     fill(tmp_path / "s", corpus)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "s"), "60"],
