@@ -453,10 +453,12 @@ class Store(ABC):
         """Human-readable problems with the backend's capacity settings (none known)."""
         return []
 
-    def summary_if_unchanged(self):
+    def summary_if_unchanged(self, stat_entries: bool = True):
         """The store's :class:`~.scanning.Summary` without reading any header, when the
-        backend keeps an index it can prove current (disk: the header index); None when
-        it cannot (then the caller scans)."""
+        backend keeps an index it can prove current (disk: a summary kept under the
+        store's generation, in O(1); else, with ``stat_entries``, the header index
+        checked with a ``stat`` per entry); None when it cannot (then the caller
+        scans)."""
         return None
 
     # -- notes: short texts beside the entries (never listed or counted as entries) -----

@@ -574,8 +574,8 @@ class TieredStore(Store):
     def capacity_warnings(self) -> list[str]:
         return self.remote.capacity_warnings()
 
-    def summary_if_unchanged(self):
-        return self.remote.summary_if_unchanged()
+    def summary_if_unchanged(self, stat_entries: bool = True):
+        return self.remote.summary_if_unchanged(stat_entries)
 
     def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
         return self.remote.put_note(name, text, ttl)
