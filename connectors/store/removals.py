@@ -16,7 +16,8 @@ refresh encodes again what the corpus still holds (for a LoRA: with the adapter 
 
 The disk store keeps :class:`RemovalLog` (``{root}/.encache/removals.log``, one JSON
 line ``[reason, time, identifier]`` per record, ``""`` as the reason of a forget);
-the Redis stores keep one sorted set per reason (``P removed:{reason}``, scored by
+``removals.counts`` keeps the count per reason under the log's version; the Redis
+stores keep one sorted set per reason (``P removed:{reason}``, scored by
 time). Both hold at most :data:`LIMIT` identifiers: past it the oldest records go
 (those identifiers are encoded again by a later refresh, as before records existed).
 """
@@ -131,10 +132,28 @@ class RemovalLog:
         return {i: r for i, (r, _) in records.items()}
 
     def counts(self) -> dict[str, int]:
-        """Records per reason."""
+        """Records per reason. Kept in ``removals.counts`` under the log's version
+        (inode, size, mtime): ``encache stats`` of a store whose log did not change reads
+        one small file, not the whole log."""
+        cache = self.meta / "removals.counts"
+        try:
+            st = os.stat(self.path)
+            version = [st.st_ino, st.st_size, st.st_mtime_ns]
+        except OSError:
+            return dict.fromkeys(REASONS, 0)
+        try:
+            kept = msgspec.json.decode(cache.read_bytes())
+            if kept["version"] == version and all(type(n) is int for n in kept["counts"].values()):
+                return {**dict.fromkeys(REASONS, 0), **kept["counts"]}
+        except (OSError, msgspec.DecodeError, KeyError, TypeError, AttributeError):
+            pass  # none yet, or damaged: counted again below
         out = dict.fromkeys(REASONS, 0)
         for reason in self.read().values():
             out[reason] = out.get(reason, 0) + 1
+        with contextlib.suppress(OSError):  # (a read-only store: counted every time)
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_bytes(msgspec.json.encode({"version": version, "counts": out}))
+            os.replace(tmp, cache)
         return out
 
 
