@@ -18,6 +18,7 @@ corpus still holds (for a LoRA: with the adapter it is given).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -53,6 +54,25 @@ def plan_line(plan, dry_run: bool) -> str:
     verb = "Would delete" if dry_run else "Will delete"
     return (f"{verb} {plan.entries:,} entries ({plan.selection}) from {plan.store}, "
             f"freeing {human_bytes(plan.bytes)}.")
+
+
+def purge_lock(store):
+    """The store's ``purge`` lock (:class:`~encache.connectors.store.LockBusy` when another
+    purge holds it). Where the part of the store that keeps the lock does not answer (a
+    Redis Cluster's dead primary) the purge goes on without it: it deletes what the parts
+    that answer hold, as a partial purge does."""
+    from encache.connectors.store import LockBusy, StoreError
+
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(store.lock("purge"))
+    except LockBusy:
+        raise
+    except StoreError:
+        if not store.supports_failure_domains:
+            raise
+        # (a part is down: the plan named it already, and the exit code will be 3)
+    return stack
 
 
 def register(app: typer.Typer) -> None:
@@ -140,7 +160,7 @@ def register(app: typer.Typer) -> None:
                                 f"terminal",
                         hint="pass --yes to confirm, or --dry-run to look",
                         declined="aborted; nothing was deleted")
-            with quiet_when_locked(quiet), st.lock("purge"), \
+            with quiet_when_locked(quiet), purge_lock(st), \
                     progress("Deleting", plan.count, quiet=quiet or json_) as tick:
                 result = execute(plan, st, progress=tick)
             if older_than:  # a policy's removal: a refresh does not encode these again
