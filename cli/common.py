@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Iterator
 
-from encache.connectors.errors import EXIT_USAGE, EncacheError
+from encache.connectors.errors import EXIT_LOCKED, EXIT_USAGE, EncacheError
 
 
 @contextlib.contextmanager
@@ -69,3 +69,20 @@ def quiet_engine_start() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm(\.|$)")
+
+
+@contextlib.contextmanager
+def quiet_when_locked(quiet: bool) -> Iterator[None]:
+    """Another run holds the store's lock (an overlapping cron run: a first fill still
+    going when ``*/15`` starts the next): with ``--quiet`` exit 5 printing nothing -- cron
+    mails any output, and the run holding the lock does the work; without it the usual
+    one-line error and exit 5."""
+    from encache.connectors.store.base import LockBusy
+
+    try:
+        yield
+    except LockBusy:
+        if not quiet:
+            raise
+        import typer
+        raise typer.Exit(EXIT_LOCKED) from None

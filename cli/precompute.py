@@ -3,8 +3,10 @@
 Walks the corpus, computes each file's served identifier (vLLM's own hasher, bytes as a
 ``vllm serve`` consumer hashes them), skips what the store already holds *without starting
 the engine*, then encodes only the missing images in batches. Cron-safe: one run per store
-at a time (exclusive lock), a manifest so unchanged files are not read again, ``--quiet``
-for cron mail, ``--prune-missing`` to drop entries whose source images left the corpus.
+at a time (exclusive lock: a second run exits 5, silently with ``--quiet``), a manifest so
+unchanged files are not read again, ``--quiet`` for cron mail, ``--prune-missing`` to drop
+entries whose source images left the corpus; what a policy removed (capacity eviction,
+``purge --older-than``) is not encoded again unless ``--refill-removed``.
 
 This module parses options, builds :class:`~encache.jobs.precompute.PrecomputeOptions`,
 calls the job (:func:`encache.jobs.precompute.precompute_corpus`, or the Ray job with
@@ -20,7 +22,7 @@ import typer
 
 from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
                                parse_engine_args, precompute_corpus, validate_args)
-from .common import quiet_engine_start
+from .common import quiet_engine_start, quiet_when_locked
 from ..connectors.errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
                       ModelOpt, QuietOpt, StoreOpt, TagOpt, not_negative, parse_json,
@@ -61,6 +63,10 @@ def _render(summary: Summary, as_json: bool) -> None:
             ("evicted (capacity)", summary.evicted),
             *([("skipped (capacity)", summary.skipped_capacity)]
               if summary.skipped_capacity else []),
+            *([("skipped (removed by policy)", summary.skipped_removed)]
+              if summary.skipped_removed else []),
+            *([("refilled (removed by policy)", summary.refilled_removed)]
+              if summary.refilled_removed else []),
             ("bytes written", f"{summary.bytes_written:,}"),
             ("images/s", f"{summary.images_per_second:.1f}"),
             ("seconds", f"{summary.seconds:.2f}")]
@@ -111,6 +117,11 @@ def register(app: typer.Typer) -> None:
             help="When the corpus needs more than the store's capacity: keep-served (encode "
                  "every missing image; the least recently served entries are evicted) or "
                  "skip (encode only into free room; evict nothing).")] = "keep-served",
+        refill_removed: Annotated[bool, typer.Option(
+            "--refill-removed",
+            help="Also encode images whose entries a policy removed (capacity eviction, "
+                 "purge --older-than); by default a refresh leaves them out, so it does "
+                 "not undo the policy.")] = False,
         request_mm_processor_kwargs: Annotated[str | None, typer.Option(help="JSON object: the mm_processor_kwargs the served requests carry (hashed into each identifier and applied by the producer), e.g. '{\"max_pixels\": 200704}'.")] = None,
         quiet: QuietOpt = False,
         as_json: JsonOpt = False,
@@ -134,16 +145,18 @@ def register(app: typer.Typer) -> None:
                 model=model, store=store, lora=lora, lora_path=lora_path, batch=batch,
                 max_model_len=max_model_len, dtype=dtype, engine_args=engine_args,
                 max_bytes=max_bytes, tag=tag, over_capacity=over_capacity,
-                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs))
+                request_mm_processor_kwargs=_request_kwargs(request_mm_processor_kwargs),
+                refill_removed=refill_removed)
             run = dict(shard=shard, use_manifest=not no_manifest, prune_missing=prune_missing,
                        dry_run=dry_run, wait=wait, progress=progress)
-            if ray:  # the Ray job (encache.jobs.ray_precompute); no Ray import otherwise
-                from . import precompute_ray
-                summary = precompute_ray.run(corpus, options, address=ray, engines=engines,
-                                             gpus_per_engine=gpus_per_engine,
-                                             cpus_per_engine=cpus_per_engine, **run)
-            else:
-                summary = precompute_corpus(corpus, options, **run)
+            with quiet_when_locked(quiet):
+                if ray:  # the Ray job (encache.jobs.ray_precompute); no Ray import otherwise
+                    from . import precompute_ray
+                    summary = precompute_ray.run(corpus, options, address=ray, engines=engines,
+                                                 gpus_per_engine=gpus_per_engine,
+                                                 cpus_per_engine=cpus_per_engine, **run)
+                else:
+                    summary = precompute_corpus(corpus, options, **run)
         if not quiet or summary.failed or as_json:
             _render(summary, as_json)
             if ray and not as_json:

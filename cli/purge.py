@@ -6,11 +6,19 @@ terminal and without ``--yes`` it refuses (exit 6) rather than guess. Each entry
 removed with one atomic operation (``store.delete``), so a concurrent reader sees it
 whole or not at all. A part of the store that does not answer (a Redis Cluster's dead
 primary) is named, the others' entries are purged, and the exit code is 3: purge again
-once it is back.
+once it is back. One purge deletes from a store at a time (its ``purge`` lock: a second
+exits 5, silently with ``--quiet``).
+
+What ``--older-than`` deletes is a policy's removal: it is recorded in the store
+(:mod:`encache.connectors.store.removals`) and ``precompute`` does not encode it again
+unless ``--refill-removed``. The other selections (``--lora``, ``--model``, ``--all``) are
+an operator's explicit deletes and are not recorded: a refresh encodes again what its
+corpus still holds (for a LoRA: with the adapter it is given).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 import typer
@@ -48,6 +56,25 @@ def plan_line(plan, dry_run: bool) -> str:
             f"freeing {human_bytes(plan.bytes)}.")
 
 
+def purge_lock(store):
+    """The store's ``purge`` lock (:class:`~encache.connectors.store.LockBusy` when another
+    purge holds it). Where the part of the store that keeps the lock does not answer (a
+    Redis Cluster's dead primary) the purge goes on without it: it deletes what the parts
+    that answer hold, as a partial purge does."""
+    from encache.connectors.store import LockBusy, StoreError
+
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(store.lock("purge"))
+    except LockBusy:
+        raise
+    except StoreError:
+        if not store.supports_failure_domains:
+            raise
+        # (a part is down: the plan named it already, and the exit code will be 3)
+    return stack
+
+
 def register(app: typer.Typer) -> None:
     @app.command("purge")
     def purge(
@@ -78,7 +105,9 @@ def register(app: typer.Typer) -> None:
         LoRA (--stale: only those made with an older adapter under NAME); --older-than matches entries not written or read for that long. Filters
         combine (AND)."""
         from encache.connectors import errors
-        from encache.cli.common import display_url, make_filter, no_gc, opened, usage
+        from encache.cli.common import (display_url, make_filter, no_gc, opened,
+                                        quiet_when_locked, usage)
+        from encache.connectors.store.removals import OLDER_THAN
         from encache.cli.render import (confirm, emit, emit_json, note, partial_exit,
                                         partial_note, progress)
         from encache.connectors.store.scanning import human_bytes, parts_dicts
@@ -131,8 +160,11 @@ def register(app: typer.Typer) -> None:
                                 f"terminal",
                         hint="pass --yes to confirm, or --dry-run to look",
                         declined="aborted; nothing was deleted")
-            with progress("Deleting", plan.count, quiet=quiet or json_) as tick:
+            with quiet_when_locked(quiet), purge_lock(st), \
+                    progress("Deleting", plan.count, quiet=quiet or json_) as tick:
                 result = execute(plan, st, progress=tick)
+            if older_than:  # a policy's removal: a refresh does not encode these again
+                st.record_removals(result.deleted, OLDER_THAN)
         if json_:
             emit_json({"plan": plan.to_dict(), "dry_run": False, "result": result.to_dict()})
         else:

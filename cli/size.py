@@ -18,7 +18,9 @@ def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
 
     if by is None:
         if store.supports_used_bytes:  # disk: file sizes only, no header read
-            return {"store": url, "bytes": int(store.used_bytes()), "unreachable": []}
+            current = store.summary_if_unchanged(stat_entries=False)  # O(1) when unchanged
+            used = current.bytes if current is not None else store.used_bytes()
+            return {"store": url, "bytes": int(used), "unreachable": []}
     unreachable: list = []
     s = summarize(store, progress=progress, unreachable=unreachable)
     data = {"store": url, "bytes": s.bytes, "entries": s.entries,

@@ -68,6 +68,11 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         if all(part != e.domain for part, _ in unreachable):
             unreachable.append((e.domain, e.reason))
 
+    try:  # entries a policy removed that a refresh leaves out (store/removals.py)
+        removed = store.removal_counts() if store.supports_removal_records else None
+    except StoreError:  # (kept on a part that did not answer: the rest is reported)
+        removed = None
+
     def c(name: str) -> float:
         v = counters.get(name, 0) or 0
         return int(v) if float(v).is_integer() else float(v)
@@ -141,6 +146,9 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
                                   for r in ("late", "corrupt", "config", "lora_stale")},
         "bytes_saved": c("bytes_saved"),
         "evictions": c("evictions"),
+        # entries a policy removed (capacity eviction, purge --older-than), by reason:
+        # precompute leaves them out unless --refill-removed (None: not kept here)
+        "removed_by_policy": removed,
         "counters_updated": counters.get("updated"),
         "counters_unavailable": counters_unavailable,
         "backend_info": dict(info.extra),
@@ -223,6 +231,11 @@ def render_table(s: dict) -> None:
         ("Oldest / newest", f"{human_time(s['oldest_created'])} / {human_time(s['newest_created'])}"
                             if s["entries"] else "-"),
     ]
+    removed = s.get("removed_by_policy") or {}
+    if any(removed.values()):
+        rows.append(("Removed by policy", f"{sum(removed.values()):,} ("
+                     + ", ".join(f"{r} {n:,}" for r, n in removed.items() if n)
+                     + "), not re-encoded by a refresh (precompute --refill-removed)"))
     contents = table(["", ""], rows, title="Contents")
     contents.show_header = False
 

@@ -7,13 +7,15 @@ size" against ``max_bytes`` into one sentence with the numbers; :class:`RoomBudg
 decides, batch by batch, how many more entries fit without evicting anything (for
 ``--over-capacity skip``).
 
-Why: with ``max_bytes`` below what the corpus needs, every cron refresh re-encodes the
+Why: with ``max_bytes`` below what the corpus needs, every cron refresh re-encoded the
 entries the previous one evicted (the eviction keeps the least recently *served* out,
-which is right for serving, but costs a full engine start and re-encode per run), and
-nothing said so. Two policies:
+which is right for serving, but cost a full engine start and re-encode per run), and
+nothing said so. The store now remembers what it evicted (:mod:`.store.removals`) and a
+refresh leaves that out unless ``--refill-removed``; the note says so. Two policies:
 
-* ``keep-served`` (default, the behaviour so far): encode every missing image; the store
-  evicts the least recently used entries to make room, so what consumers serve stays.
+* ``keep-served`` (default): encode every missing image not removed by a policy; the
+  store evicts the least recently used entries to make room, so what consumers serve
+  stays.
 * ``skip``: encode missing images only into free room (below the store's low
   watermark); nothing already stored is evicted by the run, and what does not fit is
   counted as skipped (capacity). A refresh of an unchanged corpus then starts no engine.
@@ -60,9 +62,9 @@ def capacity_note(entries: int, mean_bytes: float | None, max_bytes: int | None,
         advice = ("images that do not fit are skipped (--over-capacity skip); raise "
                   "--max-bytes to store them all")
     else:
-        advice = ("each refresh re-encodes what the last one evicted (the least recently "
-                  "served go first); raise --max-bytes, or pass --over-capacity skip to "
-                  "stop re-encoding what cannot be kept")
+        advice = ("the least recently served entries are evicted to make room, and later "
+                  "refreshes leave them out (--refill-removed encodes them again); raise "
+                  "--max-bytes, or pass --over-capacity skip to evict nothing")
     message = (f"the corpus needs ~{human_bytes(need)} ({entries:,} entries x ~{human_bytes(mean_bytes)}) "
                f"but the store holds at most {human_bytes(max_bytes)} (~{fit:,} entries): {advice}")
     return {"need_bytes": need, "max_bytes": int(max_bytes), "entries": entries,

@@ -431,7 +431,9 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
                 options = PrecomputeOptions(model=model, store=store_url, lora=lora,
                                             lora_path=lora_path, max_model_len=max_model_len,
                                             dtype=dtype, engine_args=dict(engine_args or {}),
-                                            tag=tag)
+                                            # the images were named: encoded even where a
+                                            # policy removed their entries
+                                            tag=tag, refill_removed=True)
                 handled = compute_missing(missing, options, summary, phases=phases)
                 if src is not None:  # computed straight into the destination
                     wanted = [i for i in wanted if i not in handled]

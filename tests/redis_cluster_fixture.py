@@ -16,6 +16,10 @@ Fixtures
     tls=False)`` — a private cluster for tests that kill a primary, reshard, or need special
     settings (``tls=True``: TLS for clients, the bus and replication, one self-signed
     certificate; ``url`` is then ``rediss+cluster://…?ssl_ca_certs=…``).
+``valkey_cluster`` (session scope)
+    The same as ``redis_cluster`` on ``valkey-server`` nodes (3 primaries + 3 replicas,
+    joined by the same ``redis-cli``); skipped without ``valkey-server``
+    (:mod:`redis_fixture`).
 
 :class:`LocalCluster`: ``url`` (``redis+cluster://host:port,host:port…``), ``nodes``
 (the RedisServer objects), ``client()`` (redis-py ``RedisCluster``), ``primaries()`` /
@@ -36,7 +40,7 @@ from urllib.parse import quote
 
 import pytest
 
-from redis_fixture import HOST, REDIS_SERVER, RedisServer, free_port
+from redis_fixture import HOST, MISSING, REDIS_SERVER, SERVERS, RedisServer, free_port
 
 REDIS_CLI = shutil.which("redis-cli") or ("/usr/bin/redis-cli" if REDIS_SERVER else None)
 NODE_TIMEOUT_MS = 2000  # quick failover in tests (production: 5000-15000)
@@ -47,9 +51,12 @@ class LocalCluster:
 
     def __init__(self, primaries: int = 3, replicas: int = 1, *, password: str | None = None,
                  config: dict | None = None, node_timeout_ms: int = NODE_TIMEOUT_MS,
-                 start_timeout: float = 60.0, tls: bool = False):
+                 start_timeout: float = 60.0, tls: bool = False, kind: str = "redis"):
         if REDIS_SERVER is None or REDIS_CLI is None:
             pytest.skip("redis-server / redis-cli not installed (scripts/setup installs them)")
+        if SERVERS[kind] is None:
+            pytest.skip(MISSING[kind])
+        self.kind = kind
         self.password = password
         self.tls_cert: str | None = None
         self._tls_dir = None
@@ -78,7 +85,7 @@ class LocalCluster:
                                 "tls-replication": "yes", "tls-cert-file": self.tls_cert,
                                 "tls-key-file": f"{self._tls_dir}/tls.key",
                                 "tls-ca-cert-file": self.tls_cert, "tls-auth-clients": "no"})
-                self.nodes.append(RedisServer(password=password, config=cfg))
+                self.nodes.append(RedisServer(password=password, config=cfg, kind=kind))
             addrs = [f"{HOST}:{self.client_port(n)}" for n in self.nodes]
             tls_cli = ["--tls", "--cacert", self.tls_cert] if tls else []
             argv = [REDIS_CLI, *self._auth(), *tls_cli, "--cluster", "create", *addrs,
@@ -342,13 +349,23 @@ class LocalCluster:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"LocalCluster(ports={[n.port for n in self.nodes]})"
+        return f"LocalCluster(kind={self.kind}, ports={[n.port for n in self.nodes]})"
 
 
 @pytest.fixture(scope="session")
 def redis_cluster():
     """A shared 3 primaries + 3 replicas cluster for the session (namespace your keys)."""
     cluster = LocalCluster(3, 1)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster():
+    """A shared 3 primaries + 3 replicas Valkey cluster for the session."""
+    cluster = LocalCluster(3, 1, kind="valkey")
     try:
         yield cluster
     finally:

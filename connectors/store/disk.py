@@ -7,9 +7,12 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/counters.json             folded counter totals (flock-guarded)
     {root}/.encache/counters/*.cnt            one in-place counter file per running process
     {root}/.encache/header-index.pickle       parsed headers by file version (scan cache)
+    {root}/.encache/summary.pickle            the summary under a generation (O(1) stats)
+    {root}/.encache/accessed                  its mtime: the newest access (O(1) stats)
     {root}/.encache/*.lock                    exclusive locks (precompute)
     {root}/.encache/notes/NAME                notes (``put_note``: e.g. a Ray job's marker)
     {root}/.encache/journal/*.log             the change journal (:mod:`.disk_journal`)
+    {root}/.encache/removals.log              entries a policy removed (:mod:`.removals`)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
 renamed over ``encoder_cache.safetensors`` — the rename is the commit point, so a reader
@@ -54,6 +57,8 @@ from stat import S_ISREG
 
 from . import header_index, read_ahead
 from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from .removals import EVICTED, RemovalLog
+from .removals import note_failure as note_removal_failure
 from .disk_journal import DiskJournal
 from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
                     parse_header, read_verified, validate_blob)
@@ -72,6 +77,7 @@ log = logging.getLogger(__name__)
 ENTRY_FILE = "encoder_cache.safetensors"
 META_DIR = ".encache"
 GENERATION_MAX = 64 * 1024  # .encache/generation restarts from empty past this size
+ACCESSED_FILE = "accessed"  # its mtime: the store's newest access time (_stamp_access)
 ACCESS_RESOLUTION_S = 60.0
 EVICTION_POLICIES = ("lru", "fifo")
 LOAD_MODES = ("auto", "mmap", "read")
@@ -147,6 +153,7 @@ class DiskStore(Store):
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
+    supports_removal_records = True
     supports_verified_log = True
     supports_verified_reads = True
     supports_index_version = True
@@ -227,6 +234,7 @@ class DiskStore(Store):
         self._used: int | None = None
         # _make_room re-reads the usage every 30 s, or at most ~5 % of a writer's time
         self._usage_reads = ScanThrottle(0.05, min_interval=30.0)
+        self._access_stamped = 0  # ns: when _stamp_access last moved .encache/accessed
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -350,7 +358,25 @@ class DiskStore(Store):
             with contextlib.suppress(OSError):
                 os.utime(fd, ns=(now, st.st_mtime_ns))
                 version = self.version_type.of(st, os.fstat(fd))
+            self._stamp_access(now)
         return version
+
+    def _stamp_access(self, now: int) -> None:
+        """Move ``.encache/accessed``'s mtime to the newest access time given (at most
+        once a second per process): the store's last access without a ``stat`` of
+        every entry (``summary_if_unchanged`` in O(1))."""
+        if now - self._access_stamped < 1e9 or self.read_only:
+            return
+        self._access_stamped = now
+        path = os.path.join(self._root_str, META_DIR, ACCESSED_FILE)
+        try:
+            os.utime(path, ns=(now, now))
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+                os.utime(path, ns=(now, now))
+        except OSError:
+            pass
 
     def unchanged(self, entries) -> list[bool]:
         """One ``stat`` per entry: its file version is the one held (``version``, as
@@ -718,6 +744,7 @@ class DiskStore(Store):
                     yield info
             return
         meta_dir = self.root / META_DIR
+        token = self.index_version()  # before any entry is read: a change moves it
         known = header_index.load(meta_dir)
         fresh: dict = {}
         changed = False
@@ -754,15 +781,53 @@ class DiskStore(Store):
         finally:
             os.close(root_fd)
         if changed or len(fresh) != len(known):
-            header_index.save(meta_dir, fresh)
+            header_index.save(meta_dir, fresh,
+                              token if token is not None and self.index_version() == token
+                              else None)
 
-    def summary_if_unchanged(self):
-        """The store's :class:`~.scanning.Summary` straight from the header index when
-        every entry file still has the version the index recorded — one ``stat`` per
-        entry, no header or record loaded (``encache stats``); None when anything was
-        added, removed or rewritten since (then the caller scans)."""
+    #: the summary kept under the store's generation (``summary_if_unchanged`` in O(1))
+    #: is trusted this long at most: a change the generation cannot see (another
+    #: program rewriting an entry file in place, or removing one and leaving its
+    #: directory) shows in ``stats`` within this time
+    SUMMARY_MAX_AGE_S = 3600.0
+
+    def _current_summary(self):
+        """The summary saved under the store's current generation token, or None: O(1),
+        a read of one small file and two ``stat`` calls, whatever the store's size."""
         from .scanning import Summary
 
+        token = self.index_version()
+        if token is None:  # a network filesystem: no token to trust
+            return None
+        meta_dir = self.root / META_DIR
+        saved = header_index.load_current(meta_dir)
+        if (saved is None or saved["token"] != token
+                or not 0 <= time.time() - saved["saved"] < self.SUMMARY_MAX_AGE_S):
+            return None
+        try:
+            summary = Summary.from_state(saved["summary"])
+        except Exception:  # damaged: the caller scans, and the scan writes it again
+            return None
+        with contextlib.suppress(OSError):  # reads move atimes, not the generation
+            accessed = os.stat(meta_dir / ACCESSED_FILE).st_mtime
+            if summary.last_access is None or accessed > summary.last_access:
+                summary.last_access = accessed
+        return summary
+
+    def summary_if_unchanged(self, stat_entries: bool = True):
+        """The store's :class:`~.scanning.Summary` without reading a header, or None
+        (then the caller scans). First in O(1): the summary saved under the store's
+        generation token, when the token has not moved since (no put, delete or
+        eviction, no entry directory made or removed) and it is younger than
+        ``SUMMARY_MAX_AGE_S``. Else, with ``stat_entries``, from the header index when
+        every entry file still has the version the index recorded — one ``stat`` per
+        entry, no header or record loaded — which saves it under the token again."""
+        from .scanning import Summary
+
+        summary = self._current_summary()
+        if summary is not None or not stat_entries:
+            return summary
+        token = self.index_version()
         versions, state = header_index.load_summary(self.root / META_DIR)
         if state is None:
             return None
@@ -793,6 +858,8 @@ class DiskStore(Store):
             header_index.remove(self.root / META_DIR)
             return None
         summary.last_access = last  # atimes move without changing a version
+        if token is not None and not self.read_only and self.index_version() == token:
+            header_index.save_current(self.root / META_DIR, token, summary.to_state())
         return summary
 
     def stat(self, identifier: str) -> EntryInfo | None:
@@ -903,7 +970,34 @@ class DiskStore(Store):
         if evicted:
             self.changed_outside(gone)
             self.add_counters({"evictions": evicted})
+            self.record_removals(gone, EVICTED)
         return True
+
+    # -- bookkeeping ---------------------------------------------------------------
+    def _removal_log(self) -> RemovalLog:
+        return RemovalLog(self._meta(""))
+
+    def record_removals(self, identifiers, reason: str) -> None:
+        if self.read_only:
+            return
+        try:
+            self._removal_log().record(identifiers, reason)
+        except OSError as e:
+            note_removal_failure(self.url, e)
+
+    def removals(self) -> dict[str, str]:
+        return self._removal_log().read()
+
+    def forget_removals(self, identifiers) -> None:
+        if self.read_only:
+            return
+        try:
+            self._removal_log().forget(identifiers)
+        except OSError as e:
+            note_removal_failure(self.url, e)
+
+    def removal_counts(self) -> dict[str, int]:
+        return self._removal_log().counts()
 
     # -- bookkeeping ---------------------------------------------------------------
     def maintain(self) -> None:

@@ -20,6 +20,12 @@ this build's.
 Concurrent scans each write a complete index atomically (temp file + rename): the last one
 wins, and either is valid.
 
+Beside it, ``{root}/.encache/summary.pickle`` (:func:`save_current`): the same summary
+keyed by the store's generation token (``DiskStore.index_version``) taken before the scan
+that made it. While the token is unchanged and the file is young (``DiskStore.
+SUMMARY_MAX_AGE_S``), ``stats`` and ``size`` answer from it in O(1) -- no listing, no
+``stat`` per entry -- and a store that changed costs the scan it cost before.
+
 File: ``{root}/.encache/header-index.pickle``, written mode 0600. It is read with a
 restricted unpickler that builds nothing but builtin values and the two record classes
 (:class:`~.base.EntryInfo`, :class:`~.entry.EntryMeta`), and only if the current user owns
@@ -96,9 +102,11 @@ def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
     return data["versions"], data.get("summary")
 
 
-def save(meta_dir: Path, records: dict) -> bool:
+def save(meta_dir: Path, records: dict, token=None) -> bool:
     """Write the index atomically (records, versions, summary); False (and nothing
-    changed) if the store's metadata directory is not writable."""
+    changed) if the store's metadata directory is not writable. ``token``: the store's
+    generation the records are current under (taken before they were read, and still
+    the same after): the summary is also saved under it (:func:`save_current`)."""
     from .scanning import summarize_entries
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
@@ -113,12 +121,54 @@ def save(meta_dir: Path, records: dict) -> bool:
                          "summary": state, "records": blob}, f,
                         protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, meta_dir / INDEX_FILE)
+        if token is not None:
+            save_current(meta_dir, token, state)
         return True
     except OSError:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         return False
+
+
+SUMMARY_FILE = "summary.pickle"
+
+
+def save_current(meta_dir: Path, token, state: dict) -> bool:
+    """Write the summary ``state`` keyed by the generation ``token`` it was made under
+    (atomically; False if the metadata directory is not writable)."""
+    import time
+
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-summary-", dir=meta_dir)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump({"format": FORMAT, "token": token, "saved": time.time(),
+                         "summary": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, meta_dir / SUMMARY_FILE)
+        return True
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return False
+
+
+def load_current(meta_dir: Path) -> dict | None:
+    """``{"token", "saved", "summary"}`` of :func:`save_current`, or None (absent,
+    unreadable, another user's, another format)."""
+    try:
+        with open(meta_dir / SUMMARY_FILE, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return None
+            data = _Unpickler(f).load()
+    except Exception:  # absent, truncated, corrupt: the caller scans
+        return None
+    if (not isinstance(data, dict) or data.get("format") != FORMAT
+            or not isinstance(data.get("summary"), dict)
+            or not isinstance(data.get("saved"), float)):
+        return None
+    return data
 
 
 def remove(meta_dir: Path) -> None:

@@ -22,6 +22,7 @@ Redis by using different prefixes — no prefix may be a prefix of another's ``e
                                ``gen`` value it set, field ``i`` = the identifiers (NUL-joined)
     P lock:{name}      STRING  "{token} pid N on HOST" with a PX expiry, renewed while held
     P note:{name}      STRING  a note (``put_note``, e.g. a Ray job's marker), with an expiry
+    P removed:{reason} ZSET    identifier -> when a policy removed it (:mod:`.removals`)
 
 Why a side hash for headers: ``scan()`` (``encache list/stats/verify`` on 100k entries)
 must neither transfer tensors nor *touch* the entry keys — every read of a key (even
@@ -80,6 +81,8 @@ from .keys import validate
 from .redis_errors import ERRORS, ConnectionRetry, describe_error
 from .redis_lock import RedisLock
 from .redis_receive import Unreadable, receive_verified
+from .removals import LIMIT as REMOVALS_LIMIT, REASONS
+from .removals import note_failure as note_removal_failure
 from .redis_memory import memory_info, memory_warnings
 from .url import redact
 
@@ -168,6 +171,7 @@ class RedisStore(Store):
     supports_capacity_warnings = True
     supports_change_journal = True
     supports_verified_reads = True
+    supports_removal_records = True
     #: keyword options :func:`.url.open_store` passes through
     OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
                "ttl", "lock_ttl", "access_resolution")
@@ -215,6 +219,7 @@ class RedisStore(Store):
         self._gen_key, self._journal_key = self._journal_keys(p)
         self._lock_prefix = p + b"lock:"
         self._note_prefix = p + b"note:"
+        self._removed_keys = {r: p + b"removed:" + r.encode() for r in REASONS}
         retry = ConnectionRetry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                       retry=retry, client_name="encache",
@@ -779,6 +784,54 @@ class RedisStore(Store):
     def delete_note(self, name: str) -> None:
         self._r.delete(self._note_prefix + name.encode("utf-8"))
 
+    # -- removal records (one sorted set per reason, scored by time) -----------------------
+    def record_removals(self, identifiers, reason: str) -> None:
+        idents = [_enc(i) for i in identifiers if i]
+        if not idents:
+            return
+        try:
+            self._record_removals(idents, reason)
+        except (*ERRORS, StoreError) as e:
+            note_removal_failure(self.url, e)
+
+    def _record_removals(self, idents: list[bytes], reason: str) -> None:
+        key = self._removed_keys[reason]
+        now = time.time()
+        pipe = self._r.pipeline(transaction=False)
+        for n in range(0, len(idents), 1000):
+            chunk = idents[n:n + 1000]
+            pipe.zadd(key, dict.fromkeys(chunk, now))
+            for other in self._removed_keys.values():
+                if other != key:
+                    pipe.zrem(other, *chunk)
+        pipe.zremrangebyrank(key, 0, -(REMOVALS_LIMIT + 1))  # the oldest past the limit
+        pipe.execute()
+
+    @_wrapped
+    def removals(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for reason, key in self._removed_keys.items():
+            for ident in self._r.zrange(key, 0, -1):
+                out[_dec(ident)] = reason
+        return out
+
+    def forget_removals(self, identifiers) -> None:
+        idents = [_enc(i) for i in identifiers]
+        if not idents:
+            return
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for n in range(0, len(idents), 1000):
+                for key in self._removed_keys.values():
+                    pipe.zrem(key, *idents[n:n + 1000])
+            pipe.execute()
+        except (*ERRORS, StoreError) as e:
+            note_removal_failure(self.url, e)
+
+    @_wrapped
+    def removal_counts(self) -> dict[str, int]:
+        return {reason: int(self._r.zcard(key)) for reason, key in self._removed_keys.items()}
+
     @_wrapped
     def reset_counters(self) -> None:
         self._r.delete(self._counters_key)
@@ -811,6 +864,9 @@ class RedisStore(Store):
         extra = {
             "prefix": self.prefix,
             "redis_version": server.get("redis_version"),
+            # (Valkey also answers redis_version: the Redis release it is compatible with)
+            **({"valkey_version": server["valkey_version"]}
+               if server.get("valkey_version") else {}),
             "used_memory": mem.get("used_memory"),
             "maxmemory": maxmemory,
             "maxmemory_policy": mem.get("maxmemory_policy"),

@@ -572,16 +572,19 @@ class RedisClusterStore(RedisStore):
         if not live:
             self._r.ping(target_nodes=RedisCluster.PRIMARIES)  # raises the real reason
             raise StoreError(f"Redis {self._redacted}: no primary answers")
-        version = None
+        server: dict = {}
         with contextlib.suppress(*ERRORS):
             node = self._r.get_node(node_name=live[0]["node"])
-            version = self._r.info("server", target_nodes=node).get("redis_version")
+            server = dict(self._r.info("server", target_nodes=node))
         maxes = [int(f["maxmemory"] or 0) for f in facts]
         total_max = sum(maxes) if maxes and all(maxes) else None
         policies = sorted({str(f["maxmemory_policy"]) for f in facts if f["maxmemory_policy"]})
         extra = {
             "prefix": self.prefix,
-            "redis_version": version,
+            "redis_version": server.get("redis_version"),
+            # (Valkey also answers redis_version: the Redis release it is compatible with)
+            **({"valkey_version": server["valkey_version"]}
+               if server.get("valkey_version") else {}),
             "primaries": len(facts),
             "used_memory": sum(int(f["used_memory"] or 0) for f in facts),
             "maxmemory": total_max or 0,

@@ -109,7 +109,8 @@ class TieredStore(Store):
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
                      "supports_change_journal", "journal_complete", "max_bytes",
-                     "low_watermark", "read_only", "supports_failure_domains"):
+                     "low_watermark", "read_only", "supports_failure_domains",
+                     "supports_removal_records"):
             setattr(self, flag, getattr(remote, flag))
         self.supports_verified_reads = True
         self.supports_verified_log = local.supports_verified_log
@@ -574,8 +575,8 @@ class TieredStore(Store):
     def capacity_warnings(self) -> list[str]:
         return self.remote.capacity_warnings()
 
-    def summary_if_unchanged(self):
-        return self.remote.summary_if_unchanged()
+    def summary_if_unchanged(self, stat_entries: bool = True):
+        return self.remote.summary_if_unchanged(stat_entries)
 
     def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
         return self.remote.put_note(name, text, ttl)
@@ -602,6 +603,18 @@ class TieredStore(Store):
         self.tier.maintain()
         self.remote.maintain()
         self.sync()
+
+    def record_removals(self, identifiers, reason: str) -> None:
+        self.remote.record_removals(identifiers, reason)
+
+    def removals(self) -> dict[str, str]:
+        return self.remote.removals()
+
+    def forget_removals(self, identifiers) -> None:
+        self.remote.forget_removals(identifiers)
+
+    def removal_counts(self) -> dict[str, int]:
+        return self.remote.removal_counts()
 
     def add_counters(self, deltas: dict[str, float]) -> None:
         self.remote.add_counters(deltas)

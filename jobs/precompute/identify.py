@@ -13,7 +13,7 @@ apart: the same row is computed in this process (single-host) and in Ray tasks
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ...connectors.store.entry import NEWER_FORMAT
 
@@ -182,11 +182,16 @@ class Todo:
     Iterating yields ``(identifier, CorpusFile)`` for each identifier that must be encoded,
     the first file of an identifier winning, and counts every row it passes into the
     ``Summary`` and (hashed rows) the manifest, as :func:`account` did for a whole list.
+    A missing identifier in ``removed`` (a policy removed its entry: ``store.removals()``)
+    is counted as ``skipped_removed``, not encoded.
     ``files`` is what was found so far (identifier -> file); :meth:`drain` takes every
     remaining row and returns it complete. One consumer at a time."""
 
-    def __init__(self, rows: Iterable[tuple], summary: Summary, manifest=None):
+    def __init__(self, rows: Iterable[tuple], summary: Summary, manifest=None,
+                 removed: Mapping[str, str] | None = None):
         self.files: dict[str, object] = {}
+        #: identifiers a policy removed (``store.removals()``): missing, but left out
+        self._removed = removed or {}
         self._rows = rows
         self._iter = iter(rows)
         self._summary = summary
@@ -245,6 +250,9 @@ class Todo:
             return False
         if state == "present":
             summary.present += 1
+            return False
+        if state == "missing" and ident in self._removed:  # not undone by a refresh
+            summary.skipped_removed += 1
             return False
         if ident in self.files:  # another file with the same content: encoded once
             return False

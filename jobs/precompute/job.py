@@ -14,8 +14,10 @@ Both run the same three phases, written once here:
 1. **identify** every file (manifest record, else vLLM's hasher over the served bytes:
    :func:`identify_or_mark`) and classify what the store holds under it
    (:func:`stored_state`); :func:`account` turns those rows into the ``Summary`` counts and
-   the ``todo`` (identifier -> file, first file wins). No engine starts when nothing is
-   missing.
+   the ``todo`` (identifier -> file, first file wins). What a policy removed (capacity
+   eviction, ``purge --older-than``: ``store.removals()``) is left out and counted
+   (``skipped_removed``) unless ``refill_removed``: a refresh does not undo the policy.
+   No engine starts when nothing is missing.
 2. **encode** ``todo`` with a pluggable stage: :class:`LocalStage` (an in-process
    :class:`~encache.connectors.vllm.producer.ProducerEngine`, batch by batch, with the
    ``--over-capacity skip`` room budget and the store-full stop; it identifies on a
@@ -91,6 +93,16 @@ def record_encoded(store, todo: dict, result: Encoded, summary: Summary) -> None
             summary.bytes_written += info.size
 
 
+def refill_removed(store, removed: Mapping[str, str], result: Encoded,
+                   summary: Summary) -> None:
+    """Entries a policy had removed and this run stored again (``refill_removed``): count
+    them and drop their removal records (one evicted again meanwhile keeps its new one)."""
+    back = [i for i in result.ok if i in removed and store.contains(i)]
+    if back:
+        summary.refilled_removed += len(back)
+        store.forget_removals(back)
+
+
 def check_capacity(store, summary: Summary, wanted: int, cap: int | None) -> None:
     """Compare what the corpus needs with the capacity ``cap``; note it once (numbers)."""
     from ...connectors.capacity import capacity_note, mean_entry_bytes
@@ -112,8 +124,9 @@ def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, s
     from ...connectors.store.lora_stamp import adapter_digest
 
     lora_digest = adapter_digest(options.lora_path) if options.lora else ""
+    removed = store.removals()  # what a policy removed: left out unless refilled
     rows = stage.identify(files, records, store, options, summary, lora_digest, progress)
-    todo = Todo(rows, summary, manifest)
+    todo = Todo(rows, summary, manifest, None if options.refill_removed else removed)
     try:
         if dry_run:
             todo.drain()
@@ -123,6 +136,7 @@ def _run_phases(files: list, records: dict, store, options: PrecomputeOptions, s
             todo.drain()  # rows the stage did not take (it stopped early, or nothing was missing)
             if result is not None:
                 record_encoded(store, todo.files, result, summary)
+                refill_removed(store, removed, result, summary)
             if summary.engine_started:
                 summary.evicted = max(summary.evicted_own, int(
                     store.read_counters().get("evictions", 0) - evictions_before))

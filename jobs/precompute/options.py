@@ -39,6 +39,10 @@ class Summary:
     evicted: int = 0  # entries the store evicted for capacity during this run (any entry)
     evicted_own: int = 0  # of those, entries this run wrote (encoded, then evicted)
     skipped_capacity: int = 0  # missing, not encoded: no room without eviction (--over-capacity skip)
+    # missing, not encoded: a policy removed it (capacity eviction, purge --older-than);
+    # --refill-removed encodes these (connectors/store/removals.py)
+    skipped_removed: int = 0
+    refilled_removed: int = 0  # of the encoded, entries a policy had removed (--refill-removed)
     over_capacity: str = "keep-served"
     capacity: dict | None = None  # the corpus needs more than max_bytes: numbers + message
     skipped_non_media: int = 0  # files that are not images or videos (listed in non_media)
@@ -79,6 +83,9 @@ class PrecomputeOptions:
     tag: str | None = None
     over_capacity: str = "keep-served"  # or "skip": encode only into free room
     request_mm_processor_kwargs: Mapping | None = None
+    #: encode again what a policy removed (capacity eviction, ``purge --older-than``);
+    #: False: a refresh leaves those out, so it does not undo the policy
+    refill_removed: bool = False
 
     def check(self) -> None:
         """Usage checks (exit 2), before anything is opened or started."""

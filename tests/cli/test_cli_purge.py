@@ -85,6 +85,31 @@ def test_model_and_older_than(store):
     assert remaining(store) == ALL_IDS - {H[7], "ad1:" + H[3], "ad1:" + H[4], H[6]}
 
 
+def test_older_than_is_recorded_as_a_policy_removal_the_others_are_not(store):
+    """What --older-than deletes is remembered (precompute leaves it out of a refresh;
+    stats counts it); --lora/--model/--all are explicit deletes, not remembered."""
+    assert invoke("purge", "-s", store.root, "--older-than", "7d", "-y").exit_code == 0
+    assert invoke("purge", "-s", store.root, "--lora", "ad1", "-y").exit_code == 0
+    assert store.removals() == {H[7]: "older-than"}
+    d = json.loads(invoke("stats", "-s", store.root, "--json").stdout)
+    assert d["removed_by_policy"] == {"evicted": 0, "older-than": 1}
+    r = invoke("stats", "-s", store.root)
+    assert "Removed by policy" in r.stdout and "older-than 1" in r.stdout
+
+
+def test_a_purge_while_another_runs_exits_5_silently_with_quiet(store):
+    """Overlapping cron runs: the second purge exits 5 (one line; nothing with -q) and
+    deletes nothing; the lock is the store's, so another process's purge holds it too."""
+    with store.reopen().lock("purge"):
+        r = invoke("purge", "-s", store.root, "--older-than", "7d", "--yes", "-q")
+        assert (r.exit_code, r.stdout, r.stderr) == (errors.EXIT_LOCKED, "", "")
+        r = invoke("purge", "-s", store.root, "--older-than", "7d", "--yes")
+        assert r.exit_code == errors.EXIT_LOCKED and "locked by another purge" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert invoke("purge", "-s", store.root, "--all", "--dry-run").exit_code == 0
+    assert remaining(store) == ALL_IDS and store.removals() == {}
+
+
 def test_all(store):
     r = invoke("purge", "-s", store.root, "--all", "-y")
     assert r.exit_code == 0 and remaining(store) == set()

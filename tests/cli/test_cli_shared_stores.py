@@ -299,3 +299,23 @@ def test_a_dead_primary_gives_partial_reports_of_the_others(redis_cluster_factor
         time.sleep(0.2)
     assert res.exit_code == errors.EXIT_STORE, res.output
     assert "cluster-require-full-coverage" in one_line_error(res)
+
+
+def test_a_purge_whose_lock_is_on_a_dead_primary_purges_the_others(redis_cluster_factory):
+    """The ``purge`` lock is one key, on one primary: when that primary is lost the
+    purge goes on without it (a partial purge, exit 3), as it does for the entries."""
+    c = redis_cluster_factory(3, 0, config={"cluster-require-full-coverage": "no"})
+    r = c.client()
+    victim = c.primaries()[1]
+    prefix = next(p for p in (f"lk{n}:" for n in range(1000))  # its lock key on the victim
+                  if r.get_node_from_key(f"{p}lock:purge").port == victim.port)
+    url = c.url_for(nodes=3) + f"?prefix={prefix}"
+    s = open_store(url)
+    for n, ident in enumerate(IDS):
+        put_entry(s, ident, 32, n)
+    live = {i for i in IDS if r.get_node_from_key(s.key(i)).port != victim.port}
+    s.close()
+    c.kill(victim)
+    res = invoke("purge", "--all", "--yes", "--json", "-s", url)
+    assert res.exit_code == errors.EXIT_PARTIAL, res.output
+    assert json.loads(res.stdout)["result"]["deleted"] == len(live)

@@ -176,6 +176,78 @@ def test_lock_between_two_processes(tmp_path, corpus):
         holder.wait()
 
 
+def test_an_overlapping_cron_run_exits_5_and_with_quiet_says_nothing(tmp_path, corpus):
+    """A run while another holds the store (a long first fill under */15): exit 5 at once,
+    one line without --quiet, nothing at all with it (cron mails any output)."""
+    fill(tmp_path / "s", corpus)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "s"), "30"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        quiet = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "-q")
+        assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (5, "", "")
+        loud = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "-q",
+                   "--json")
+        assert loud.exit_code == 5 and loud.stdout == ""  # (-q wins: nothing for cron)
+        loud = run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"))
+        assert loud.exit_code == 5 and loud.stdout == ""
+        assert len(loud.stderr.strip().splitlines()) == 1
+        assert "locked by another precompute" in loud.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_entries_purged_by_age_are_not_encoded_again_by_a_refresh(tmp_path, corpus):
+    """purge --older-than, then the cron refresh: the purged images are left out (no
+    engine starts, counted as skipped_removed) unless --refill-removed asks for them."""
+    store_path = str(tmp_path / "s")
+    ids = fill(store_path, corpus)
+    store = open_store(store_path)
+    old = time.time() - 40 * 86400
+    for rel in sorted(ids)[:2]:  # written and last read 40 days ago
+        ident, arr = ids[rel], np.zeros((4, 8), np.float16)
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=MODEL,
+                                created=old))
+        os.utime(store.entry_path(ident), (old, old))
+    r = run("purge", "-s", store_path, "--older-than", "30d", "--yes", "-q")
+    assert r.exit_code == 0 and len(list(store.identifiers())) == 3
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", store_path, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert (data["present"], data["skipped_removed"], data["encoded"]) == (3, 2, 0)
+    assert data["engine_started"] is False
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", store_path)
+    assert "skipped (removed by policy)" in r.stdout
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", store_path, "--refill-removed",
+            "--dry-run", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["skipped_removed"] == 0
+
+
+@pytest.mark.redis
+def test_entries_purged_by_age_from_redis_are_not_encoded_again(redis_server, corpus):
+    """The same on Redis, whose removal records are sorted sets beside the entries."""
+    import uuid
+
+    prefix = f"t-removed-{uuid.uuid4().hex[:10]}:"
+    url = f"{redis_server.url}?prefix={prefix}"
+    ids = fill(url, corpus)
+    old = time.time() - 40 * 86400
+    store = open_store(url)
+    for rel in sorted(ids)[:2]:  # written and last read 40 days ago
+        ident, arr = ids[rel], np.zeros((4, 8), np.float16)
+        store.put(ident, encode(ident, arr.view(np.uint8), "F16", arr.shape, model=MODEL,
+                                created=old))
+        redis_server.client().zadd(prefix + "atime", {ident: old})
+    assert run("purge", "-s", url, "--older-than", "30d", "--yes", "-q").exit_code == 0
+    assert store.removals() == dict.fromkeys((ids[r] for r in sorted(ids)[:2]), "older-than")
+    r = run("precompute", str(corpus), "-m", MODEL, "-s", url, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert (data["present"], data["skipped_removed"], data["engine_started"]) == (3, 2, False)
+    store.close()
+
+
 def test_killed_holder_releases_the_lock(tmp_path, corpus):
     fill(tmp_path / "s", corpus)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "s"), "60"],

@@ -150,6 +150,27 @@ def test_consumer_on_redis_never_encodes_and_matches_reference(engines, redis_a,
 
 # -- (d) shards --------------------------------------------------------------------------
 
+def test_valkey_precompute_then_consumer_never_encodes(valkey_server, engines, corpus, idents,
+                                                      reference, counter, tiny_model):
+    """Valkey (the fork managed "Redis" services run) through the same ``redis://`` URL:
+    precompute fills it, a consumer serves from it without running the encoder."""
+    url = prefixed(valkey_server, "valkey")
+    engines.release()
+    r = invoke("precompute", corpus["root"], "-m", tiny_model, "-s", url, "--batch", "4",
+               *ENGINE_CLI, "--json")
+    assert r.exit_code == 0, (r.exit_code, r.stdout, r.stderr)
+    s = json.loads(r.stdout)
+    assert (s["files"], s["encoded"], s["failed"]) == (PAGES, PAGES, 0)
+    assert store_ids(url) == set(idents.values())
+    llm = engines.get("valkey", url, index_refresh_s=0.2)
+    counter.reset()
+    texts = chat_texts(llm, corpus["pages"])
+    assert counter.calls == 0, f"the consumer ran the encoder {counter.calls} times"
+    assert texts == [reference[p] for p in corpus["pages"]]
+    assert wait_counter(url, "hits", PAGES).get("hits", 0) >= PAGES
+    drop_all(url)
+
+
 def test_shards_cover_the_corpus_exactly_once(engines, redis_server, corpus, idents,
                                               tiny_model):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus

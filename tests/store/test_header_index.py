@@ -200,8 +200,9 @@ def test_stats_summary_comes_from_the_index_only_when_nothing_changed(store, mon
     assert summarize(store) == full and calls == []  # fast path: no records loaded
     # a load moves atime (and ctime) only: still the fast path, with the new last access
     path = store.entry_path(ident(2))
-    later = time.time_ns() + 10**9
-    os.utime(path, ns=(later, os.stat(path).st_mtime_ns))
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, os.stat(path).st_mtime_ns))
+    assert store.read_entry(ident(2)) is not None  # (refreshes an access older than 60 s)
     s = summarize(store)
     assert calls == [] and s.last_access == os.stat(path).st_atime
     assert s == summarize_entries(store.scan(use_index=False))
@@ -216,3 +217,37 @@ def test_stats_summary_comes_from_the_index_only_when_nothing_changed(store, mon
     assert summarize(store) == s and calls == []  # and the next one is fast again
     store.delete(ident(2))
     assert store.summary_if_unchanged() is None
+
+
+def test_stats_and_size_of_an_unchanged_store_list_no_entry(store, monkeypatch):
+    """The summary kept under the store's generation: an unchanged store's stats and size
+    are answered without listing a single entry (O(1) at any size); a put, a delete, a
+    new entry directory or an old summary send them back to the scan."""
+    from encache.cli.size import build_size
+    from encache.connectors.store.disk import DiskStore
+
+    full = summarize(store)  # builds the index and the summary under the generation
+    real = DiskStore._entry_dirs
+
+    def no_listing(self):
+        raise AssertionError("an unchanged store was listed")
+
+    monkeypatch.setattr(DiskStore, "_entry_dirs", no_listing)
+    assert summarize(store) == full
+    assert build_size(store, "s")["bytes"] == full.bytes == store.summary_if_unchanged().bytes
+    monkeypatch.setattr(DiskStore, "_entry_dirs", real)
+    assert build_size(store, "s")["bytes"] == store.used_bytes()
+
+    put(store, ident(200), seed=5)  # a put: the generation moved
+    assert store.summary_if_unchanged(stat_entries=False) is None
+    s = summarize(store)
+    assert s.entries == full.entries + 1 and s == summarize_entries(store.scan(use_index=False))
+    assert store.summary_if_unchanged(stat_entries=False) == s  # current again
+    store.delete(ident(200))
+    assert store.summary_if_unchanged(stat_entries=False) is None
+    assert summarize(store) == full
+    (store.root / ident(201)).mkdir()  # another program's new directory: the root moved
+    assert store.summary_if_unchanged(stat_entries=False) is None
+    assert summarize(store) == full
+    monkeypatch.setattr(DiskStore, "SUMMARY_MAX_AGE_S", 0.0)  # trusted this long at most
+    assert store.summary_if_unchanged(stat_entries=False) is None

@@ -147,6 +147,37 @@ def test_capacity_evicts_least_recently_used(tmp_path):
     assert "x1" not in present and {"x0", "x2", "x3", "x4", "x5"} <= present
     assert s.used_bytes() <= s.max_bytes
     assert s.read_counters()["evictions"] == 1
+    assert s.removals() == {"x1": "evicted"}  # a refresh leaves it out (removals.py)
+
+
+def test_removal_log_is_bounded_and_reads_past_damage(tmp_path):
+    """The removal log keeps the newest ``limit`` records (rewritten once it has grown
+    to about twice that), a torn or hand-edited line is read past, and the counts per
+    reason are kept under the log's version."""
+    from encache.connectors.store.removals import RemovalLog
+
+    s = DiskStore(tmp_path, fsync=False)
+    log = RemovalLog(tmp_path / ".encache", limit=10)
+    ids = [f"{n:064x}" for n in range(30)]  # (real identifiers: ~100-byte lines)
+    for ident in ids:
+        log.record([ident], "evicted")
+        time.sleep(0.001)  # (records are ordered by their time)
+    assert set(log.read()) == set(ids[20:])
+    assert len(log.path.read_bytes().splitlines()) < 20  # rewritten, not grown
+    with open(log.path, "ab") as f:
+        f.write(b'["evicted", 1.0, "torn\n{not json\n')
+    log.record(["after"], "older-than")
+    assert log.read()["after"] == "older-than" and len(log.read()) == 10
+    assert s.removals()["after"] == "older-than"  # (the store's own log: the same file)
+    counts = s.removal_counts()  # counted once, then kept under the log's version
+    assert counts["older-than"] == 1 and counts["evicted"] >= 9
+    kept = tmp_path / ".encache" / "removals.counts"
+    kept.write_bytes(kept.read_bytes().replace(b'"older-than":1', b'"older-than":7'))
+    assert s.removal_counts()["older-than"] == 7  # read from the kept counts, not the log
+    kept.write_bytes(b"{damaged")
+    assert s.removal_counts() == counts
+    log.record(["more"], "older-than")  # the log changed: counted again
+    assert s.removal_counts()["older-than"] == 2
 
 
 def test_capacity_persists_in_store_config(tmp_path):

@@ -35,6 +35,20 @@ class TestRedisStore(StoreContract):
         return store.reopen()
 
 
+class TestRedisStoreOnValkey(StoreContract):
+    """The same contract on ``valkey-server`` through the same ``redis://`` URL."""
+
+    @pytest.fixture
+    def store(self, valkey_server):
+        s = RedisStore(valkey_server.url, prefix=fresh_prefix())
+        yield s
+        s.close()
+
+    def test_info_names_the_valkey_release(self, store):
+        extra = store.info().extra
+        assert extra["valkey_version"] and extra["redis_version"]
+
+
 @pytest.fixture
 def store(redis_server):
     s = RedisStore(redis_server.url, prefix=fresh_prefix())

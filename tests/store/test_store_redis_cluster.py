@@ -32,6 +32,20 @@ class TestRedisClusterStore(StoreContract):
         s.close()
 
 
+class TestRedisClusterStoreOnValkey(StoreContract):
+    """The same contract on a Valkey cluster through the same ``redis+cluster://`` URL."""
+
+    @pytest.fixture
+    def store(self, valkey_cluster):
+        s = RedisClusterStore(valkey_cluster.url, prefix=fresh_prefix())
+        yield s
+        s.close()
+
+    def test_info_names_the_valkey_release(self, store):
+        extra = store.info().extra
+        assert extra["valkey_version"] and extra["primaries"] == 3
+
+
 @pytest.fixture
 def store(redis_cluster):
     s = RedisClusterStore(redis_cluster.url, prefix=fresh_prefix())
