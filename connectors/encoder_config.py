@@ -78,13 +78,17 @@ def encoder_config_digest(mm_processor_kwargs: Mapping | None = None,
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
-def holds(store, identifier: str, digest: str | None, lora_digest: str = "") -> bool:
+def holds(store, identifier: str, digest: str | None, lora_digest: str = "",
+          binding: str = "") -> bool:
     """Whether ``store`` has a usable entry for ``identifier``: stamped ``digest`` (None:
-    any stamp) and, for ``lora_digest``, that adapter's digest. One header read where a
-    stamp must be checked (``stat`` is None for an absent entry), else one ``contains``."""
-    if digest is None and not lora_digest:
+    any stamp), for ``lora_digest`` that adapter's digest, and for ``binding`` bound to
+    those inputs (an entry bound to other inputs -- another client's pixels under the
+    same identifier -- is not this item's). One header read where a stamp must be
+    checked (``stat`` is None for an absent entry), else one ``contains``."""
+    if digest is None and not lora_digest and not binding:
         return store.contains(identifier)
     info = store.stat(identifier)
     return (info is not None and info.meta is not None
             and (digest is None or info.meta.encoder_config == digest)
-            and (not lora_digest or info.meta.lora_digest == lora_digest))
+            and (not lora_digest or info.meta.lora_digest == lora_digest)
+            and (not binding or info.meta.binding == binding))

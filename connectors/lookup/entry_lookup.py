@@ -376,6 +376,13 @@ class EntryLookup:
         self.warn.warning("reject:" + reason, "encache: entry %s unusable (%s); re-encoding",
                           identifier, reason)
 
+    def refuse(self, identifier: str, reason: str) -> None:
+        """Drop a staged entry a request must not be served (bound to other inputs than
+        the request's): a miss remembered as ``reason``, skipped like a rejected entry;
+        the caller counts and reports it."""
+        self.staging.discard(identifier)
+        self.misses.reject(identifier, reason)
+
     def miss_reason(self, identifier: str) -> str:
         """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an
         entry was found but not usable), else ``absent``."""
