@@ -15,25 +15,36 @@ non-cryptographic hash could be steered into a collision) over every field in ke
 each with its dtype and shape, nested lists element by element. The processed inputs are
 what the model's HF processor made of the media in the API server; the same media, model
 and processor settings give the same tensors in any process (tested across processes for
-LLaVA, Qwen2.5-VL and Gemma 3, single images, several images and video).
+LLaVA, Qwen2-VL, InternVL and Gemma 3, single images, several images and video).
+
+Cost: one blake3 pass over the inputs per request item (a repeat whose inputs vLLM's
+processor cache hands back is remembered); docs/security.md and docs/performance.md
+give the measured figures.
 """
 
 from __future__ import annotations
 
+import weakref
+
 from blake3 import blake3
 
 PREFIX = "blake3:"
-#: hash on several threads from this many bytes of inputs (a large video's frames)
-_THREADS_FROM = 8 << 20
+_MEMO_MAX = 4096
+#: id(inputs) -> (weak reference to them, binding): vLLM's processor cache hands the same
+#: ``MultiModalKwargsItem`` back for a repeated item, which is then not hashed again
+_memo: dict[int, tuple] = {}
 
 
 def item_binding(data) -> str | None:
     """The binding of one item's processed inputs (a ``MultiModalKwargsItem``, or any
     mapping of field name -> element with ``.data`` or -> tensor), or None when there
     are none here (vLLM's processor cache restored them elsewhere: ``data`` is None, or
-    a field's data was left out)."""
+    a field's data was left out). Remembered per inputs object while it lives."""
     if data is None:
         return None
+    known = _memo.get(id(data))
+    if known is not None and known[0]() is data:
+        return known[1]
     parts: list = []
     for key in sorted(data.keys()):
         elem = data[key]
@@ -43,11 +54,18 @@ def item_binding(data) -> str | None:
         parts.append(key.encode())
         if not _collect(value, parts):
             return None
-    total = sum(len(p) for p in parts)
-    h = blake3(max_threads=blake3.AUTO) if total >= _THREADS_FROM else blake3()
+    h = blake3()
     for p in parts:
         h.update(p)
-    return PREFIX + h.hexdigest()
+    binding = PREFIX + h.hexdigest()
+    try:
+        ref = weakref.ref(data)
+    except TypeError:  # (a plain dict: not remembered)
+        return binding
+    if len(_memo) >= _MEMO_MAX:
+        _memo.clear()
+    _memo[id(data)] = (ref, binding)
+    return binding
 
 
 def _collect(value, parts: list) -> bool:
