@@ -86,3 +86,45 @@ def test_the_documented_writer_writes_purges_and_locks(redis_factory):
         pass
     writer.add_counters({"saves": 1})
     assert re.match(r"[0-9]", str(writer.read_counters()["saves"]))
+
+
+def _cluster_users(cluster) -> tuple[str, str]:
+    import redis
+
+    for node in cluster.nodes:
+        client = redis.Redis(host=node.host, port=cluster.client_port(node))
+        for user, password in (("encache-cluster-reader", "r-secret"),
+                               ("encache-cluster-writer", "w-secret")):
+            args = [a if a != ">PASSWORD" else f">{password}" for a in acl_line(user)]
+            client.execute_command(*args)
+    first = cluster.nodes[0]
+    at = f"{first.host}:{cluster.client_port(first)}"
+    return (f"redis+cluster://encache-cluster-reader:r-secret@{at}",
+            f"redis+cluster://encache-cluster-writer:w-secret@{at}")
+
+
+def test_the_documented_cluster_users(redis_cluster_factory):
+    """The same on a Redis Cluster (its hash-tagged bookkeeping keys, slot map, a
+    listing's read-only script): the reader reads, lists, follows the journal and counts;
+    it cannot write or delete; the writer does all of it."""
+    cluster = redis_cluster_factory(primaries=3, replicas=0)
+    reader_url, writer_url = _cluster_users(cluster)
+    writer = open_store(writer_url)
+    ids = [c * 64 for c in "abcdef"]
+    for n, i in enumerate(ids):
+        writer.put(i, entry(i, n))
+    assert writer.delete(ids[-1])
+    with writer.lock("purge"):
+        pass
+    reader = open_store(reader_url)
+    assert [reader.get(i) for i in ids[:-1]] == [entry(i, n) for n, i in enumerate(ids[:-1])]
+    assert sorted(i.identifier for i in reader.scan()) == ids[:-1]
+    assert reader.read_verified(ids[0]) is not None and reader.stat(ids[0]) is not None
+    assert reader.changes_since(None) is not None and reader.index_version()
+    reader.add_counters({"hits": 1})
+    assert reader.read_counters()["hits"] == 1
+    for act in (lambda: reader.put(ids[-1], entry(ids[-1])), lambda: reader.delete(ids[0])):
+        with pytest.raises(StoreError, match="permission denied: this user's ACL") as e:
+            act()
+        assert "\n" not in str(e.value) and "r-secret" not in str(e.value)
+    assert writer.contains(ids[0]) and not writer.contains(ids[-1])
