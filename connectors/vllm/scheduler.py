@@ -18,6 +18,14 @@ also reads the store: ``has_cache_item`` says yes for an item the store already 
 it (same encoder config and adapter), so vLLM does not run the tower for it -- what was
 precomputed, or encoded by another encoder instance, is not encoded again.
 
+Entries are bound to their inputs (:mod:`.binding`, docs/security.md): a producer's
+scheduler digests the processed inputs of each item it encodes and ships the digest to
+its worker, which stamps it into the entry; a consumer's scheduler digests the inputs of
+each item a request carries (``ensure_cache_available``) and ``has_cache_item`` refuses
+a staged entry bound to other inputs (a client-chosen ``uuid`` naming another image: the
+request encodes its own pixels, counted ``binding_mismatches`` / ``misses_binding``); an
+encoder-only producer skips only an item whose entry is bound to its own inputs.
+
 A consumer item that arrives *metadata-only* (vLLM's EPD proxy rewrites media into
 ``image_embeds`` references: no pixels) cannot be encoded here. Such an item's entry is
 waited for up to ``load_timeout_s``; when it is absent, corrupt, stamped for another
@@ -114,6 +122,7 @@ class EncacheSchedulerConnector:
         self._step_bindings: dict[str, str] = {}
         self._encoded_bindings: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._binding_warned: set[str] = set()
+        self._refused: set[str] = set()  # refused this step (a miss of reason "binding")
         self._check_capacity()
 
     def _check_capacity(self) -> None:
@@ -150,7 +159,8 @@ class EncacheSchedulerConnector:
         stored under this identifier: a client-chosen uuid), or unbound where
         ``require_binding`` is set: a miss, counted ``binding_mismatches`` (reason
         ``binding``), logged once per identifier; the request encodes its own inputs."""
-        self.lookup.refuse(identifier, "binding")
+        self.lookup.refuse(identifier)
+        self._refused.add(identifier)
         self.lookup.count("binding_mismatches")
         if identifier in self._binding_warned:
             return
@@ -196,11 +206,12 @@ class EncacheSchedulerConnector:
                     continue
                 self._note_lora(req)
                 # bound to the inputs vLLM's encoder cache holds it from (as encoded
-                # here); unknown (not encoded by this engine lately): not resaved
-                binding = self._encoded_bindings.get(identifier)
-                if binding and not self._holds(identifier, binding):
+                # here); unknown (encoded without inputs to digest): resaved unbound
+                binding = self._encoded_bindings.get(identifier, "")
+                if not self._holds(identifier, binding):
                     out.append(identifier)
-                    self._step_bindings[identifier] = binding
+                    if binding:
+                        self._step_bindings[identifier] = binding
         return out
 
     def _holds(self, identifier: str, binding: str = "") -> bool:
@@ -340,7 +351,8 @@ class EncacheSchedulerConnector:
         staged = self._pinned.get(identifier)
         if staged is None:
             self.lookup.count("misses")
-            reason = self.lookup.miss_reason(identifier)
+            reason = ("binding" if identifier in self._refused
+                      else self.lookup.miss_reason(identifier))
             if self.diagnosis is not None:
                 reason = self.diagnosis.classify(reason)
             self.lookup.count("misses_" + reason)
@@ -364,8 +376,8 @@ class EncacheSchedulerConnector:
             binding = None if self._metadata_only(feature) else item_binding(feature.data)
             self._request_bindings[key] = binding
         identifier = feature.identifier
-        if not binding or self._stored.get((identifier, binding)):
-            return  # nothing to bind, or the store holds it: not encoded here
+        if not binding or self._stored.get((identifier, binding)) or identifier in self._pinned:
+            return  # nothing to bind, or held by the store / loaded from it: not encoded here
         self._step_bindings[identifier] = binding
         self._encoded_bindings[identifier] = binding
         self._encoded_bindings.move_to_end(identifier)
@@ -410,6 +422,7 @@ class EncacheSchedulerConnector:
         self._pinned.clear()
         self._stored.clear()
         self._expect.clear()
+        self._refused.clear()
         self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
         return meta
 
