@@ -21,10 +21,12 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 #: the reasons misses are broken down by (see encache.connectors.diagnosis)
-MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format")
+MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format",
+                "binding")
 REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "config mismatch",
                  "lora_stale": "LoRA stale", "corrupt": "corrupt",
-                 "newer_format": "written by a newer encache"}
+                 "newer_format": "written by a newer encache",
+                 "binding": "other inputs (client uuid)"}
 
 
 def tier_stats(path: str, shared_url: str) -> dict:
@@ -119,6 +121,8 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "load_errors": c("load_errors"),
         "config_mismatches": c("config_mismatches"),
         "lora_stale": c("lora_stale"),
+        # entries computed from other inputs than a request's (not served: docs/security.md)
+        "binding_mismatches": c("binding_mismatches"),
         # consumers' checksum passes, and first loads that skipped one (verified this boot)
         "checksums": c("checksums"),
         "checksums_skipped": c("checksums_skipped"),
@@ -253,6 +257,8 @@ def render_table(s: dict) -> None:
         ("Load errors", f"{s['load_errors']:,}"),
         ("Config mismatches", f"{s['config_mismatches']:,}"),
         *([("Stale LoRA loads", f"{s['lora_stale']:,}")] if s["lora_stale"] else []),
+        *([("Entries refused: other inputs", f"{s['binding_mismatches']:,}")]
+          if s["binding_mismatches"] else []),
         ("Checksums run / skipped", f"{s['checksums']:,} / {s['checksums_skipped']:,}"
                                     + (" (verified or encoded on this host this boot)"
                                        if s["checksums_skipped"] else "")),

@@ -78,13 +78,16 @@ def encoder_config_digest(mm_processor_kwargs: Mapping | None = None,
     return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
-def holds(store, identifier: str, digest: str | None, lora_digest: str = "") -> bool:
+def holds(store, identifier: str, digest: str | None, lora_digest: str = "",
+          binding: str = "") -> bool:
     """Whether ``store`` has a usable entry for ``identifier``: stamped ``digest`` (None:
-    any stamp) and, for ``lora_digest``, that adapter's digest. One header read where a
-    stamp must be checked (``stat`` is None for an absent entry), else one ``contains``.
-    An entry written by a newer encache counts as held: a producer of this build does
-    not replace it."""
-    if digest is None and not lora_digest:
+    any stamp), for ``lora_digest`` that adapter's digest, and for ``binding`` bound to
+    those inputs (an entry bound to other inputs -- another client's pixels under the
+    same identifier -- is not this item's). One header read where a stamp must be
+    checked (``stat`` is None for an absent entry), else one ``contains``. An entry
+    written by a newer encache counts as held: a producer of this build does not replace
+    it."""
+    if digest is None and not lora_digest and not binding:
         return store.contains(identifier)
     from .store.entry import NEWER_FORMAT
 
@@ -93,4 +96,5 @@ def holds(store, identifier: str, digest: str | None, lora_digest: str = "") -> 
         return True  # a newer encache's entry: not this producer's to replace
     return (info is not None and info.meta is not None
             and (digest is None or info.meta.encoder_config == digest)
-            and (not lora_digest or info.meta.lora_digest == lora_digest))
+            and (not lora_digest or info.meta.lora_digest == lora_digest)
+            and (not binding or info.meta.binding == binding))

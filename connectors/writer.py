@@ -98,10 +98,12 @@ class EntryWriter:
         failed = sum(1 for f in done if f.result() is False)
         return failed, len(late)
 
-    def _current(self, identifier: str, lora_digest: str = "") -> bool:
+    def _current(self, identifier: str, lora_digest: str = "", binding: str = "") -> bool:
         """Whether the store already holds a usable entry for this producer (same encoder
-        config and, for a stamped LoRA entry, the same adapter digest)."""
-        return holds(self.store, identifier, self.encoder_config, lora_digest)
+        config, for a stamped LoRA entry the same adapter digest, for a bound one the
+        same inputs: an entry bound to other inputs is overwritten with what was just
+        encoded from these)."""
+        return holds(self.store, identifier, self.encoder_config, lora_digest, binding)
 
     def _write(self, identifier, data_fn, nbytes, meta, landed: Future) -> None:
         def land(ok: bool) -> None:  # only this thread sets it
@@ -112,7 +114,8 @@ class EntryWriter:
             land(True)
 
         try:
-            if self.skip_existing and self._current(identifier, meta.get("lora_digest") or ""):
+            if self.skip_existing and self._current(identifier, meta.get("lora_digest") or "",
+                                                    meta.get("binding") or ""):
                 self.count("skipped_existing")
                 land(True)
                 return

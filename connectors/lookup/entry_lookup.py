@@ -376,6 +376,13 @@ class EntryLookup:
         self.warn.warning("reject:" + reason, "encache: entry %s unusable (%s); re-encoding",
                           identifier, reason)
 
+    def refuse(self, identifier: str) -> None:
+        """Drop a staged entry one request must not be served (bound to other inputs than
+        the request's): not skipped for other requests, whose inputs may match it, and a
+        version written since (an encoder replacing a planted entry) is read at the next
+        request; the caller counts and reports the miss."""
+        self.staging.discard(identifier)
+
     def miss_reason(self, identifier: str) -> str:
         """Why ``identifier`` was a miss: ``config``, ``lora_stale``, ``corrupt`` (an
         entry was found but not usable), else ``absent``."""

@@ -18,6 +18,10 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
                     (:mod:`encache.connectors.encoder_config`); absent for the default
     lora_digest     digest of the LoRA adapter's files (:mod:`encache.connectors.store.lora_stamp`);
                     absent without a LoRA or for an adapter that is not a local directory
+    binding         ``blake3:<hex>`` of the processed inputs the encoder consumed for this
+                    item (:mod:`encache.connectors.vllm.binding`): a consumer holding the
+                    item's inputs serves the entry only if they digest the same; absent
+                    when the producer had no inputs to digest
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.
@@ -61,7 +65,7 @@ MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
 _KNOWN_METADATA = frozenset({"encache_format", "identifier", "lora", "model", "vllm_version",
                              "hash_algo", "created", "checksum", "encoder_config",
-                             "lora_digest"})
+                             "lora_digest", "binding"})
 
 # safetensors dtype codes -> item size in bytes
 DTYPE_SIZES = {
@@ -115,6 +119,8 @@ class EntryMeta(msgspec.Struct, frozen=True):
     encoder_config: str = ""
     #: digest of the LoRA adapter's files the entry was produced with; "" = unstamped
     lora_digest: str = ""
+    #: digest of the processed inputs the entry was encoded from; "" = unbound
+    binding: str = ""
     extra: dict = msgspec.field(default_factory=dict)
 
     @property
@@ -129,6 +135,7 @@ class EntryMeta(msgspec.Struct, frozen=True):
             "created": self.created, "checksum": self.checksum,
             "format_version": self.format_version, "legacy": self.legacy,
             "encoder_config": self.encoder_config, "lora_digest": self.lora_digest,
+            "binding": self.binding,
         }
 
 
@@ -176,7 +183,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
                  lora: str | None = None, vllm_version: str | None = None,
                  hash_algo: str | None = None, created: float | None = None,
                  encoder_config: str | None = None,
-                 lora_digest: str | None = None) -> tuple[bytes, object]:
+                 lora_digest: str | None = None,
+                 binding: str | None = None) -> tuple[bytes, object]:
     """Return ``(header_bytes, data)``; the entry is their concatenation.
 
     ``data`` is any buffer (bytes, memoryview, numpy/torch uint8 view) of the tensor in
@@ -207,6 +215,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
         meta["encoder_config"] = str(encoder_config)
     if lora_digest:
         meta["lora_digest"] = str(lora_digest)
+    if binding:
+        meta["binding"] = str(binding)
     header = {
         "__metadata__": meta,
         TENSOR_KEY: {"dtype": dtype, "shape": list(shape), "data_offsets": [0, nbytes]},
@@ -232,7 +242,8 @@ def same_version(a: EntryMeta, b: EntryMeta) -> bool:
     producer write makes a new ``created``; a copy (``warm``, ``promote``) keeps it."""
     return (a.checksum == b.checksum and a.created == b.created and a.dtype == b.dtype
             and a.shape == b.shape and a.encoder_config == b.encoder_config
-            and a.lora_digest == b.lora_digest and a.identifier == b.identifier)
+            and a.lora_digest == b.lora_digest and a.binding == b.binding
+            and a.identifier == b.identifier)
 
 
 def encode(identifier: str, data, dtype: str, shape, **meta) -> bytes:
@@ -321,6 +332,7 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         format_version=_intern(get("encache_format")),
         encoder_config=sys.intern(get("encoder_config", "")),
         lora_digest=get("lora_digest", ""),
+        binding=get("binding", ""),
         extra=(_NO_EXTRA if md.keys() <= _KNOWN_METADATA
                else {k: v for k, v in md.items() if k not in _KNOWN_METADATA}),
     )

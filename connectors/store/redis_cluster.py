@@ -78,7 +78,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
 from redis.crc import key_slot as hashed_slot  # (Redis's own: a key's hash tag decides)
 from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
-                              MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
+                              MovedError, NoScriptError, ResponseError, SlotNotCoveredError,
+                              TryAgainError)
 
 from .base import Store, StoreError, StoreInfo
 from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
@@ -133,6 +134,9 @@ class RedisClusterStore(RedisStore):
         self._bucket_match = _glob_escape(p) + b"{*"
         self._tags = slot_tags()
         self._page_sha = hashlib.sha1(_PAGE_LUA.encode()).hexdigest()
+        # the page script reads only: EVALSHA_RO (Redis 7+) runs it under a consumer's
+        # read-only ACL (docs/security.md); EVALSHA on a server without it
+        self._page_cmd = "EVALSHA_RO"
 
     def _check_prefix(self, prefix: str) -> None:
         if "{" in prefix or "}" in prefix:
@@ -337,7 +341,13 @@ class RedisClusterStore(RedisStore):
         groups = self._grouped(raw)
         calls = [(pair, [raw[n] for n in pos]) for pair, pos in groups.items()]
         try:
-            replies = self._per_node(calls)
+            try:
+                replies = self._per_node(calls)
+            except ResponseError as e:
+                if self._page_cmd != "EVALSHA_RO" or "unknown command" not in str(e).lower():
+                    raise
+                self._page_cmd = "EVALSHA"  # (Redis 6)
+                replies = self._per_node(calls)
         except NoScriptError:  # first scan, or a promoted replica (empty script cache)
             for node in self._primaries():  # (one that does not answer is not this page's)
                 with contextlib.suppress(*ERRORS):
@@ -354,7 +364,7 @@ class RedisClusterStore(RedisStore):
         return metas, atimes
 
     def _per_node(self, calls: list) -> list:
-        sha = self._page_sha
+        sha, cmd = self._page_sha, self._page_cmd
         nm = self._r.nodes_manager
         try:
             by_node: dict[str, tuple] = {}
@@ -363,7 +373,7 @@ class RedisClusterStore(RedisStore):
                 entry = by_node.get(node.name)
                 if entry is None:
                     entry = by_node[node.name] = (node.redis_connection.pipeline(transaction=False), [])
-                entry[0].evalsha(sha, 2, meta_key, atime_key, *members)
+                entry[0].execute_command(cmd, sha, 2, meta_key, atime_key, *members)
                 entry[1].append(n)
             out: list = [None] * len(calls)
             for pipe, positions in by_node.values():
@@ -371,7 +381,8 @@ class RedisClusterStore(RedisStore):
                     out[n] = value
             return out
         except (*_RETRY_WRITES, AttributeError):  # (AttributeError: no connection yet)
-            return [self._r.evalsha(sha, 2, m, a, *members) for (m, a), members in calls]
+            return [self._r.execute_command(cmd, sha, 2, m, a, *members)
+                    for (m, a), members in calls]
 
     def _drifted(self, found: set, sides: dict) -> list[tuple[bytes, bytes]]:
         """Buckets holding more records than live entries, and side keys of buckets

@@ -44,7 +44,11 @@ def describe_error(e: BaseException, *, url: str, password: str | None,
     scrubbed from anything the server or redis-py put in the message."""
     msg = " ".join(str(e).split()) or e.__class__.__name__
     low = msg.lower()
-    if isinstance(e, (AuthenticationError, NoPermissionError)) or "noauth" in low \
+    if isinstance(e, NoPermissionError) or low.startswith("noperm") \
+            or "user executing the script can't" in low:
+        what = (f"permission denied: this user's ACL does not allow it ({msg}); "
+                "docs/security.md lists what a consumer and a writer need")
+    elif isinstance(e, AuthenticationError) or "noauth" in low \
             or "wrongpass" in low or "invalid password" in low \
             or "invalid username-password" in low or "already authenticated" in low:
         if not password:

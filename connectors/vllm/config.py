@@ -33,7 +33,7 @@ _SECONDS = {"load_timeout_s": False, "inline_wait_s": True, "index_refresh_s": F
             "counters_flush_s": False, "store_stats_s": False, "save_wait_s": True,
             "redirect_wait": True}
 _FLAGS = ("fsync", "verify_ahead", "remember_verified", "check_encoder_config",
-          "skip_existing")  # JSON true / false
+          "skip_existing", "require_binding")  # JSON true / false
 _TEXTS = ("prefix", "local_tier", "tag")
 
 
@@ -71,6 +71,9 @@ class ConnectorConfig:
     # (and Redis entries) ride in the step's metadata; "bytes" / "files" force one
     worker_loads: str = "auto"
     check_encoder_config: bool = True  # entries stamped with another encoder config: misses
+    # an entry without a binding (written before bindings, or by a producer that had no
+    # inputs to digest) is a miss for a request that holds its inputs (docs/security.md)
+    require_binding: bool = False
     # Redis: batched counters are flushed this often (a SIGKILLed engine loses at most
     # this much); disk stores count in place in a per-process file and never flush
     counters_flush_s: float = 0.5

@@ -23,3 +23,6 @@ class EncacheConnectorMetadata(ECConnectorMetadata):
     #: producers: items this step neither encodes nor finds in the store -- vLLM's own
     #: encoder cache answered them; the worker saves them from that cache
     resave: list[str] = field(default_factory=list)
+    #: producers: identifier -> binding (digest of the processed inputs,
+    #: :mod:`.binding`) of the items this step encodes or resaves: stamped into entries
+    bindings: dict[str, str] = field(default_factory=dict)

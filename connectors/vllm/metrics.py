@@ -15,6 +15,9 @@ multimodal embedding-cache metrics (``embedding_cache_hits_total``,
                                               config (re-encoded; see encoder_config)
     vllm:embedding_cache_lora_stale_total     LoRA entries made with another adapter under
                                               the served name (re-encoded; see lora_stamp)
+    vllm:embedding_cache_binding_mismatches_total  entries computed from other inputs than
+                                              the request's (a client-chosen uuid; the
+                                              request's own are encoded: docs/security.md)
     vllm:embedding_cache_model_mismatch_misses_total  misses while the store holds entries
                                               only for other --model strings (see diagnosis)
     vllm:embedding_cache_newer_format_misses_total  entries written by a newer encache than
@@ -54,8 +57,8 @@ from vllm.distributed.ec_transfer.ec_connector.metrics import (
 )
 
 COUNTERS = ("hits", "misses", "load_errors", "config_mismatches", "lora_stale",
-            "misses_model", "misses_newer_format", "hits_local", "hits_remote", "bytes_loaded",
-            "store_evictions", "store_bytes_saved")
+            "binding_mismatches", "misses_model", "misses_newer_format", "hits_local",
+            "hits_remote", "bytes_loaded", "store_evictions", "store_bytes_saved")
 GAUGES = ("staged_bytes", "store_entries", "store_bytes", "store_capacity_bytes",
           "local_tier_bytes", "local_tier_capacity_bytes", "store_down", "store_parts_down")
 #: gauges every non-empty interval carries (the others: a store sample was taken)
@@ -95,8 +98,9 @@ class EncacheStats(ECConnectorStats):
         }
         if d.get("config_mismatches"):  # only when it happens: a misconfiguration to see
             out["config_mismatches"] = int(d["config_mismatches"])
-        for key in ("lora_stale", "misses_model", "misses_newer_format",  # likewise
-                    "hits_local", "hits_remote", "store_down", "store_parts_down"):
+        for key in ("lora_stale", "binding_mismatches", "misses_model",  # likewise
+                    "misses_newer_format", "hits_local", "hits_remote", "store_down",
+                    "store_parts_down"):
             if d.get(key):
                 out[key] = int(d[key])
         return out
@@ -137,6 +141,10 @@ class EncachePromMetrics(ECConnectorPromMetrics):
             "lora_stale": counter(
                 p + "lora_stale",
                 "LoRA entries made with another adapter under the served name (re-encoded)."),
+            "binding_mismatches": counter(
+                p + "binding_mismatches",
+                "Entries computed from other inputs than the request's (not served; "
+                "the request's own inputs are encoded)."),
             "misses_model": counter(
                 p + "model_mismatch_misses",
                 "Misses while the store holds entries only for other model id strings."),

@@ -18,6 +18,14 @@ also reads the store: ``has_cache_item`` says yes for an item the store already 
 it (same encoder config and adapter), so vLLM does not run the tower for it -- what was
 precomputed, or encoded by another encoder instance, is not encoded again.
 
+Entries are bound to their inputs (:mod:`.binding`, docs/security.md): a producer's
+scheduler digests the processed inputs of each item it encodes and ships the digest to
+its worker, which stamps it into the entry; a consumer's scheduler digests the inputs of
+each item a request carries (``ensure_cache_available``) and ``has_cache_item`` refuses
+a staged entry bound to other inputs (a client-chosen ``uuid`` naming another image: the
+request encodes its own pixels, counted ``binding_mismatches`` / ``misses_binding``); an
+encoder-only producer skips only an item whose entry is bound to its own inputs.
+
 A consumer item that arrives *metadata-only* (vLLM's EPD proxy rewrites media into
 ``image_embeds`` references: no pixels) cannot be encoded here. Such an item's entry is
 waited for up to ``load_timeout_s``; when it is absent, corrupt, stamped for another
@@ -42,6 +50,7 @@ from ..store.lora_stamp import adapter_digest
 from ..ratelimit import RateLimitedLog
 from ..store import memfd
 from ..store.keys import split_lora
+from .binding import item_binding
 from .config import ConnectorConfig
 from .device_copy import HostStaging
 from .metadata import EncacheConnectorMetadata
@@ -97,13 +106,23 @@ class EncacheSchedulerConnector:
         self.encoder_config = encoder_config
         #: encoder-only producers answer has_cache_item from the store (skip_existing)
         self._reads_store = is_producer and not is_consumer and config.skip_existing
-        self._stored: dict[str, bool] = {}  # this step's answers (producers)
+        self._stored: dict[tuple[str, str], bool] = {}  # this step's answers (producers)
         self._unavailable: set[str] = set()  # request ids to fail (metadata-only items)
         self._waiting: dict[tuple[str, str], float] = {}  # (request, item) -> first seen
         self.warn = RateLimitedLog(log)
         self._step = 0
         self._pins: collections.deque = collections.deque()
         self._pinned_fds = 0
+        # Bindings (.binding): identifier -> digest of the inputs of the request asked
+        # about last (ensure_cache_available precedes has_cache_item for its items); per
+        # (request, item) the digest once computed; producers: this step's encoded items
+        # and, for resaves, the inputs vLLM's encoder cache holds each identifier from
+        self._expect: dict[str, str] = {}
+        self._request_bindings: dict[tuple[str, int], str | None] = {}
+        self._step_bindings: dict[str, str] = {}
+        self._encoded_bindings: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._binding_warned: set[str] = set()
+        self._refused: set[str] = set()  # refused this step (a miss of reason "binding")
         self._check_capacity()
 
     def _check_capacity(self) -> None:
@@ -120,14 +139,54 @@ class EncacheSchedulerConnector:
     # -- lookups -------------------------------------------------------------------
     def has_cache_item(self, identifier: str) -> bool:
         """Consumers, memory-speed: yes only for an entry already read and verified
-        (staged). Encoder-only producers: yes when the store holds a usable entry."""
+        (staged) and bound to the request's own inputs where it has them. Encoder-only
+        producers: yes when the store holds a usable entry bound to those inputs."""
         if self.lookup is None:
-            return self._reads_store and self._holds(identifier)
+            return self._reads_store and self._holds(identifier, self._expect.get(identifier, ""))
         staged = self.lookup.get_staged(identifier)
         if staged is None:
             return False
+        want = self._expect.get(identifier)
+        if want and staged.meta.binding != want and (
+                staged.meta.binding or self.config.require_binding):
+            self._refuse(identifier, staged.meta.binding)
+            return False
         self._pinned[identifier] = staged  # survives staging eviction until this step ships
         return True
+
+    def _refuse(self, identifier: str, stored: str) -> None:
+        """An entry bound to other inputs than the request's (another client's pixels
+        stored under this identifier: a client-chosen uuid), or unbound where
+        ``require_binding`` is set: a miss, counted ``binding_mismatches`` (reason
+        ``binding``), logged once per identifier; the request encodes its own inputs."""
+        self.lookup.refuse(identifier)
+        self._refused.add(identifier)
+        self.lookup.count("binding_mismatches")
+        if identifier in self._binding_warned:
+            return
+        if len(self._binding_warned) >= 10_000:
+            self._binding_warned.clear()
+        self._binding_warned.add(identifier)
+        log.warning("encache: entry %s in %s was computed from other inputs than this "
+                    "request's (%s); encoding the request's own", identifier, self.store.url,
+                    "a client-chosen uuid?" if stored else "unbound entry, require_binding set")
+
+    def _bindings_of(self, request: Request) -> None:
+        """Note the binding of each of ``request``'s items that carries its processed
+        inputs (:attr:`_expect`); an item without them (a processor-cache hit restored in
+        the worker, a metadata-only reference) is left out: nothing here to compare."""
+        rid = request.request_id
+        for i, feature in enumerate(request.mm_features or ()):
+            key = (rid, i)
+            if key in self._request_bindings:
+                binding = self._request_bindings[key]
+            else:
+                binding = None if self._metadata_only(feature) else item_binding(feature.data)
+                self._request_bindings[key] = binding
+            if binding:
+                self._expect[feature.identifier] = binding
+            else:
+                self._expect.pop(feature.identifier, None)
 
     def _lost_from_store(self, scheduler_output: SchedulerOutput) -> list[str]:
         """Producers: items of this step's new requests that run no tower and are not
@@ -146,25 +205,32 @@ class EncacheSchedulerConnector:
                 if identifier in encoding or identifier in self._need_loads or identifier in out:
                     continue
                 self._note_lora(req)
-                if not self._holds(identifier):
+                # bound to the inputs vLLM's encoder cache holds it from (as encoded
+                # here); unknown (encoded without inputs to digest): resaved unbound
+                binding = self._encoded_bindings.get(identifier, "")
+                if not self._holds(identifier, binding):
                     out.append(identifier)
+                    if binding:
+                        self._step_bindings[identifier] = binding
         return out
 
-    def _holds(self, identifier: str) -> bool:
-        """Producers: does the store hold a usable entry for this engine (one header read,
-        remembered for the step)? A store error is a no: the tower runs."""
-        known = self._stored.get(identifier)
+    def _holds(self, identifier: str, binding: str = "") -> bool:
+        """Producers: does the store hold a usable entry for this engine, bound to
+        ``binding`` when given (one header read, remembered for the step)? A store error
+        is a no: the tower runs."""
+        key = (identifier, binding)
+        known = self._stored.get(key)
         if known is not None:
             return known
         lora = split_lora(identifier)[0]
         lora_digest = self._lora_digests.get(lora, "") if lora else ""
         try:
-            found = holds(self.store, identifier, self.encoder_config, lora_digest)
+            found = holds(self.store, identifier, self.encoder_config, lora_digest, binding)
         except Exception as e:
             self.warn.warning("holds", "encache: cannot check %s for stored entries: %s; "
                               "encoding", self.store.url, e)
             found = False
-        self._stored[identifier] = found
+        self._stored[key] = found
         return found
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
@@ -172,8 +238,10 @@ class EncacheSchedulerConnector:
         if self.lookup is None:
             if self._reads_store:
                 self._note_lora(request)  # before has_cache_item checks the adapter's stamp
+                self._bindings_of(request)
             return True
         self._note_lora(request)
+        self._bindings_of(request)
         pending = self._start_loads(request, num_computed_tokens)
         if pending and self._inline_budget > 0:
             # Most loads take well under a millisecond: wait for them here (a bounded
@@ -274,6 +342,7 @@ class EncacheSchedulerConnector:
     def update_state_after_alloc(self, request: Request, index: int) -> None:
         if self.is_producer:
             self._note_lora(request)
+            self._note_encoded(request, index)
         if self.lookup is None:
             return
         identifier = request.mm_features[index].identifier
@@ -282,7 +351,8 @@ class EncacheSchedulerConnector:
         staged = self._pinned.get(identifier)
         if staged is None:
             self.lookup.count("misses")
-            reason = self.lookup.miss_reason(identifier)
+            reason = ("binding" if identifier in self._refused
+                      else self.lookup.miss_reason(identifier))
             if self.diagnosis is not None:
                 reason = self.diagnosis.classify(reason)
             self.lookup.count("misses_" + reason)
@@ -295,6 +365,25 @@ class EncacheSchedulerConnector:
         self.lookup.count("load_seconds", staged.load_seconds)
         self.lookup.observe_load(staged.load_seconds)
 
+    def _note_encoded(self, request: Request, index: int) -> None:
+        """Producers: the binding of an item this step allocates (encodes, or loads on a
+        producer that also consumes), for its worker to stamp into the entry, and kept
+        for a later resave of what vLLM's encoder cache then holds."""
+        feature = request.mm_features[index]
+        key = (request.request_id, index)
+        binding = self._request_bindings.get(key)
+        if key not in self._request_bindings:
+            binding = None if self._metadata_only(feature) else item_binding(feature.data)
+            self._request_bindings[key] = binding
+        identifier = feature.identifier
+        if not binding or self._stored.get((identifier, binding)) or identifier in self._pinned:
+            return  # nothing to bind, or held by the store / loaded from it: not encoded here
+        self._step_bindings[identifier] = binding
+        self._encoded_bindings[identifier] = binding
+        self._encoded_bindings.move_to_end(identifier)
+        if len(self._encoded_bindings) > 200_000:
+            self._encoded_bindings.popitem(last=False)
+
     # -- the step's metadata -------------------------------------------------------
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> EncacheConnectorMetadata:
         meta = EncacheConnectorMetadata()
@@ -302,6 +391,8 @@ class EncacheSchedulerConnector:
             meta.resave = self._lost_from_store(scheduler_output)
         if self.is_producer and self._lora_digests:
             meta.lora_digests = dict(self._lora_digests)
+        if self._step_bindings:
+            meta.bindings, self._step_bindings = self._step_bindings, {}
         self._step += 1
         fds = []
         for identifier, st in self._need_loads.items():
@@ -330,6 +421,8 @@ class EncacheSchedulerConnector:
         self._need_loads.clear()
         self._pinned.clear()
         self._stored.clear()
+        self._expect.clear()
+        self._refused.clear()
         self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
         return meta
 
@@ -391,6 +484,8 @@ class EncacheSchedulerConnector:
         if self._waiting:
             for key in [k for k in self._waiting if k[0] == request.request_id]:
                 del self._waiting[key]
+        for i in range(len(request.mm_features or ())):
+            self._request_bindings.pop((request.request_id, i), None)
         if not self.is_producer:
             return False, None
         from vllm.distributed.ec_transfer.ec_connector.utils import collect_ec_item_metadata

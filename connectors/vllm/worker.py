@@ -62,6 +62,8 @@ class EncacheWorkerConnector:
         self.stats = {"load_calls": 0, "load_block_seconds": 0.0, "loaded": 0}
         # LoRA name -> adapter digest, learned from the scheduler's metadata (producers)
         self._lora_digests: dict[str, str] = {}
+        # identifier -> binding of the inputs this step encodes (producers; .binding)
+        self._bindings: dict[str, str] = {}
 
     # -- consumer: loads -----------------------------------------------------------
     def start_load_caches(self, metadata, encoder_cache: dict[str, torch.Tensor]) -> None:
@@ -122,6 +124,10 @@ class EncacheWorkerConnector:
             return
         if metadata.lora_digests:
             self._lora_digests.update(metadata.lora_digests)
+        if metadata.bindings:
+            if len(self._bindings) > 100_000:  # items scheduled but never saved (aborted)
+                self._bindings.clear()
+            self._bindings.update(metadata.bindings)
         if metadata.resave and encoder_cache is not None and self.writer is not None:
             for mm_hash in metadata.resave:
                 if mm_hash in encoder_cache:
@@ -152,7 +158,8 @@ class EncacheWorkerConnector:
             mm_hash, data, tensor.numel() * tensor.element_size(),
             model=self.model_id, vllm_version=vllm_version, hash_algo=self.hash_algo,
             encoder_config=self.encoder_config,
-            lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "")
+            lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "",
+            binding=self._bindings.pop(mm_hash, ""))
         if self.save_wait_s > 0:
             self._step_saves.append((mm_hash, future))
 

@@ -6,8 +6,10 @@ images of several sizes and aspect ratios (one 1000 px wide), and a video for th
 families with a video processor, with a real ``ec_producer`` engine; a consumer engine
 then answers single- and two-image requests and a video request for them. Proven per
 family: every item is a store hit, the vision tower runs 0 times, the first token's
-logprobs equal those of an engine without the connector, and each stored entry equals
-what that engine's own tower computes for the image or video.
+logprobs equal those of an engine without the connector, each stored entry equals
+what that engine's own tower computes for the image or video, and each entry is bound to
+the processed inputs (the consumer's, a request of several images or a video, digest the
+same as precompute's: no entry refused).
 
 Two families also run at a realistic entry size (a language model 2688 wide, fp32: the
 width of Gemma 3 27B's fp16 entries in bytes), where a tiny model's 4 KB entries would
@@ -220,6 +222,18 @@ def test_every_item_hits_and_the_tower_stays_idle(family):
     assert (counters.get("hits", 0), counters.get("misses", 0)) == (n, 0), counters
     runs = {name: len(items) for name, (_, items) in family["served"].items()}
     assert runs == {name: 0 for name in runs}, runs
+
+
+def test_every_entry_is_bound_to_the_inputs_the_consumer_holds(family):
+    """Precompute (one item per prompt, a decoded image) bound every entry to its
+    processed inputs, and a consumer's requests (data URLs; several images at once; a
+    video) digested theirs the same: every item hit above, none was refused."""
+    store = open_store(family["store"])
+    for path in family["images"].values():
+        meta = store.stat(identify_file(path, family["model"]).identifier).meta
+        assert meta.binding.startswith("blake3:"), path
+    counters = store.read_counters()
+    assert counters.get("binding_mismatches", 0) == 0, counters
 
 
 def test_a_consumer_that_reads_its_loads_hashes_them_on_two_threads(family):

@@ -1,0 +1,110 @@
+"""A shared store no client can poison, through real servers (``api_server``).
+
+A producer server (``ec_producer``) and a consumer server (``ec_consumer``) share one
+store, on disk and on Redis, as in EPD or a precompute-plus-online fleet. The attack, as
+a client would play it: send image A to the producer with ``"uuid"`` set to image B's
+identifier (``encache hash B``), so that A's encoder output is stored under B's key; a
+later client asks the consumer about B, with no uuid. Shown for each store:
+
+* the consumer answers B from B's own pixels (its tower encodes B; the first token's
+  top-5 logprobs are not A's), and counts the refused entry (``misses_binding``,
+  ``binding_mismatches``);
+* an honest client uuid (the same pixels under the client's own id), a precomputed
+  image and vLLM's EPD proxy flow (media to the encoder, then the request to PD) still
+  hit, the consumer's tower idle for them.
+
+The two pairs of servers start together (the engine in the API server's engine-core
+process: ``executor="uni"``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from encache.connectors.vllm.hashing import identify_file
+from engine_support import PRECOMPUTE_KW, consumer_config
+from served_support import (counter_deltas, draw_images, first_token_logprobs,
+                            image_request, post_chat_ok, proxy_flow, start_server)
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.redis]
+
+KEYS = ("hits", "misses", "misses_binding", "binding_mismatches", "misses_absent")
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model, tmp_path_factory, redis_server):
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
+
+    root = tmp_path_factory.mktemp("poison")
+    images = draw_images(root / "img", {"a": (200, 160), "b": (200, 160), "c": (180, 150),
+                                        "pre": (150, 170), "epd": (170, 190)}, seed=60)
+    stores = {"disk": str(root / "store"),
+              "redis": f"{redis_server.url}?prefix=poison-{uuid.uuid4().hex[:8]}:"}
+    pre_dir = root / "pre"
+    pre_dir.mkdir()
+    (pre_dir / "pre.png").write_bytes(Path(images["pre"]).read_bytes())
+    for store in stores.values():
+        summary = precompute_corpus(str(pre_dir), PrecomputeOptions(
+            model=tiny_model, store=store, **PRECOMPUTE_KW))
+        assert summary.encoded == 1
+    servers = {}
+    try:
+        for name, store in stores.items():
+            servers[f"e-{name}"] = start_server(
+                tiny_model, consumer_config(store, role="ec_producer"), root,
+                probe=f"e-{name}", executor="uni")
+            servers[f"c-{name}"] = start_server(
+                tiny_model, consumer_config(store, index_refresh_s=0.2), root,
+                probe=f"c-{name}", executor="uni")
+        for s in servers.values():
+            s.wait_ready()
+        yield {"model": tiny_model, "images": images, "stores": stores, "servers": servers}
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def request(model: str, path: str, client_uuid: str | None = None) -> dict:
+    body = image_request(model, path)
+    if client_uuid is not None:
+        body["messages"][0]["content"][0]["uuid"] = client_uuid
+    return body
+
+
+@pytest.mark.parametrize("backend", ["disk", "redis"])
+def test_a_planted_entry_is_never_served_and_honest_flows_hit(fleet, backend):
+    model, images, store = fleet["model"], fleet["images"], fleet["stores"][backend]
+    producer, consumer = fleet["servers"][f"e-{backend}"], fleet["servers"][f"c-{backend}"]
+    b_id = identify_file(images["b"], model).identifier
+    honest = f"tenant-{backend}-c"
+
+    # the attack, and an honest client's own uuid, on the producer
+    post_chat_ok(producer.base, request(model, images["a"], b_id))
+    post_chat_ok(producer.base, request(model, images["c"], honest))
+
+    from encache.connectors.store import open_store
+    before = open_store(store).read_counters()
+    runs = consumer.encoder_log.count()
+    # a later client asks the consumer about B, no uuid: B's own pixels are encoded
+    got_b = first_token_logprobs(post_chat_ok(consumer.base, request(model, images["b"])))
+    assert consumer.encoder_log.count() == runs + 1, "the consumer served the planted entry"
+    # ... and B's answer is not what A's encoder output gives (A asked plainly: encoded)
+    got_a = first_token_logprobs(post_chat_ok(consumer.base, request(model, images["a"])))
+    assert got_a != got_b, "B was answered from A's encoder output"
+    deltas = counter_deltas(store, before, keys=KEYS)
+    assert deltas == {"hits": 0, "misses": 2, "misses_binding": 1, "binding_mismatches": 1,
+                      "misses_absent": 1}, deltas
+
+    # honest flows still hit, the consumer's tower idle: a client's own uuid for its own
+    # pixels, a precomputed image, and the EPD proxy's flow (encoder, then PD)
+    before = open_store(store).read_counters()
+    runs = consumer.encoder_log.count()
+    post_chat_ok(consumer.base, request(model, images["c"], honest))
+    post_chat_ok(consumer.base, request(model, images["pre"]))
+    proxy_flow(producer, consumer, request(model, images["epd"]))
+    assert consumer.encoder_log.count() == runs, "an honest item was encoded again"
+    deltas = counter_deltas(store, before, keys=KEYS)
+    assert deltas["hits"] == 3 and deltas["misses"] == 0, deltas
