@@ -15,6 +15,8 @@ back is remembered. Timed here, interleaved (one of each per step, in a new rand
                     llava (1 x 3 x 336 x 336 fp32, 1.35 MB), gemma3 (1 x 3 x 896 x 896 fp32,
                     9.6 MB), qwen2_5_vl (a 1036 x 756 image: 3996 x 1176 fp32 patches,
                     18.8 MB, and its grid)
+  binding.<model>.one_core  the same hashed on one core (inputs of 1 MiB or more are
+                    hashed on every core: binding.PARALLEL_BYTES)
   binding.repeat    the binding of inputs already digested (the processor cache's object)
 
 Without the binding a write and a load cost what load.first / load.repeat / write do here
@@ -56,7 +58,16 @@ def run(rounds: int, entries: int) -> dict:
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
+    from encache.connectors.vllm import binding as binding_mod
     from encache.connectors.vllm.binding import item_binding
+
+    def one_core(data):
+        """item_binding with every input hashed on one core."""
+        keep, binding_mod.PARALLEL_BYTES = binding_mod.PARALLEL_BYTES, 1 << 62
+        try:
+            return item_binding(data)
+        finally:
+            binding_mod.PARALLEL_BYTES = keep
 
     torch.set_num_threads(1)
     info, code0, load0 = machine(), code_state(), loadavg()
@@ -104,6 +115,9 @@ def run(rounds: int, entries: int) -> dict:
                     "binding.repeat": lambda: item_binding(kept["llava"]),
                     # a new mapping each time (not remembered), as a new request's
                     **{f"binding.{m}": (lambda m=m: item_binding(dict(fresh[m][step % 4])))
+                       for m in INPUTS},
+                    # the same on one core (the binding before it used every core)
+                    **{f"binding.{m}.one_core": (lambda m=m: one_core(dict(fresh[m][step % 4])))
                        for m in INPUTS},
                 }
                 names = list(jobs)
