@@ -162,7 +162,7 @@ def render_table(url: str, entries: list, filtered: str, found: int | None = Non
     import time
 
     from encache.cli.render import human_ago, note, or_dash, print_table, shape_str
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     if not entries:
         note(f"No entries ({filtered}) in {url}.")

@@ -34,7 +34,7 @@ def render_plan(plan, rows: int = SHOW_ROWS) -> None:
     import time
 
     from encache.cli.render import emit, human_ago, or_dash, print_table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     if not plan.items:
         return
@@ -49,7 +49,7 @@ def render_plan(plan, rows: int = SHOW_ROWS) -> None:
 
 
 def plan_line(plan, dry_run: bool) -> str:
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     verb = "Would delete" if dry_run else "Will delete"
     return (f"{verb} {plan.entries:,} entries ({plan.selection}) from {plan.store}, "
@@ -110,7 +110,8 @@ def register(app: typer.Typer) -> None:
         from encache.connectors.store.removals import OLDER_THAN
         from encache.cli.render import (confirm, emit, emit_json, note, partial_exit,
                                         partial_note, progress)
-        from encache.connectors.store.scanning import human_bytes, parts_dicts
+        from encache.connectors.store.units import human_bytes
+        from encache.connectors.store.scanning import parts_dicts
         from encache.connectors.store.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)

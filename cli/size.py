@@ -35,7 +35,7 @@ def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
 
 def render(data: dict, human: bool) -> None:
     from encache.cli.render import emit, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     fmt = human_bytes if human else str
     if "groups" not in data:

@@ -160,7 +160,7 @@ _BYTES_KEYS = ("used_memory", "maxmemory")
 
 def backend_rows(info: dict) -> list[tuple[str, str]]:
     """Backend specifics (filesystem free space; Redis memory, policy, warnings…)."""
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     rows = []
     for key, value in info.items():
@@ -191,7 +191,7 @@ def _reasons(s: dict) -> str:
 
 def _node_row(node: dict) -> str:
     """One cluster primary: ``host:port  used / maxmemory (policy), N keys, R replicas``."""
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     def b(v):
         return "-" if v is None else human_bytes(int(v))
@@ -206,7 +206,7 @@ def _node_row(node: dict) -> str:
 def render_table(s: dict) -> None:
     from encache.cli.render import (human_ago, human_duration, human_pct, human_time, or_dash,
                                     print_renderables, table)
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     used = human_bytes(s["bytes"])
     if s["max_bytes"]:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the job is library code, loaded on first use (``--help`` im
 
 def render_table(rep: VerifyReport, repair: dict | None) -> None:
     from encache.cli.render import emit, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     items = []
     if rep.problems:

@@ -454,7 +454,7 @@ class Store(ABC):
         return []
 
     def summary_if_unchanged(self, stat_entries: bool = True):
-        """The store's :class:`~.scanning.Summary` without reading any header, when the
+        """The store's :class:`~.summary.Summary` without reading any header, when the
         backend keeps an index it can prove current (disk: a summary kept under the
         store's generation, in O(1); else, with ``stat_entries``, the header index
         checked with a ``stat`` per entry); None when it cannot (then the caller

@@ -794,7 +794,7 @@ class DiskStore(Store):
     def _current_summary(self):
         """The summary saved under the store's current generation token, or None: O(1),
         a read of one small file and two ``stat`` calls, whatever the store's size."""
-        from .scanning import Summary
+        from .summary import Summary
 
         token = self.index_version()
         if token is None:  # a network filesystem: no token to trust
@@ -815,14 +815,14 @@ class DiskStore(Store):
         return summary
 
     def summary_if_unchanged(self, stat_entries: bool = True):
-        """The store's :class:`~.scanning.Summary` without reading a header, or None
+        """The store's :class:`~.summary.Summary` without reading a header, or None
         (then the caller scans). First in O(1): the summary saved under the store's
         generation token, when the token has not moved since (no put, delete or
         eviction, no entry directory made or removed) and it is younger than
         ``SUMMARY_MAX_AGE_S``. Else, with ``stat_entries``, from the header index when
         every entry file still has the version the index recorded — one ``stat`` per
         entry, no header or record loaded — which saves it under the token again."""
-        from .scanning import Summary
+        from .summary import Summary
 
         summary = self._current_summary()
         if summary is not None or not stat_entries:

@@ -107,7 +107,7 @@ def save(meta_dir: Path, records: dict, token=None) -> bool:
     changed) if the store's metadata directory is not writable. ``token``: the store's
     generation the records are current under (taken before they were read, and still
     the same after): the summary is also saved under it (:func:`save_current`)."""
-    from .scanning import summarize_entries
+    from .summary import summarize_entries
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)

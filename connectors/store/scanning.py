@@ -2,11 +2,9 @@
 ``purge`` and ``verify``. Pure Python over the :class:`~.base.Store` interface (no vLLM,
 no torch, no backend internals), so it works on every backend.
 
-* :func:`parse_age` turns ``90s`` / ``30m`` / ``12h`` / ``7d`` / ``2w`` into seconds.
-* :class:`EntryFilter` selects entries by LoRA, model and age.
-* :class:`Summary` aggregates counts and bytes (total, by model, by LoRA, legacy,
-  unreadable, written by a newer encache); summaries merge, so shards can be scanned in parallel.
-* :class:`ScanThrottle` paces full walks repeated in the background (≤ 5 % of the time).
+* :class:`EntryFilter` selects entries by LoRA, model and age (ages: :mod:`.units`).
+* :func:`summarize` adds them up into a :class:`~.summary.Summary` (total, by model, by
+  LoRA, legacy, unreadable, written by a newer encache).
 * :func:`scan` / :func:`summarize` walk a store (headers only), optionally across
   processes (:func:`summarize` with ``workers > 1`` re-opens the store by URL in each
   worker process and splits the identifiers between them); given a list
@@ -17,73 +15,17 @@ no torch, no backend internals), so it works on every backend.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .base import EntryInfo, Store
-from .entry import NEWER_FORMAT
 from .keys import split_lora
-
-_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
-AGE_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+from .summary import Summary, summarize_entries
+from .units import format_age
 
 #: progress callbacks are called at most once per this many entries
 TICK_EVERY = 256
-
-
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``"50G"`` -> 53687091200. Units K, M, G, T (powers of 1024; ``KiB``, ``GB``
-    spelled out too); a bare number is bytes. Raises ValueError fit for a usage error, also
-    for a size under one byte (``"0.5"``)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text or "", re.IGNORECASE)
-    if not m:
-        raise ValueError(f"invalid size {text!r} (use e.g. 500M, 50G, 2T)")
-    n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-    if n <= 0:  # "0.5" is 0 bytes: no capacity at all, never what was meant
-        raise ValueError(f"invalid size {text!r}: less than one byte")
-    return n
-
-
-def parse_age(text: str) -> float:
-    """``"7d"`` -> 604800.0. Units: s, m, h, d, w (a bare number is seconds).
-
-    Raises ValueError with a message fit for a usage error.
-    """
-    m = _AGE.fullmatch(text or "")
-    if not m:
-        raise ValueError(f"invalid age {text!r} (use e.g. 90s, 30m, 12h, 7d, 2w)")
-    return float(m.group(1)) * AGE_UNITS[m.group(2).lower()]
-
-
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: int | float | None) -> str:
-    """Bytes for people (``2883584`` -> ``"2.8 MiB"``); the one byte formatter of the
-    CLI's tables and of messages. None -> ``"-"``."""
-    if n is None:
-        return "-"
-    import math
-    n = float(n)
-    if abs(n) < 1024:
-        return f"{int(n)} B"
-    exp = min(int(math.log(abs(n), 1024)), len(_BYTE_UNITS) - 1)
-    value = n / 1024 ** exp
-    return f"{value:.1f} {_BYTE_UNITS[exp]}" if value < 100 else f"{value:.0f} {_BYTE_UNITS[exp]}"
-
-
-def format_age(seconds: float) -> str:
-    """The inverse of :func:`parse_age`, for messages (``604800`` -> ``"7d"``)."""
-    for unit in ("w", "d", "h", "m"):
-        n = AGE_UNITS[unit]
-        if seconds >= n and seconds % n == 0:
-            return f"{int(seconds // n)}{unit}"
-    return f"{seconds:g}s"
 
 
 def last_used(e: EntryInfo) -> float | None:
@@ -143,150 +85,6 @@ class EntryFilter:
         return ", ".join(parts) or "all entries"
 
 
-@dataclass
-class Group:
-    entries: int = 0
-    bytes: int = 0
-
-    def to_dict(self) -> dict:
-        return {"entries": self.entries, "bytes": self.bytes}
-
-
-@dataclass
-class Summary:
-    """Counts and bytes over a set of entries; mergeable (parallel shards)."""
-
-    entries: int = 0
-    bytes: int = 0
-    legacy: int = 0
-    legacy_bytes: int = 0
-    unreadable: int = 0
-    unreadable_bytes: int = 0
-    #: entries written by a newer encache (a format this build does not read): not
-    #: counted as unreadable
-    newer: int = 0
-    newer_bytes: int = 0
-    oldest: float | None = None  # earliest creation
-    newest: float | None = None  # latest creation
-    last_access: float | None = None
-    by_model: dict[str | None, Group] = field(default_factory=dict)
-    by_lora: dict[str | None, Group] = field(default_factory=dict)
-    #: encoder-config digest ("" = default) -> group; None for unreadable headers
-    by_encoder_config: dict[str | None, Group] = field(default_factory=dict)
-    #: (LoRA name, adapter digest) -> [entries, bytes, newest creation]: stale-LoRA view
-    lora_digests: dict[tuple[str, str], list] = field(default_factory=dict)
-
-    def add(self, e: EntryInfo) -> None:
-        size = e.size
-        self.entries += 1
-        self.bytes += size
-        if e.error == NEWER_FORMAT:
-            self.newer += 1
-            self.newer_bytes += size
-        elif e.error is not None:
-            self.unreadable += 1
-            self.unreadable_bytes += size
-        elif e.meta is not None and e.meta.legacy:
-            self.legacy += 1
-            self.legacy_bytes += size
-        c = e.created
-        if c is not None:
-            if self.oldest is None or c < self.oldest:
-                self.oldest = c
-            if self.newest is None or c > self.newest:
-                self.newest = c
-        a = e.accessed
-        if a is not None and (self.last_access is None or a > self.last_access):
-            self.last_access = a
-        meta = e.meta
-        lora = meta.lora if meta is not None and meta.lora else split_lora(e.identifier)[0]
-        for groups, key in ((self.by_model, meta.model if meta is not None else None),
-                            (self.by_lora, lora),
-                            (self.by_encoder_config,
-                             meta.encoder_config if meta is not None else None)):
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = Group()
-            g.entries += 1
-            g.bytes += size
-        if meta is not None and meta.lora_digest and e.lora:
-            d = self.lora_digests.setdefault((e.lora, meta.lora_digest), [0, 0, 0.0])
-            d[0] += 1
-            d[1] += size
-            d[2] = max(d[2], c or 0.0)
-
-    def stale_lora(self) -> dict[str, Group]:
-        """LoRA name -> entries stamped with an adapter digest other than the newest one
-        written under that name (a retrained adapter's predecessors)."""
-        from .lora_stamp import newest_of
-
-        out: dict[str, Group] = {}
-        current = newest_of(self.lora_digests)
-        for (name, digest), (n, size, _) in self.lora_digests.items():
-            if digest != current[name]:
-                g = out.setdefault(name, Group())
-                g.entries += n
-                g.bytes += size
-        return out
-
-    def to_state(self) -> dict:
-        """Plain builtins (for the disk store's header index)."""
-        state = {k: getattr(self, k) for k in ("entries", "bytes", "legacy", "legacy_bytes",
-                                                "unreadable", "unreadable_bytes", "newer",
-                                                "newer_bytes", "oldest", "newest",
-                                                "last_access")}
-        for name in ("by_model", "by_lora", "by_encoder_config"):
-            state[name] = {k: (g.entries, g.bytes) for k, g in getattr(self, name).items()}
-        return state
-
-    @classmethod
-    def from_state(cls, state: dict) -> Summary:
-        groups = {name: {k: Group(*v) for k, v in state[name].items()}
-                  for name in ("by_model", "by_lora", "by_encoder_config")}
-        plain = {k: v for k, v in state.items() if k not in groups}
-        return cls(**plain, **groups)
-
-    def merge(self, other: Summary) -> Summary:
-        self.entries += other.entries
-        self.bytes += other.bytes
-        self.legacy += other.legacy
-        self.legacy_bytes += other.legacy_bytes
-        self.unreadable += other.unreadable
-        self.unreadable_bytes += other.unreadable_bytes
-        self.newer += other.newer
-        self.newer_bytes += other.newer_bytes
-        for name in ("oldest", "last_access", "newest"):
-            a, b = getattr(self, name), getattr(other, name)
-            if b is not None:
-                pick = min if name == "oldest" else max
-                setattr(self, name, b if a is None else pick(a, b))
-        for mine, theirs in ((self.by_model, other.by_model), (self.by_lora, other.by_lora),
-                             (self.by_encoder_config, other.by_encoder_config)):
-            for k, g in theirs.items():
-                m = mine.setdefault(k, Group())
-                m.entries += g.entries
-                m.bytes += g.bytes
-        for k, (n, size, newest) in other.lora_digests.items():
-            d = self.lora_digests.setdefault(k, [0, 0, 0.0])
-            d[0] += n
-            d[1] += size
-            d[2] = max(d[2], newest)
-        return self
-
-
-def batched(items: Iterable, size: int) -> Iterator[list]:
-    """Lists of up to ``size`` items, each handed out as soon as it is full (or the items
-    end): a store walk or a stream of work in chunks, without reading it all first."""
-    batch: list = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def scan(store: Store, flt: EntryFilter | None = None,
          progress: Callable[[int], None] | None = None,
          unreachable: list | None = None) -> Iterator[EntryInfo]:
@@ -307,13 +105,6 @@ def parts_dicts(unreachable: Iterable[tuple[str, str]]) -> list[dict]:
     """A walk's ``unreachable`` parts, ``(part, reason)``, as JSON records (the
     ``unreachable`` field of a report)."""
     return [{"part": part, "error": reason} for part, reason in unreachable]
-
-
-def summarize_entries(entries: Iterable[EntryInfo]) -> Summary:
-    s = Summary()
-    for e in entries:
-        s.add(e)
-    return s
 
 
 # -- parallel summaries ---------------------------------------------------------------

@@ -40,7 +40,8 @@ from .base import EntryInfo, Store
 from .entry import NEWER_FORMAT, CorruptEntry, NewerFormat, decode
 from .keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
-from .scanning import batched, parts_dicts
+from .units import batched
+from .scanning import parts_dicts
 
 DEFAULT_GRACE = 3600.0  # temp files younger than this are not strays (nor any a writer holds)
 CHUNK = 64  # entries per unit of work on the reader threads

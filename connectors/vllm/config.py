@@ -104,7 +104,7 @@ class ConnectorConfig:
             if value is None and key in _OPTIONAL:
                 continue
             if isinstance(value, str):  # "50G" as well as a number
-                from ..store.scanning import parse_size
+                from ..store.units import parse_size
                 try:
                     value = parse_size(value)
                 except ValueError:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ...connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
-from ...connectors.store.scanning import batched
+from ...connectors.store.units import batched
 from .identify import classify
 from .options import PrecomputeOptions, Summary
 

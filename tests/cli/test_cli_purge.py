@@ -38,7 +38,7 @@ def test_dry_run_shows_plan_and_bytes_and_deletes_nothing(store):
     for ident in planned:
         assert ident in r.stdout
     assert "Would delete 3 entries" in r.stdout
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
     assert human_bytes(sum(sizes[i] for i in planned)) in r.stdout
     assert remaining(store) == ALL_IDS
 
@@ -70,7 +70,7 @@ def test_yes_deletes_lora_by_prefix_and_metadata(store):
     assert r.exit_code == 0, r.output
     gone = {"ad1:" + H[3], "ad1:" + H[4], H[6]}
     assert remaining(store) == ALL_IDS - gone
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
     assert f"Deleted 3 entries, freed {human_bytes(sum(sizes[i] for i in gone))}" in r.stdout
     assert not any((store.root / i).exists() for i in gone)  # directories tidied too
 

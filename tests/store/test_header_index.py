@@ -16,7 +16,8 @@ import pytest
 
 from encache.connectors.store import header_index
 from encache.connectors.store.disk import ENTRY_FILE, META_DIR, DiskStore
-from encache.connectors.store.scanning import summarize, summarize_entries
+from encache.connectors.store.summary import summarize_entries
+from encache.connectors.store.scanning import summarize
 from entries import put_entry
 
 
