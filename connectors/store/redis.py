@@ -84,7 +84,7 @@ from .redis_receive import Unreadable, receive_verified
 from .removals import LIMIT as REMOVALS_LIMIT, REASONS
 from .removals import note_failure as note_removal_failure
 from .redis_memory import memory_info, memory_warnings
-from .url import redact
+from .url import REDIS_SCHEMES, redact
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,6 @@ class RedisStore(Store):
     supports_change_journal = True
     supports_verified_reads = True
     supports_removal_records = True
-    #: keyword options :func:`.url.open_store` passes through
-    OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
-               "ttl", "lock_ttl", "access_resolution")
 
     def __init__(self, url: str, *, prefix: str | None = None, socket_timeout: float = 2.0,
                  connect_timeout: float = 2.0, retries: int = 2,
@@ -235,7 +232,7 @@ class RedisStore(Store):
                                 prefix=prefix)
         self._touched: dict[str, float] = {}
 
-    SCHEMES = ("redis", "rediss", "unix")
+    SCHEMES = REDIS_SCHEMES
     #: query parameters encache reads itself (the others go to redis-py)
     URL_OPTIONS = ("prefix", "ttl")
 

@@ -108,7 +108,6 @@ class RedisClusterStore(RedisStore):
     backend = "redis-cluster"
     supports_failure_domains = True
     SCHEMES = CLUSTER_SCHEMES
-    OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
     #: the journal record is written after the entry's MULTI (another slot), not with it
     journal_complete = False
