@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
             if local_tier_max_bytes is not None:
                 extra["local_tier_max_bytes"] = local_tier_max_bytes
         if load_mode is not None:
-            from ..connectors.store.disk import LOAD_MODES
+            from ..connectors.store.disk.store import LOAD_MODES
             if load_mode not in LOAD_MODES:
                 raise EncacheError(f"--load-mode must be one of {', '.join(LOAD_MODES)}", EXIT_USAGE)
             extra["load_mode"] = load_mode

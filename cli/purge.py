@@ -111,8 +111,8 @@ def register(app: typer.Typer) -> None:
         from encache.cli.render import (confirm, emit, emit_json, note, partial_exit,
                                         partial_note, progress)
         from encache.connectors.store.units import human_bytes
-        from encache.connectors.store.scanning import parts_dicts
-        from encache.connectors.store.plan import build_purge_plan, execute
+        from encache.connectors.store.ops.scanning import parts_dicts
+        from encache.connectors.store.ops.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
         if stale and not lora:
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
             url = display_url(store, st)
             with progress("Planning", quiet=quiet or json_) as tick, no_gc():
                 if stale:
-                    from encache.connectors.store.plan import build_stale_lora_plan
+                    from encache.connectors.store.ops.plan import build_stale_lora_plan
                     plan = build_stale_lora_plan(st, flt, display_url=url, current=current,
                                                  progress=tick)
                 else:

@@ -52,7 +52,7 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
     figures are the other parts'; counters kept on such a part are ``counters_unavailable``
     (why) and read as zero."""
     from encache.connectors.store import StoreError
-    from encache.connectors.store.scanning import parts_dicts, summarize
+    from encache.connectors.store.ops.scanning import parts_dicts, summarize
 
     unreachable: list = []
     summary = summarize(store, url=open_url, workers=workers, progress=progress,
@@ -327,7 +327,7 @@ def register(app: typer.Typer) -> None:
         hits / misses / load times recorded by serving engines."""
         from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, note, partial_exit, progress
-        from encache.connectors.store.scanning import default_workers
+        from encache.connectors.store.ops.scanning import default_workers
 
         with opened(store) as st, no_gc():
             url = display_url(store, st)

@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
         """Promote entries from a disk store into Redis (--from), fill this node's local
         tier from the shared store (--local-tier DIR), or read a disk store into the OS
         page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
-        from encache.connectors.store.transfer import TransferAborted
+        from encache.connectors.store.ops.transfer import TransferAborted
         from encache.jobs.precompute import parse_engine_args
 
         engine_args = parse_engine_args(engine_arg or []) if engine_arg else None

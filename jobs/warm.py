@@ -161,9 +161,9 @@ def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: Warm
     optionally one ``lora``); every entry is verified on the way, entries ``dst`` has are
     skipped unless ``overwrite``. ``paths`` (identifier -> media file) names the file in
     failures. A store failing mid-copy raises
-    :class:`~.store.transfer.TransferAborted` with the partial work in ``summary`` (also
+    :class:`~.store.ops.transfer.TransferAborted` with the partial work in ``summary`` (also
     attached to the exception as ``summary``)."""
-    from ..connectors.store.transfer import TransferAborted, copy_entries
+    from ..connectors.store.ops.transfer import TransferAborted, copy_entries
 
     paths = paths or {}
     done = 0
@@ -221,7 +221,7 @@ def read_into_page_cache(store: Store, identifiers: list[str] | None, summary: W
     """Read a disk store's entry files into the OS page cache (without marking them as
     used), into ``summary``; an identifier asked for without an entry file is a
     ``missing`` failure."""
-    from ..connectors.store.transfer import warm_page_cache
+    from ..connectors.store.ops.transfer import warm_page_cache
 
     paths = paths or {}
     read: set[str] = set()

@@ -25,7 +25,7 @@ def open_store(url: str, *, create: bool = True, local_tier: str | None = None,
     store = open_backend(url, create=create, **options)
     if not local_tier:
         return store
-    from .disk import DiskStore
+    from .disk.store import DiskStore
     from .tiered import TieredStore
 
     try:

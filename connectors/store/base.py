@@ -34,7 +34,7 @@ backend:
                             ``read_entry`` then a validation pass
 ``supports_change_journal`` ``changes_since(cursor)`` names the identifiers put or deleted
                             since a cursor, in O(changes) (Redis: a stream; disk: per-writer
-                            segment files, ``disk_journal.py``; ``journal_complete``: every
+                            segment files, ``disk/journal.py``; ``journal_complete``: every
                             write is journaled atomically with it); default: "cannot tell"
                             (the caller re-checks what it holds with ``unchanged``)
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot

@@ -85,16 +85,16 @@ _REDIS_OPTIONS = (
 
 #: every backend, looked up by scheme
 BACKENDS: tuple[Backend, ...] = (
-    Backend("disk", ("", "file"), "disk", "DiskStore", (
+    Backend("disk", ("", "file"), "disk.store", "DiskStore", (
         Option("max_bytes", int, None, "capacity; writes past it evict (None: unbounded)"),
         Option("fsync", bool, True, "fsync each entry and its directory before it is visible"),
         Option("eviction", str, "lru", "what capacity eviction removes first: lru, fifo"),
         Option("load_mode", str, "auto", "how loads read files: auto, mmap, read"),
         Option("read_threads", int, 2, "threads reading one large entry in parallel"),
     ), local=True, creates=True),
-    Backend("redis", REDIS_SCHEMES, "redis", "RedisStore", _REDIS_OPTIONS,
+    Backend("redis", REDIS_SCHEMES, "redis.store", "RedisStore", _REDIS_OPTIONS,
             local=False),
-    Backend("redis-cluster", CLUSTER_SCHEMES, "redis_cluster",
+    Backend("redis-cluster", CLUSTER_SCHEMES, "redis.cluster",
             "RedisClusterStore", _REDIS_OPTIONS + (
                 Option("redirect_wait", float, None, "seconds writes and header reads wait "
                        "out a failover (default: the URL's ?redirect_wait=, else 10)"),

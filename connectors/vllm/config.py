@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from urllib.parse import parse_qsl, urlsplit
 
 from ..lookup.verified import parse_verify
-from ..store.disk import EVICTION_POLICIES, LOAD_MODES, READ_THREADS
+from ..store.disk.store import EVICTION_POLICIES, LOAD_MODES, READ_THREADS
 from ..store.registry import find_backend
 
 log = logging.getLogger("encache.connector")

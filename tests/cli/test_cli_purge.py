@@ -124,7 +124,7 @@ def test_nothing_to_purge(store):
 
 
 def test_long_plan_is_abbreviated_for_people(tmp_path):
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     s = DiskStore(tmp_path / "big")
     for i in range(40):
         put_entry(s, f"{i:064x}", 4, i)
@@ -193,7 +193,7 @@ def test_confirm_accepted_on_a_terminal(store):
 READER = r"""
 import sys, time
 from encache.connectors.store import CorruptEntry, decode
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 s = DiskStore(sys.argv[1], create=False)
 ids = sys.argv[2].split(",")
 whole = missing = bad = 0
@@ -223,7 +223,7 @@ print(f"{whole} {missing} {bad}", flush=True)
 
 
 def test_purge_is_safe_against_a_concurrent_reader(tmp_path):
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     s = DiskStore(tmp_path / "busy", fsync=False)
     ids = [f"{i:064x}" for i in range(150)]
     for i, ident in enumerate(ids):

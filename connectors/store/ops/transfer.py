@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .base import Store, StoreError
-from .files import NotAFile, open_untracked
-from .entry import CorruptEntry, decode, parse_header
-from .keys import split_lora
+from ..base import Store, StoreError
+from ..files import NotAFile, open_untracked
+from ..entry import CorruptEntry, decode, parse_header
+from ..keys import split_lora
 
 #: ``progress(identifier, outcome, nbytes)``; outcome is "copied", "skipped" or "failed"
 Progress = Callable[[str, str, int], None]

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .base import EntryInfo, Store
-from .keys import split_lora
-from .summary import Summary, summarize_entries
-from .units import format_age
+from ..base import EntryInfo, Store
+from ..keys import split_lora
+from ..summary import Summary, summarize_entries
+from ..units import format_age
 
 #: progress callbacks are called at most once per this many entries
 TICK_EVERY = 256
@@ -138,7 +138,7 @@ PARALLEL_MIN_ENTRIES = 20_000
 
 def _summarize_shard(args) -> Summary:
     url, options, identifiers, flt = args
-    from . import open_store  # the package face (a worker process opens its own)
+    from .. import open_store  # the package face (a worker process opens its own)
 
     s = Summary()
     with open_store(url, create=False, **options) as store:

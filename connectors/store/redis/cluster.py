@@ -80,11 +80,11 @@ from redis.crc import key_slot as hashed_slot  # (Redis's own: a key's hash tag 
 from redis.exceptions import (AskError, ClusterDownError, ConnectionError as RedisConnectionError,
                               MovedError, NoScriptError, SlotNotCoveredError, TryAgainError)
 
-from .base import Store, StoreError, StoreInfo
-from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
-from .redis_cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
-from .redis_errors import ERRORS
-from .url import CLUSTER_SCHEMES, redact
+from ..base import Store, StoreError, StoreInfo
+from .store import RedisStore, _dec, _enc, _glob_escape, _wrapped
+from .cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
+from .errors import ERRORS
+from ..url import CLUSTER_SCHEMES, redact
 
 log = logging.getLogger(__name__)
 _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,

@@ -75,16 +75,16 @@ import redis as _redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
-from .base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
-from .entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
-from .keys import validate
-from .redis_errors import ERRORS, ConnectionRetry, describe_error
-from .redis_lock import RedisLock
-from .redis_receive import Unreadable, receive_verified
-from .removals import LIMIT as REMOVALS_LIMIT, REASONS
-from .removals import note_failure as note_removal_failure
-from .redis_memory import memory_info, memory_warnings
-from .url import REDIS_SCHEMES, redact
+from ..base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
+from ..entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
+from ..keys import validate
+from .errors import ERRORS, ConnectionRetry, describe_error
+from .lock import RedisLock
+from .receive import Unreadable, receive_verified
+from ..removals import LIMIT as REMOVALS_LIMIT, REASONS
+from ..removals import note_failure as note_removal_failure
+from .memory import memory_info, memory_warnings
+from ..url import REDIS_SCHEMES, redact
 
 log = logging.getLogger(__name__)
 
@@ -547,7 +547,7 @@ class RedisStore(Store):
         """One ``HMGET`` of the entries' meta rows per side-key group (one round trip on
         a single server): each row's header is compared with the held one. An entry
         without a meta row is checked with :meth:`stat`."""
-        from .entry import parse_header, same_version
+        from ..entry import parse_header, same_version
         idents = [_enc(i) for i, _, _ in entries]
         out: list[bool] = [False] * len(entries)
         pipe = self._r.pipeline(transaction=False)

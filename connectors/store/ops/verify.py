@@ -4,7 +4,7 @@ The job behind ``encache verify [--repair]``, as library code (like diskcache's
 ``Cache.check(fix=)`` or huggingface_hub's ``verify_repo_checksums``)::
 
     from encache.connectors.store import open_store
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
 
     with open_store("/data/encache", create=False) as st:
         report = verify_store(st, model="llava-hf/llava-1.5-7b-hf", repair=True)
@@ -36,11 +36,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .base import EntryInfo, Store
-from .entry import NEWER_FORMAT, CorruptEntry, NewerFormat, decode
-from .keys import InvalidIdentifier, split_lora, validate
+from ..base import EntryInfo, Store
+from ..entry import NEWER_FORMAT, CorruptEntry, NewerFormat, decode
+from ..keys import InvalidIdentifier, split_lora, validate
 from .plan import DeletePlan, PlanResult, build_repair_plan, execute
-from .units import batched
+from ..units import batched
 from .scanning import parts_dicts
 
 DEFAULT_GRACE = 3600.0  # temp files younger than this are not strays (nor any a writer holds)
@@ -125,8 +125,8 @@ def check_entry(store: Store, e: EntryInfo, model: str | None = None, *,
     except CorruptEntry as err:
         return [Finding(ident, "problem", err.reason, err.detail, len(blob))], None, False
     if log is not None and st is not None and meta.checksum is not None:
-        from .files import ServedVersion
-        from .verified_log import record_key
+        from ..files import ServedVersion
+        from ..verified_log import record_key
         log.append(record_key(ident, ServedVersion.of(st)), st.st_ctime_ns)
     if e.error is not None and e.error != NEWER_FORMAT:  # the scan saw what the read did not
         out.append(Finding(ident, "problem", e.error, "reported by the store's scan", len(blob)))
@@ -166,7 +166,7 @@ def read_untracked_with_stat(store: Store, identifier: str):
     or the store has no entry files."""
     if not store.supports_entry_path:
         return store.get(identifier), None
-    from .files import NotAFile, open_untracked
+    from ..files import NotAFile, open_untracked
 
     try:
         fd = open_untracked(store.entry_path(identifier))
