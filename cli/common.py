@@ -51,7 +51,7 @@ def display_url(url: str, store=None) -> str:
 
 
 def make_filter(*, lora=None, model=None, older_than=None):
-    from encache.connectors.store.scanning import EntryFilter
+    from encache.connectors.store.ops.scanning import EntryFilter
 
     return EntryFilter(lora=lora, model=model, older_than=older_than)
 

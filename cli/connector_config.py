@@ -24,8 +24,8 @@ ROLES = ("ec_consumer", "ec_producer", "ec_both")
 def build_config(store: str, role: str, extra: dict | None = None) -> dict:
     if role not in ROLES:
         raise EncacheError(f"--role must be one of {', '.join(ROLES)}", EXIT_USAGE)
-    from ..connectors.store.url import is_redis_url
-    if not is_redis_url(store) and not store.startswith("file://"):
+    from ..connectors.store import names_local_path
+    if names_local_path(store) and not store.startswith("file://"):
         import os
         store = os.path.abspath(os.path.expanduser(store))
     return {
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
             if local_tier_max_bytes is not None:
                 extra["local_tier_max_bytes"] = local_tier_max_bytes
         if load_mode is not None:
-            from ..connectors.store.disk import LOAD_MODES
+            from ..connectors.store.disk.store import LOAD_MODES
             if load_mode not in LOAD_MODES:
                 raise EncacheError(f"--load-mode must be one of {', '.join(LOAD_MODES)}", EXIT_USAGE)
             extra["load_mode"] = load_mode

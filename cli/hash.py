@@ -141,7 +141,7 @@ def render_table(records: list[dict], *, model: str, lora: str | None, hash_algo
                  media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
                  store_url: str | None, request_media_io_kwargs: dict | None = None) -> None:
     from encache.cli.render import emit, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     inputs = [
         ("Model id", repr(model) + "  (hashed exactly as given to `vllm serve --model`)"),

@@ -67,7 +67,7 @@ def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
     """The entries to show, filtered and sorted (EntryInfo objects); the command cuts
     them to ``--limit`` itself, to say how many matched. ``unreachable``: a list for the
     parts of the store that did not answer (then the others' entries are listed)."""
-    from encache.connectors.store.scanning import scan
+    from encache.connectors.store.ops.scanning import scan
 
     entries = list(scan(store, flt if flt is not None and flt.active else None, progress,
                         unreachable))
@@ -162,7 +162,7 @@ def render_table(url: str, entries: list, filtered: str, found: int | None = Non
     import time
 
     from encache.cli.render import human_ago, note, or_dash, print_table, shape_str
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     if not entries:
         note(f"No entries ({filtered}) in {url}.")
@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
         """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
         from encache.cli.common import display_url, make_filter, no_gc, opened, usage
         from encache.cli.render import partial_exit, progress
-        from encache.connectors.store.scanning import parts_dicts
+        from encache.connectors.store.ops.scanning import parts_dicts
 
         if quiet and json_:  # two output formats: which one was meant is a guess
             raise usage("-q and --json cannot be combined",

@@ -33,14 +33,14 @@ def _usage_error_on_value_error(parse, value: str):
 
 def parse_age(value: str) -> float:
     """Typer ``parser=`` for AGE options (``90s``, ``12h``, ``7d``…)."""
-    from encache.connectors.store.scanning import parse_age
+    from encache.connectors.store.units import parse_age
 
     return _usage_error_on_value_error(parse_age, value)
 
 
 def parse_size(value: str) -> int:
     """Typer ``parser=`` for SIZE options (``500M``, ``50G``…)."""
-    from encache.connectors.store.scanning import parse_size
+    from encache.connectors.store.units import parse_size
 
     return _usage_error_on_value_error(parse_size, value)
 

@@ -34,7 +34,7 @@ def render_plan(plan, rows: int = SHOW_ROWS) -> None:
     import time
 
     from encache.cli.render import emit, human_ago, or_dash, print_table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     if not plan.items:
         return
@@ -49,7 +49,7 @@ def render_plan(plan, rows: int = SHOW_ROWS) -> None:
 
 
 def plan_line(plan, dry_run: bool) -> str:
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     verb = "Would delete" if dry_run else "Will delete"
     return (f"{verb} {plan.entries:,} entries ({plan.selection}) from {plan.store}, "
@@ -110,8 +110,9 @@ def register(app: typer.Typer) -> None:
         from encache.connectors.store.removals import OLDER_THAN
         from encache.cli.render import (confirm, emit, emit_json, note, partial_exit,
                                         partial_note, progress)
-        from encache.connectors.store.scanning import human_bytes, parts_dicts
-        from encache.connectors.store.plan import build_purge_plan, execute
+        from encache.connectors.store.units import human_bytes
+        from encache.connectors.store.ops.scanning import parts_dicts
+        from encache.connectors.store.ops.plan import build_purge_plan, execute
 
         flt = make_filter(lora=lora, model=model, older_than=older_than)
         if stale and not lora:
@@ -133,7 +134,7 @@ def register(app: typer.Typer) -> None:
             url = display_url(store, st)
             with progress("Planning", quiet=quiet or json_) as tick, no_gc():
                 if stale:
-                    from encache.connectors.store.plan import build_stale_lora_plan
+                    from encache.connectors.store.ops.plan import build_stale_lora_plan
                     plan = build_stale_lora_plan(st, flt, display_url=url, current=current,
                                                  progress=tick)
                 else:

@@ -122,7 +122,7 @@ def confirm(question: str, *, refusal: str, declined: str, hint: str | None = No
         raise errors.EncacheError(declined, errors.EXIT_ABORTED)
 
 
-# -- human formats (bytes: encache.connectors.store.scanning.human_bytes) ----------------
+# -- human formats (bytes: encache.connectors.store.units.human_bytes) -------------------
 
 def human_ago(t: float | None, now: float | None = None) -> str:
     """``1.7e9`` -> ``"3d ago"`` (``"-"`` when unknown)."""

@@ -14,7 +14,7 @@ def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
     """``{"store", "bytes", "unreachable"[, "entries", "by", "groups"]}`` (raw bytes;
     ``unreachable``: parts of the store that did not answer, the figures being the
     others')."""
-    from encache.connectors.store.scanning import parts_dicts, summarize
+    from encache.connectors.store.ops.scanning import parts_dicts, summarize
 
     if by is None:
         if store.supports_used_bytes:  # disk: file sizes only, no header read
@@ -35,7 +35,7 @@ def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
 
 def render(data: dict, human: bool) -> None:
     from encache.cli.render import emit, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     fmt = human_bytes if human else str
     if "groups" not in data:

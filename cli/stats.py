@@ -54,7 +54,7 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
     figures are the other parts'; counters kept on such a part are ``counters_unavailable``
     (why) and read as zero."""
     from encache.connectors.store import StoreError
-    from encache.connectors.store.scanning import parts_dicts, summarize
+    from encache.connectors.store.ops.scanning import parts_dicts, summarize
 
     unreachable: list = []
     summary = summarize(store, url=open_url, workers=workers, progress=progress,
@@ -164,7 +164,7 @@ _BYTES_KEYS = ("used_memory", "maxmemory")
 
 def backend_rows(info: dict) -> list[tuple[str, str]]:
     """Backend specifics (filesystem free space; Redis memory, policy, warnings…)."""
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     rows = []
     for key, value in info.items():
@@ -195,7 +195,7 @@ def _reasons(s: dict) -> str:
 
 def _node_row(node: dict) -> str:
     """One cluster primary: ``host:port  used / maxmemory (policy), N keys, R replicas``."""
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     def b(v):
         return "-" if v is None else human_bytes(int(v))
@@ -210,7 +210,7 @@ def _node_row(node: dict) -> str:
 def render_table(s: dict) -> None:
     from encache.cli.render import (human_ago, human_duration, human_pct, human_time, or_dash,
                                     print_renderables, table)
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     used = human_bytes(s["bytes"])
     if s["max_bytes"]:
@@ -333,7 +333,7 @@ def register(app: typer.Typer) -> None:
         hits / misses / load times recorded by serving engines."""
         from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, note, partial_exit, progress
-        from encache.connectors.store.scanning import default_workers
+        from encache.connectors.store.ops.scanning import default_workers
 
         with opened(store) as st, no_gc():
             url = display_url(store, st)

@@ -25,13 +25,13 @@ import typer
 from encache.cli.options import MAX_JOBS, JsonOpt, ModelOpt, StoreOpt, parse_age
 
 if TYPE_CHECKING:  # the job is library code, loaded on first use (``--help`` imports none)
-    from encache.connectors.store.verify import Finding, VerifyReport
+    from encache.connectors.store.ops.verify import Finding, VerifyReport
 
 # -- rendering -----------------------------------------------------------------------
 
 def render_table(rep: VerifyReport, repair: dict | None) -> None:
     from encache.cli.render import emit, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     items = []
     if rep.problems:
@@ -110,8 +110,8 @@ def register(app: typer.Typer) -> None:
         from encache.connectors import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, partial_exit, partial_note, progress
-        from encache.connectors.store.scanning import parts_dicts
-        from encache.connectors.store.verify import (DEFAULT_GRACE, repair_plan, repair_store,
+        from encache.connectors.store.ops.scanning import parts_dicts
+        from encache.connectors.store.ops.verify import (DEFAULT_GRACE, repair_plan, repair_store,
                                                      verify_store)
 
         with opened(store) as st:

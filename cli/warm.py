@@ -56,7 +56,7 @@ SHOW_FAILURES = 20
 
 def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> None:
     from encache.cli.render import emit, emit_json, human_duration, print_renderables, table
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
 
     if as_json:
         emit_json(summary.to_dict())
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
         """Promote entries from a disk store into Redis (--from), fill this node's local
         tier from the shared store (--local-tier DIR), or read a disk store into the OS
         page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
-        from encache.connectors.store.transfer import TransferAborted
+        from encache.connectors.store.ops.transfer import TransferAborted
         from encache.jobs.precompute import parse_engine_args
 
         engine_args = parse_engine_args(engine_arg or []) if engine_arg else None
@@ -184,7 +184,7 @@ def register(app: typer.Typer) -> None:
             hint = ("Some images have no entry in the source: add --compute-missing to "
                     "encode them.")
         if summary.evicted:
-            from encache.connectors.store.scanning import human_bytes
+            from encache.connectors.store.units import human_bytes
             cap = f" ({human_bytes(summary.capacity)})" if summary.capacity else ""
             hint = ((hint + "\n") if hint else "") + (
                 f"{summary.evicted:,} of the entries copied were evicted again by later ones: "

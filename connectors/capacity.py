@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .store.scanning import human_bytes
+from .store.units import human_bytes
 from .store.throttle import ScanThrottle
 
 __all__ = ["OVER_CAPACITY", "mean_entry_bytes", "capacity_note", "RoomBudget"]

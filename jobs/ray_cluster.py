@@ -140,14 +140,14 @@ def node_problems(store_url: str, token: str, corpus_file: str | None,
     """What this node sees differently from the driver: the store's marker note (a disk
     store's path, or the Redis behind the URL) and the corpus's first file."""
     from ..connectors.store import open_store
-    from ..connectors.store.url import is_redis_url
+    from ..connectors.store import names_local_path
 
     problems = []
     try:
         try:
             store = open_store(store_url, create=False)
         except Exception:
-            if is_redis_url(store_url):
+            if not names_local_path(store_url):
                 raise
             store = None  # no store at this path on this node
         try:
@@ -155,7 +155,7 @@ def node_problems(store_url: str, token: str, corpus_file: str | None,
         finally:
             if store is not None:
                 store.close()
-        if seen != token and not is_redis_url(store_url):
+        if seen != token and names_local_path(store_url):
             problems.append(f"the store {store_url} is not the driver's store there "
                             "(use a path every node sees, or a Redis URL)")
         elif seen != token:

@@ -161,9 +161,9 @@ def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: Warm
     optionally one ``lora``); every entry is verified on the way, entries ``dst`` has are
     skipped unless ``overwrite``. ``paths`` (identifier -> media file) names the file in
     failures. A store failing mid-copy raises
-    :class:`~.store.transfer.TransferAborted` with the partial work in ``summary`` (also
+    :class:`~.store.ops.transfer.TransferAborted` with the partial work in ``summary`` (also
     attached to the exception as ``summary``)."""
-    from ..connectors.store.transfer import TransferAborted, copy_entries
+    from ..connectors.store.ops.transfer import TransferAborted, copy_entries
 
     paths = paths or {}
     done = 0
@@ -221,7 +221,7 @@ def read_into_page_cache(store: Store, identifiers: list[str] | None, summary: W
     """Read a disk store's entry files into the OS page cache (without marking them as
     used), into ``summary``; an identifier asked for without an entry file is a
     ``missing`` failure."""
-    from ..connectors.store.transfer import warm_page_cache
+    from ..connectors.store.ops.transfer import warm_page_cache
 
     paths = paths or {}
     read: set[str] = set()
@@ -260,6 +260,15 @@ def _display_url(url: str, store=None) -> str:
     if store is not None and store.supports_entry_path:
         return str(store.url)
     return redact(url)
+
+
+def _elsewhere(url: str) -> bool:
+    """``url`` names a store a backend serves away from this node's disk (Redis, a
+    process's memory); a URL no backend serves is left to the opening to reject."""
+    from ..connectors.store.registry import find_backend
+
+    backend = find_backend(url)
+    return backend is not None and not backend.local
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -339,7 +348,7 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
     ``store_url`` (any kind) into that directory, a node's local tier holding at most
     ``local_tier_max_bytes``."""
     from ..connectors.store.keys import InvalidIdentifier, validate
-    from ..connectors.store.url import is_redis_url
+    from ..connectors.store import names_local_path
 
     progress = progress or _no_progress
     images = list(images or [])
@@ -353,17 +362,17 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
         if compute:
             raise _usage("--compute-missing writes into the shared store: run it without "
                          "--local-tier first")
-        if is_redis_url(local_tier) or "://" in local_tier:
+        if "://" in local_tier or not names_local_path(local_tier):
             raise _usage(f"--local-tier must be a directory on this node, not {local_tier}")
         if _same_path(local_tier, store_url):
             raise _usage(f"--local-tier is the shared store itself ({local_tier})")
-    elif source_url is not None and is_redis_url(source_url):
+    elif source_url is not None and _elsewhere(source_url):
         raise _usage(f"--from must be a disk store (a directory or file://PATH), "
                      f"not {_display_url(source_url)}",
                      hint="warm promotes a disk store into --store")
-    if source_url is None and not local_tier and is_redis_url(store_url):
+    if source_url is None and not local_tier and _elsewhere(store_url):
         raise _usage(f"without --from, warm reads a disk store into the page cache; "
-                     f"{_display_url(store_url)} is Redis",
+                     f"{_display_url(store_url)} is not a directory on this node",
                      hint="give --from DISK_STORE to promote entries into it")
     if images and not model:
         raise _usage("IMAGE arguments need --model MODEL to compute their identifiers",

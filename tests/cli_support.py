@@ -14,7 +14,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from encache.cli.app import app
-from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from encache.connectors.store.disk.store import ENTRY_FILE, DiskStore
 from entries import put_entry, rewrite_header
 from store_contract import blob
 

@@ -510,7 +510,8 @@ class StoreContract:
         assert store.get_note("job-marker") is None
 
     def test_summary_if_unchanged_is_none_or_a_full_scan(self, store):
-        from encache.connectors.store.scanning import scan, summarize_entries
+        from encache.connectors.store.summary import summarize_entries
+        from encache.connectors.store.ops.scanning import scan
         for i in ("s1", "s2", "s3"):
             store.put(i, blob(i, n=32))
         full = summarize_entries(scan(store))

@@ -84,7 +84,7 @@ import numpy as np
 logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
 import encache
 from encache.connectors.store import encode, read_ahead
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.lookup import EntryLookup
 assert not read_ahead.BUILT and read_ahead.HELPERS == 0, "the extension is not there"
 assert encache.__path__[0].startswith(sys.argv[2]), encache.__path__

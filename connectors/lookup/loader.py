@@ -47,7 +47,7 @@ log = logging.getLogger("encache.lookup")
 INLINE_VERIFY_MAX = 1 << 20  # larger unverified entries are checked in the background
 PREFAULT_AFTER_S = 10.0  # a verified mapping not loaded for this long gets readahead
 VERIFY_AHEAD_MAX = 1024  # per index refresh; the rest is verified on first load
-#: start-up verify-ahead budget: the store's budget of kept mappings (recent.py), so what is
+#: start-up verify-ahead budget: the store's budget of kept mappings (disk/recent.py), so what is
 #: verified at start can still be mapped when its first request comes soon after
 VERIFY_AHEAD_START_BYTES = 2 << 30
 DEFER = object()  # load(inline=True): too big to do in the caller's thread

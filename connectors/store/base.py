@@ -34,7 +34,7 @@ backend:
                             ``read_entry`` then a validation pass
 ``supports_change_journal`` ``changes_since(cursor)`` names the identifiers put or deleted
                             since a cursor, in O(changes) (Redis: a stream; disk: per-writer
-                            segment files, ``disk_journal.py``; ``journal_complete``: every
+                            segment files, ``disk/journal.py``; ``journal_complete``: every
                             write is journaled atomically with it); default: "cannot tell"
                             (the caller re-checks what it holds with ``unchanged``)
 ``supports_verified_log``   ``verified_log()`` keeps the entry versions checksummed this boot
@@ -454,7 +454,7 @@ class Store(ABC):
         return []
 
     def summary_if_unchanged(self, stat_entries: bool = True):
-        """The store's :class:`~.scanning.Summary` without reading any header, when the
+        """The store's :class:`~.summary.Summary` without reading any header, when the
         backend keeps an index it can prove current (disk: a summary kept under the
         store's generation, in O(1); else, with ``stat_entries``, the header index
         checked with a ``stat`` per entry); None when it cannot (then the caller

@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from .base import JOURNAL_FULL_CHECK_S, EntryInfo, Store, StoreError, StoreInfo
-from .disk import DiskStore
+from .disk.store import DiskStore
 from .entry import CorruptEntry, NewerFormat
 from .files import ServedVersion
 from .throttle import ScanThrottle

@@ -1,19 +1,15 @@
-"""Store URLs: which backend a URL names (``PATH`` / ``file://PATH``: disk; ``redis://``,
-``rediss://`` (TLS), ``unix://``: Redis; ``redis+cluster://host:port[,host:port…]``,
-``rediss+cluster://``: Redis Cluster), and passwords redacted for display. A leaf: the
-backends import it; :func:`encache.connectors.store.open_store` opens a URL."""
+"""Store URLs: the Redis backends' schemes (``redis://``, ``rediss://`` (TLS),
+``unix://``: Redis; ``redis+cluster://host:port[,host:port…]``, ``rediss+cluster://``:
+Redis Cluster), and passwords redacted for display. A leaf: the backends and the
+registry (:mod:`.registry`, which backend serves a URL) import it."""
 
 from __future__ import annotations
 
 import re
 from urllib.parse import urlsplit
 
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-REDIS_SCHEMES = ("redis", "rediss", "unix") + CLUSTER_SCHEMES
-
-
-def is_redis_url(url: str) -> bool:
-    return urlsplit(url).scheme in REDIS_SCHEMES
 
 
 def redact(url: str) -> str:

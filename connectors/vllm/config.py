@@ -17,8 +17,8 @@ from dataclasses import dataclass, fields
 from urllib.parse import parse_qsl, urlsplit
 
 from ..lookup.verified import parse_verify
-from ..store.disk import EVICTION_POLICIES, LOAD_MODES, READ_THREADS
-from ..store.url import CLUSTER_SCHEMES
+from ..store.disk.store import EVICTION_POLICIES, LOAD_MODES, READ_THREADS
+from ..store.registry import find_backend
 
 log = logging.getLogger("encache.connector")
 
@@ -107,7 +107,7 @@ class ConnectorConfig:
             if value is None and key in _OPTIONAL:
                 continue
             if isinstance(value, str):  # "50G" as well as a number
-                from ..store.scanning import parse_size
+                from ..store.units import parse_size
                 try:
                     value = parse_size(value)
                 except ValueError:
@@ -185,8 +185,9 @@ class ConnectorConfig:
                         local_tier_fsync=not parse_verify(self.verify)[0])
         if self.prefix is not None:
             opts["prefix"] = self.prefix
-        url = urlsplit(self.store or "")
-        if url.scheme in CLUSTER_SCHEMES and "redirect_wait" not in dict(parse_qsl(url.query)):
+        url, backend = urlsplit(self.store or ""), find_backend(self.store or "")
+        if (backend is not None and "redirect_wait" in backend.option_names
+                and "redirect_wait" not in dict(parse_qsl(url.query))):
             opts["redirect_wait"] = self.redirect_wait  # (the URL's own value wins)
         return {k: v for k, v in opts.items() if v is not None}
 

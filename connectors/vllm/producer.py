@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..store.redis_cluster import REDIRECT_WAIT_S
+from ..store.redis.cluster import REDIRECT_WAIT_S
 from . import CONNECTOR_MODULE
 
 log = logging.getLogger("encache.producer")

@@ -103,7 +103,7 @@ class EncacheWorkerConnector:
         return self._copier
 
     def _mmap_min(self) -> int:
-        from ..store.disk import MMAP_MIN_BYTES
+        from ..store.disk.store import MMAP_MIN_BYTES
         return MMAP_MIN_BYTES
 
     def _target_device(self) -> torch.device:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ...connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
-from ...connectors.store.scanning import batched
+from ...connectors.store.units import batched
 from .identify import classify
 from .options import PrecomputeOptions, Summary
 
@@ -78,11 +78,11 @@ def media_item(ident: str, f, decode=None) -> tuple[tuple | None, str | None]:
 
 
 def engine_store_url(options: PrecomputeOptions, store) -> str:
-    """The URL the engine's connector opens: the real one for Redis (``store.url`` is
-    redacted for display and would fail AUTH), the absolute path for a disk store."""
-    from ...connectors.store.url import is_redis_url
+    """The URL the engine's connector opens: the absolute path for a store in a directory
+    here, else the real URL (``store.url`` is redacted for display and would fail AUTH)."""
+    from ...connectors.store import names_local_path
 
-    return options.store if is_redis_url(options.store) else str(store.url)
+    return str(store.url) if names_local_path(options.store) else options.store
 
 
 def _reason(e: BaseException) -> str:

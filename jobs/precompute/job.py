@@ -213,7 +213,7 @@ def precompute_corpus(corpus: str, options: PrecomputeOptions, *, shard: str | N
     file's identifier so unchanged files are not read again; ``prune_missing`` deletes
     entries whose files left the corpus; ``dry_run`` identifies and counts only."""
     from ...connectors.corpus import Manifest, walk
-    from ...connectors.store.transfer import shard_of
+    from ...connectors.store.ops.transfer import shard_of
 
     shard_spec = validate_args(corpus, options.batch, options.lora, options.lora_path, shard)
     options.check()

@@ -212,7 +212,7 @@ def check_common(batch: int, lora: str | None, lora_path: str | None) -> None:
 def validate_args(corpus: str, batch: int, lora: str | None, lora_path: str | None,
                   shard: str | None) -> tuple[int, int] | None:
     """Usage checks of a corpus run, before any work starts; returns the parsed shard."""
-    from ...connectors.store.transfer import parse_shard
+    from ...connectors.store.ops.transfer import parse_shard
 
     if not os.path.exists(corpus):
         raise EncacheError(f"corpus not found: {corpus}", EXIT_USAGE)

@@ -56,7 +56,7 @@ def default_store(n: int) -> Path:
 
 def build_store(root: Path, n: int) -> dict:
     """``n`` entries: 90 % base-model, 10 % LoRA, two models, 1 % legacy, 30 days of ages."""
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import encode_parts, parse_header
 
     marker = root / ".encache" / "bench.json"

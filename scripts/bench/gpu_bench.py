@@ -70,7 +70,7 @@ def build_entries(root: Path, shape, n: int, tag: str):
     from safetensors.torch import save_file
 
     from encache.connectors.store import encode
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
 
     store = DiskStore(root / "encache", fsync=False)
     st_dir = root / "safetensors"
@@ -100,7 +100,7 @@ def measure_loads(root: Path, device: torch.device, rounds: int, scale: float, l
 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store import read_ahead
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.vllm.device_copy import DeviceCopier, HostStaging
     from encache.connectors.vllm.loads import LoadItem
 

@@ -48,7 +48,7 @@ VARIANTS = ("wake", "poll")
 PRODUCER = r"""
 import os, sys, time
 import numpy as np
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.writer import EntryWriter
 
 def say(*words):  # one write per line: atomic on a pipe, whichever thread says it
@@ -90,7 +90,7 @@ def run(entries: int = 30, out: str = "handoff", tmpdir: str | None = None) -> d
 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store.base import Store
-    from encache.connectors.store.disk import IN_FLIGHT_WATCHED_S, DiskStore
+    from encache.connectors.store.disk.store import IN_FLIGHT_WATCHED_S, DiskStore
 
     class PollingStore(DiskStore):
         """The store default's wait between looks: a sleep of IN_FLIGHT_POLL_S."""

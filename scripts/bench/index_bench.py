@@ -38,7 +38,7 @@ WRITER = """
 import sys, time
 import numpy as np
 from encache.connectors.store import encode
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 store = DiskStore(sys.argv[1], fsync=False)
 rate, seconds = float(sys.argv[2]), float(sys.argv[3])
 arr = np.zeros((16, 64), dtype=np.float16)
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     from cli_bench import build_store, default_store
     from serving_common import code_state
 
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
 
     path = args.store or default_store(args.entries)
     print(f"building / reusing {path} ({args.entries:,} entries)", file=sys.stderr)

@@ -163,7 +163,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
 
     from encache.connectors.lookup import EntryLookup, State
     from encache.connectors.store import read_ahead
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import (FILE_CHUNK, STREAM_CHUNK, encode_parts,
                                                 read_verified)
     from encache.connectors.store.files import uninitialized

@@ -88,10 +88,10 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "serving_load", plot: b
     from safetensors.torch import load_file, save_file
 
     from encache.connectors.lookup import EntryLookup
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import checksum as entry_checksum
     from encache.connectors.store.entry import encode_parts, parse_header
-    from encache.connectors.store.redis import RedisStore
+    from encache.connectors.store.redis.store import RedisStore
     from encache.connectors.store.base import Store
     from encache.connectors.vllm.loads import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector

@@ -61,9 +61,9 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "tier", plot: bool = Tr
 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store import open_store
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import encode_parts
-    from encache.connectors.store.redis import RedisStore
+    from encache.connectors.store.redis.store import RedisStore
     from encache.connectors.vllm.loads import LoadItem
     from encache.connectors.vllm.worker import EncacheWorkerConnector
 

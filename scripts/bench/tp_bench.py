@@ -110,7 +110,7 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
     from encache.connectors.lookup import EntryLookup
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import encode_parts
     from encache.connectors.store.memfd import shared_buffer
 

@@ -62,7 +62,7 @@ def run(rounds: int = 9, target_mb: int = 48, out: str = "write", plot: bool = T
     import torch
     from vllm.distributed.ec_transfer.ec_connector.example_connector import ECExampleConnector
 
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.store.entry import encode_parts
     from encache.connectors.store.files import preallocate
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from encache.connectors import errors
 from encache.cli.app import DEBUG_HINT, guard
 from encache.connectors.store import StoreError
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke, one_line_error, populated
 
 COMMANDS = ("list", "stats", "size", "verify", "purge", "hash")

@@ -22,8 +22,9 @@ import pytest
 
 from cli_support import H, invoke, populated
 from encache.connectors.lookup import EntryLookup
-from encache.connectors.store import header_index, open_store
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store import open_store
+from encache.connectors.store.disk import header_index
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.tiered import STATE_NOTE
 from entries import put_entry
 
@@ -82,7 +83,7 @@ def test_a_config_without_a_positive_limit_sets_none_and_evicts_nothing(tmp_path
 
 CHILD = r"""
 import sys, time
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.lookup import EntryLookup
 lk = EntryLookup(DiskStore(sys.argv[1]), index_refresh_s=3600, counters_flush_s=3600)
 lk.count("hits", 3)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from encache.connectors import errors
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke
 from entries import put_entry
 

@@ -98,7 +98,7 @@ def test_usage_errors(store):
 
 
 def test_empty_store(tmp_path):
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     DiskStore(tmp_path / "e")
     r = invoke("list", "-s", tmp_path / "e")
     assert r.exit_code == 0 and r.stdout == "" and "No entries" in r.stderr
@@ -129,7 +129,7 @@ def test_missing_store(tmp_path):
 
 def test_huge_listing_is_plain_aligned_text(tmp_path):
     from encache.cli.render import RICH_MAX_ROWS
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from entries import put_entry
     s = DiskStore(tmp_path / "big", fsync=False)
     n = RICH_MAX_ROWS + 50

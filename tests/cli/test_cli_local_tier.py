@@ -12,7 +12,7 @@ import pytest
 
 from cli_support import invoke
 from encache.connectors.store import open_store
-from encache.connectors.store.redis import RedisStore
+from encache.connectors.store.redis.store import RedisStore
 from entries import put_entry
 
 pytestmark = pytest.mark.redis

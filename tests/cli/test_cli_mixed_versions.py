@@ -27,7 +27,7 @@ from blake3 import blake3
 
 from encache.connectors import errors
 from encache.connectors.store import NewerFormat, open_store
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke
 from entries import rewrite_header
 
@@ -339,7 +339,7 @@ def test_a_header_index_of_an_encache_that_reads_other_formats_is_rebuilt(tmp_pa
     """The disk store's header index caches each entry's verdict; one written by an
     encache that reads other formats (an older one: ``newer-format`` for an entry this
     build reads) is not used, so an upgrade never serves an old verdict."""
-    from encache.connectors.store import header_index
+    from encache.connectors.store.disk import header_index
     store = DiskStore(tmp_path / "s")
     write_fleet(store)
     monkeypatch.setattr(header_index, "READS", [["1", "2"], ["xxh3_256x1m"]])

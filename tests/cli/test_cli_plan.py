@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.plan import build_purge_plan, build_repair_plan, execute
-from encache.connectors.store.scanning import EntryFilter, format_age, parse_age, parse_size
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.ops.plan import build_purge_plan, build_repair_plan, execute
+from encache.connectors.store.units import format_age, parse_age, parse_size
+from encache.connectors.store.ops.scanning import EntryFilter
 from cli_support import ALL_IDS, H, file_sizes, populated
 
 

@@ -38,7 +38,7 @@ def test_dry_run_shows_plan_and_bytes_and_deletes_nothing(store):
     for ident in planned:
         assert ident in r.stdout
     assert "Would delete 3 entries" in r.stdout
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
     assert human_bytes(sum(sizes[i] for i in planned)) in r.stdout
     assert remaining(store) == ALL_IDS
 
@@ -70,7 +70,7 @@ def test_yes_deletes_lora_by_prefix_and_metadata(store):
     assert r.exit_code == 0, r.output
     gone = {"ad1:" + H[3], "ad1:" + H[4], H[6]}
     assert remaining(store) == ALL_IDS - gone
-    from encache.connectors.store.scanning import human_bytes
+    from encache.connectors.store.units import human_bytes
     assert f"Deleted 3 entries, freed {human_bytes(sum(sizes[i] for i in gone))}" in r.stdout
     assert not any((store.root / i).exists() for i in gone)  # directories tidied too
 
@@ -124,7 +124,7 @@ def test_nothing_to_purge(store):
 
 
 def test_long_plan_is_abbreviated_for_people(tmp_path):
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     s = DiskStore(tmp_path / "big")
     for i in range(40):
         put_entry(s, f"{i:064x}", 4, i)
@@ -193,7 +193,7 @@ def test_confirm_accepted_on_a_terminal(store):
 READER = r"""
 import sys, time
 from encache.connectors.store import CorruptEntry, decode
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 s = DiskStore(sys.argv[1], create=False)
 ids = sys.argv[2].split(",")
 whole = missing = bad = 0
@@ -223,7 +223,7 @@ print(f"{whole} {missing} {bad}", flush=True)
 
 
 def test_purge_is_safe_against_a_concurrent_reader(tmp_path):
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     s = DiskStore(tmp_path / "busy", fsync=False)
     ids = [f"{i:064x}" for i in range(150)]
     for i, ident in enumerate(ids):

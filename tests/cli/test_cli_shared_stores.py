@@ -19,7 +19,7 @@ import pytest
 
 from encache.connectors import errors
 from encache.connectors.store import decode, open_store
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from redis_fixture import free_port
 from cli_support import H, invoke, one_line_error
 from entries import put_entry

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from encache.connectors import errors
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.scanning import EntryFilter, summarize
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.ops.scanning import EntryFilter, summarize
 from cli_support import H, file_sizes, invoke, one_line_error
 from entries import put_entry
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from encache.connectors import errors
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from cli_support import H, file_sizes, invoke, one_line_error, populated, rewrite_header
 from entries import put_entry
 
@@ -195,7 +195,7 @@ def test_repair_that_cannot_finish_exits_partial(clean):
 
 def test_repair_leaves_an_entry_rewritten_since_the_check(clean):
     """The repair re-checks each entry just before removing it."""
-    from encache.connectors.store.verify import still_bad
+    from encache.connectors.store.ops.verify import still_bad
     _damage(clean)
     check = still_bad(clean, None)
     assert check(H[0]) is True
@@ -205,7 +205,7 @@ def test_repair_leaves_an_entry_rewritten_since_the_check(clean):
 
 def test_verify_reads_do_not_count_as_a_use(clean):
     """Reading whole entries must not refresh their access time (LRU clock, --older-than)."""
-    from encache.connectors.store.verify import read_untracked
+    from encache.connectors.store.ops.verify import read_untracked
     old = time.time() - 5 * 86400
     p = clean.entry_path(H[0])
     os.utime(p, (old, old))

@@ -13,7 +13,7 @@ import pytest
 import engine_support  # noqa: F401  (puts scripts/ on sys.path for make_demo_corpus)
 from encache.connectors import errors
 from encache.connectors.store import decode, open_store
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke, one_line_error
 from entries import put_entry
 

@@ -303,7 +303,7 @@ def test_shards_partition_the_corpus(tmp_path, corpus):
     a = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--shard", "0/2", "--json").stdout)
     b = json.loads(run("precompute", str(corpus), "-m", MODEL, "-s", str(tmp_path / "s"), "--shard", "1/2", "--json").stdout)
     assert a["files"] + b["files"] == 5  # each file in exactly one shard
-    from encache.connectors.store.transfer import shard_of
+    from encache.connectors.store.ops.transfer import shard_of
     keys = [f"doc{i:03d}/page{j}.png" for i in range(200) for j in range(4)]
     sizes = [sum(shard_of(k, i, 4) for k in keys) for i in range(4)]
     assert sum(sizes) == len(keys) and min(sizes) > 150  # balanced, deterministic

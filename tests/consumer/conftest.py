@@ -15,7 +15,7 @@ def counted(monkeypatch):
     """Count full validations (header parse + checksum) done by the lookup: of a buffer
     (``validate_blob``, the lookup's or the disk store's first-load check) or while
     reading a first load (``read_verified``)."""
-    import encache.connectors.store.disk as disk_mod
+    import encache.connectors.store.disk.store as disk_mod
 
     calls = []
     real, real_read = lookup_mod.validate_blob, disk_mod.read_verified
@@ -36,7 +36,7 @@ def counted(monkeypatch):
 WRITER = r"""
 import sys, time
 import numpy as np
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.entry import encode_parts
 root, ident, encoded_here, before_bytes, before_commit = sys.argv[1:]
 arr = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)

@@ -97,7 +97,7 @@ def test_a_serving_engine_never_waits_out_a_cluster_failover():
     writes and header reads for a dead primary fail at once), what precompute's engine
     passes (the store's default: a batch job rides through a failover), and never over
     the URL's own value. Other stores take no such option."""
-    from encache.connectors.store.redis_cluster import REDIRECT_WAIT_S
+    from encache.connectors.store.redis.cluster import REDIRECT_WAIT_S
     cluster = "redis+cluster://127.0.0.1:7000?prefix=p:"
     assert ConnectorConfig.from_extra({"store": cluster}).store_options()["redirect_wait"] == 0
     assert ConnectorConfig.from_extra({"store": cluster, "redirect_wait": REDIRECT_WAIT_S}

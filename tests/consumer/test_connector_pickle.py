@@ -13,7 +13,7 @@ import torch
 
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.vllm.loads import LoadItem
 from encache.connectors.vllm.scheduler import EncacheSchedulerConnector
 from encache.connectors.vllm.worker import EncacheWorkerConnector

@@ -20,7 +20,7 @@ import mmap
 
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import encode
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.vllm import device_copy
 from encache.connectors.vllm.device_copy import DeviceCopier, HostStaging
 from encache.connectors.vllm.loads import LoadItem, pin_entry

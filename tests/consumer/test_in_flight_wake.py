@@ -1,5 +1,5 @@
 """A reader waiting for a write in flight wakes on the writer's steps, not by looking every
-millisecond (``DiskStore.in_flight_wait``, ``store/inotify.py``): a producer on this host
+millisecond (``DiskStore.in_flight_wait``, ``store/disk/inotify.py``): a producer on this host
 appending its record to the verified log (its bytes all in), the rename that commits the
 entry, the writer gone. Real writer processes and a real lookup at a Gemma-3-sized entry
 (2.75 MB). To show that the wake comes from the event and not from the periodic look, the
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from encache.connectors.lookup.loader import State
-from encache.connectors.store import disk
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.inotify import IN_CREATE, IN_MOVED_TO, DirectoryWatch
+from encache.connectors.store.disk import store as disk
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.disk.inotify import IN_CREATE, IN_MOVED_TO, DirectoryWatch
 from lookup_support import make, tensor_bytes
 
 ARR = np.random.default_rng(5).standard_normal((256, 2688)).astype(np.float32)

@@ -14,7 +14,7 @@ from functools import partial
 from encache.connectors.lookup.index import StoreIndex
 from encache.connectors.lookup.metrics import LookupMetrics
 from encache.connectors.ratelimit import RateLimitedLog
-from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from encache.connectors.store.disk.store import ENTRY_FILE, DiskStore
 from entries import put_entry
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-from encache.connectors.store.disk import MMAP_MIN_BYTES, DiskStore
+from encache.connectors.store.disk.store import MMAP_MIN_BYTES, DiskStore
 from lookup_support import make, put
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.lookup.loader import State
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.files import TEMP_PREFIX
 from encache.connectors.writer import EntryWriter
 from cli_support import invoke

@@ -12,7 +12,7 @@ import pytest
 
 from encache.connectors.lookup import loader as lookup_mod  # where the load path reads and validates
 from encache.connectors.store import encode, open_store
-from encache.connectors.store.disk import MMAP_MIN_BYTES, MMAP_MIN_BYTES_KEPT, DiskStore
+from encache.connectors.store.disk.store import MMAP_MIN_BYTES, MMAP_MIN_BYTES_KEPT, DiskStore
 from encache.connectors.vllm.config import ConnectorConfig
 from lookup_support import make, put, tensor_bytes
 

@@ -6,7 +6,7 @@ import os
 import time
 
 from encache.connectors.lookup import EntryLookup
-from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from encache.connectors.store.disk.store import ENTRY_FILE, DiskStore
 from lookup_support import put
 
 

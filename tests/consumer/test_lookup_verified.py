@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.lookup import State, parse_verify
-from encache.connectors.store.disk import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
+from encache.connectors.store.disk.store import ENTRY_FILE, MMAP_MIN_BYTES, DiskStore
 from lookup_support import make, put, tensor_bytes
 
 
@@ -281,7 +281,7 @@ def test_the_access_time_refresh_keeps_a_version_trusted_across_restarts(tmp_pat
 def test_after_encache_verify_consumers_load_without_hashing(tmp_path, counted):
     """``verify_store`` (``encache verify``) records each entry whose checksum passed:
     a consumer started afterwards trusts them; the corrupt one is still hashed and missed."""
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
     store = DiskStore(tmp_path)
     for i in range(3):
         put(store, f"e{i}", seed=i)
@@ -337,7 +337,7 @@ def test_entries_a_producer_on_this_host_encoded_need_no_checksum(tmp_path, coun
 PRODUCER = """
 import sys
 import numpy as np
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.writer import EntryWriter
 store = DiskStore(sys.argv[1])
 writer = EntryWriter(store)

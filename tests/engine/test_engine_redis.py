@@ -24,8 +24,8 @@ import uuid
 import pytest
 
 from encache.connectors.store import decode, open_store
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.transfer import copy_entries, shard_of
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.ops.transfer import copy_entries, shard_of
 from engine_support import (PRECOMPUTE_KW, chat_texts, chat_within, wait_consumer_sees,
                             engine_module_fixtures)
 from redis_fixture import RedisServer

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from encache.connectors.media import unreadable_reason
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.jobs.warm import WarmSummary, count_selected, promote, read_into_page_cache
 from store_contract import blob
 

@@ -79,7 +79,7 @@ def test_warm_compute_missing_with_hostile_images(tiny_model, tmp_path, bomb, mo
 
     import encache.connectors.vllm.hashing as hashing
     from cli_support import invoke
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
     from encache.connectors.vllm.hashing import identify_file
 
     hashed = Counter()

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 from encache.connectors.store import counters
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 
 CHILD = r"""
 import sys, time
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.lookup import EntryLookup
 store = DiskStore(sys.argv[1])
 lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600)  # never flushes

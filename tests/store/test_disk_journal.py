@@ -1,4 +1,4 @@
-"""A disk store's change journal (``connectors/store/disk_journal.py``).
+"""A disk store's change journal (``connectors/store/disk/journal.py``).
 
 A reader that holds copies (a local tier in front of a shared directory, a consumer's
 staged buffers on a network filesystem) learns what changed from per-writer segment
@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from encache.connectors.store import disk_journal
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk import journal as disk_journal
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.tiered import TieredStore
 from store_contract import blob
 
@@ -41,7 +41,7 @@ def segments(store: DiskStore) -> list[str]:
 WRITER = r"""
 import sys
 sys.path[:0] = [{tests!r}]
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from store_contract import blob
 s = DiskStore({root!r}, fsync=False)
 tag = sys.argv[1]
@@ -79,10 +79,10 @@ def test_two_writer_processes_at_once_every_change_is_named(tmp_path):
 CHURN = r"""
 import sys, time
 sys.path[:0] = [{tests!r}]
-from encache.connectors.store import disk_journal
+from encache.connectors.store.disk import journal as disk_journal
 disk_journal.SEGMENT_BYTES, disk_journal.ROTATE_S = 120, 0.05  # seal and start often
 disk_journal.KEEP_S, disk_journal.SKEW_S = 1.0, 0.2  # remove what is 1 s untouched
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from store_contract import blob
 s = DiskStore({root!r}, fsync=False)
 tag = sys.argv[1]
@@ -154,7 +154,7 @@ def test_a_writer_that_exits_seals_its_segment_one_killed_does_not(tmp_path):
     cursor, _ = reader.changes_since(None)
     tests = os.path.dirname(os.path.dirname(__file__))
     code = ("import os, sys; sys.path[:0] = [{t!r}]\n"
-            "from encache.connectors.store.disk import DiskStore\n"
+            "from encache.connectors.store.disk.store import DiskStore\n"
             "from store_contract import blob\n"
             "s = DiskStore({r!r}, fsync=False); s.put(sys.argv[1], blob(sys.argv[1], n=4))\n"
             "if sys.argv[1] == 'killed': os.kill(os.getpid(), 9)\n").format(t=tests, r=str(root))
@@ -260,7 +260,7 @@ def test_a_line_being_written_is_read_when_whole(tmp_path):
 
 
 def test_evictions_quarantines_and_raw_name_removals_are_journaled(tmp_path):
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
 
     one = len(blob("x0", n=256))
     store = DiskStore(tmp_path / "s", fsync=False, max_bytes=int(3.5 * one), eviction="fifo")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.store import files
-from encache.connectors.store.disk import PREALLOCATE_MIN_BYTES, DiskStore
+from encache.connectors.store.disk.store import PREALLOCATE_MIN_BYTES, DiskStore
 from encache.connectors.store.entry import encode_parts
 
 

@@ -14,9 +14,10 @@ from functools import partial
 import numpy as np
 import pytest
 
-from encache.connectors.store import header_index
-from encache.connectors.store.disk import ENTRY_FILE, META_DIR, DiskStore
-from encache.connectors.store.scanning import summarize, summarize_entries
+from encache.connectors.store.disk import header_index
+from encache.connectors.store.disk.store import ENTRY_FILE, META_DIR, DiskStore
+from encache.connectors.store.summary import summarize_entries
+from encache.connectors.store.ops.scanning import summarize
 from entries import put_entry
 
 
@@ -175,7 +176,7 @@ def test_concurrent_writer_and_purge(store):
 
 
 def test_stats_and_verify_agree_with_a_full_scan(store):
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
 
     assert_agrees(store)
     time.sleep(0.01)
@@ -224,7 +225,7 @@ def test_stats_and_size_of_an_unchanged_store_list_no_entry(store, monkeypatch):
     are answered without listing a single entry (O(1) at any size); a put, a delete, a
     new entry directory or an old summary send them back to the scan."""
     from encache.cli.size import build_size
-    from encache.connectors.store.disk import DiskStore
+    from encache.connectors.store.disk.store import DiskStore
 
     full = summarize(store)  # builds the index and the summary under the generation
     real = DiskStore._entry_dirs

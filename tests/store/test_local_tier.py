@@ -23,8 +23,8 @@ import uuid
 import pytest
 
 from encache.connectors.store import StoreError, open_store
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.redis import RedisStore
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.redis.store import RedisStore
 from encache.connectors.store.tiered import TieredStore
 from store_contract import StoreContract, blob
 
@@ -47,7 +47,7 @@ class TestTieredOverRedis(StoreContract):
 class TestTieredOverRedisCluster(StoreContract):
     @pytest.fixture
     def store(self, redis_cluster, tmp_path):
-        from encache.connectors.store.redis_cluster import RedisClusterStore
+        from encache.connectors.store.redis.cluster import RedisClusterStore
         s = TieredStore(RedisClusterStore(redis_cluster.url, prefix=fresh_prefix()),
                         DiskStore(tmp_path / "tier"))
         yield s
@@ -58,7 +58,7 @@ def test_a_cluster_journal_drops_copies_and_is_backed_by_full_checks(redis_clust
     """A cluster writes its journal record after the entry (another slot): copies are
     dropped through the journal all the same, and a periodic full check catches a
     record that was lost."""
-    from encache.connectors.store.redis_cluster import RedisClusterStore
+    from encache.connectors.store.redis.cluster import RedisClusterStore
     prefix = fresh_prefix()
     other = RedisClusterStore(redis_cluster.url, prefix=prefix)
     tier = open_store(redis_cluster.url, prefix=prefix, local_tier=str(tmp_path / "tier"))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.store import _readpool, read_ahead
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.entry import (FILE_CHUNK, HASH_PIECE, CorruptEntry, checksum,
                                             encode, read_verified)
 from entries import rewrite_header

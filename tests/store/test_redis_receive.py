@@ -1,5 +1,5 @@
 """Entries received from Redis straight into their buffer and checked as they arrive
-(``connectors/store/redis_receive.py``): on a real redis-server over TCP, TLS and a Unix
+(``connectors/store/redis/receive.py``): on a real redis-server over TCP, TLS and a Unix
 socket at the sizes users have; bad entries, dropped connections, a hung server and a
 RESP3 push ahead of the reply; and the reply reader on a socket pair for what a server
 only does when it dies part-way (a value cut short)."""
@@ -17,8 +17,8 @@ import redis
 
 from encache.connectors.store import StoreError, encode
 from encache.connectors.store.entry import CorruptEntry
-from encache.connectors.store.redis import RedisStore
-from encache.connectors.store.redis_receive import Unreadable, _receive, receive_verified
+from encache.connectors.store.redis.store import RedisStore
+from encache.connectors.store.redis.receive import Unreadable, _receive, receive_verified
 from entries import put_entry
 
 pytestmark = pytest.mark.redis

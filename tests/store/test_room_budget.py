@@ -9,7 +9,7 @@ import time
 from functools import partial
 
 from encache.connectors.capacity import RoomBudget
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from entries import put_entry
 
 

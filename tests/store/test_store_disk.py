@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.store import CorruptEntry, decode, open_store
-from encache.connectors.store.disk import ENTRY_FILE, DiskStore
+from encache.connectors.store.disk.store import ENTRY_FILE, DiskStore
 from encache.connectors.store.keys import to_name
 from store_contract import StoreContract, blob
 
@@ -68,7 +68,7 @@ def test_something_else_where_an_entry_file_belongs_is_reported_never_waited_on(
     entry with the problem ``not-a-file``: listed, verified, quarantined by a repair;
     a load of it is a miss, and the media hasher refuses a FIFO the same way."""
     from encache.connectors.lookup import EntryLookup
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
     from encache.connectors.vllm.hashing import MediaError, identify_file
 
     s = DiskStore(tmp_path / "s")
@@ -190,7 +190,7 @@ def test_an_opener_that_changes_the_capacity_says_so(tmp_path, caplog):
     """The capacity is the store's: one writer configured apart from the others changes it
     for all of them, which is logged (setting it the first time, or to the same value,
     is not)."""
-    with caplog.at_level("WARNING", logger="encache.connectors.store.disk"):
+    with caplog.at_level("WARNING", logger="encache.connectors.store.disk.store"):
         DiskStore(tmp_path, max_bytes=50_000)
         DiskStore(tmp_path, max_bytes=50_000)
         DiskStore(tmp_path)
@@ -213,7 +213,7 @@ def test_get_records_access_time(tmp_path):
 
 WRITER = r"""
 import sys, numpy as np
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store import encode_parts
 s = DiskStore(sys.argv[1])
 print("go", flush=True)

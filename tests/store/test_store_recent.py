@@ -1,4 +1,4 @@
-"""DiskStore's buffers of recently served versions (connectors/store/recent.py): a repeat
+"""DiskStore's buffers of recently served versions (connectors/store/disk/recent.py): a repeat
 load of an unchanged entry reuses the buffer (no open, no map, no read), while a
 replacement, an in-place write, a delete, access tracking and the bounds behave as
 without the reuse."""
@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from encache.connectors.store.disk import MMAP_MIN_BYTES, DiskStore
+from encache.connectors.store.disk.store import MMAP_MIN_BYTES, DiskStore
 from encache.connectors.store.entry import decode
-from encache.connectors.store.recent import RecentBuffers
+from encache.connectors.store.disk.recent import RecentBuffers
 from store_contract import blob
 
 SMALL, LARGE = 64, MMAP_MIN_BYTES // 16 + 64  # rows of 8 F16: 1 KiB and just over 1 MiB

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from encache.connectors.store import LockBusy, StoreError, decode, encode_parts, open_store
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.redis import RedisStore
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.redis.store import RedisStore
 from entries import big_blob
 from redis_fixture import free_port
 from store_contract import StoreContract, blob
@@ -251,7 +251,7 @@ def test_keys_no_encache_writer_made_and_damaged_side_records(store):
     report the entry, and a repair removed it: the entry's own header decides, and the
     row is written again."""
     from encache.connectors.lookup import EntryLookup
-    from encache.connectors.store.verify import verify_store
+    from encache.connectors.store.ops.verify import verify_store
 
     good, damaged, bad = "a" * 64, "b" * 64, "c" * 64
     r, prefix = store._r, store.prefix.encode()
@@ -532,7 +532,7 @@ def test_reads_work_on_a_read_only_replica(redis_factory):
 
 
 def test_index_version_changes_only_on_writes(redis_server):
-    from encache.connectors.store.redis import RedisStore
+    from encache.connectors.store.redis.store import RedisStore
     s = RedisStore(redis_server.url, prefix="t-gen-ver:")
     v0 = s.index_version()
     assert s.index_version() == v0  # reads do not change it

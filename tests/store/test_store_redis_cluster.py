@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from encache.connectors.store import StoreError, decode, open_store
-from encache.connectors.store.redis_cluster import RedisClusterStore
-from encache.connectors.store.redis_cluster_routing import key_slot, parse_cluster_url, slot_tags
+from encache.connectors.store.redis.cluster import RedisClusterStore
+from encache.connectors.store.redis.cluster_routing import key_slot, parse_cluster_url, slot_tags
 from entries import big_blob
 from store_contract import StoreContract, blob
 

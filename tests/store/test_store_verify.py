@@ -1,4 +1,4 @@
-"""The verify job as library code (``encache.connectors.store.verify``), called without the
+"""The verify job as library code (``encache.connectors.store.ops.verify``), called without the
 CLI: a Python user or a cron script gets the same findings and the same repair."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from encache.connectors.store import open_store
-from encache.connectors.store.verify import repair_plan, repair_store, verify_store
+from encache.connectors.store.ops.verify import repair_plan, repair_store, verify_store
 from cli_support import H, invoke, populated
 
 

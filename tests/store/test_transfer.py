@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from encache.connectors.store import decode
-from encache.connectors.store.disk import DiskStore
-from encache.connectors.store.redis import RedisStore
-from encache.connectors.store.transfer import (TransferAborted, copy_entries, parse_shard,
+from encache.connectors.store.disk.store import DiskStore
+from encache.connectors.store.redis.store import RedisStore
+from encache.connectors.store.ops.transfer import (TransferAborted, copy_entries, parse_shard,
                                                shard_of, warm_page_cache)
 from store_contract import blob
 

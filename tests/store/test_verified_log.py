@@ -7,7 +7,7 @@ import os
 import pytest
 
 from encache.connectors.store import verified_log as vl
-from encache.connectors.store.disk import DiskStore
+from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.verified_log import VerifiedLog, record_key
 
 

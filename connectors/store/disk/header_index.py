@@ -42,7 +42,7 @@ import pickle
 import tempfile
 from pathlib import Path
 
-from .entry import CHECKSUM_ALGOS, READ_FORMATS
+from ..entry import CHECKSUM_ALGOS, READ_FORMATS
 
 INDEX_FILE = "header-index.pickle"
 FORMAT = 6
@@ -55,8 +55,8 @@ class _Unpickler(pickle.Unpickler):
     """Only the record classes may be named by the file (no other global, no code)."""
 
     def find_class(self, module, name):
-        from .base import EntryInfo
-        from .entry import EntryMeta
+        from ..base import EntryInfo
+        from ..entry import EntryMeta
 
         allowed = {(EntryInfo.__module__, "EntryInfo"): EntryInfo,
                    (EntryMeta.__module__, "EntryMeta"): EntryMeta}
@@ -107,7 +107,7 @@ def save(meta_dir: Path, records: dict, token=None) -> bool:
     changed) if the store's metadata directory is not writable. ``token``: the store's
     generation the records are current under (taken before they were read, and still
     the same after): the summary is also saved under it (:func:`save_current`)."""
-    from .scanning import summarize_entries
+    from ..summary import summarize_entries
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)

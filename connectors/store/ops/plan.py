@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import EntryInfo, Store, StoreError
-from .keys import from_name
+from ..base import EntryInfo, Store, StoreError
+from ..keys import from_name
 from .scanning import EntryFilter, parts_dicts, scan
 
 QUARANTINE_DIR = (".encache", "quarantine")  # under the store root (a dot-dir: not an entry)
@@ -129,7 +129,7 @@ def build_stale_lora_plan(store: Store, flt: EntryFilter, *, display_url: str,
     A part of the store that does not answer leaves its entries out of the plan (named in
     ``unreachable``); without ``current`` that raises instead, since the newest adapter
     may be on it."""
-    from .lora_stamp import is_stale, newest_digests
+    from ..lora_stamp import is_stale, newest_digests
 
     unreachable: list = []
     entries = list(scan(store, flt, progress, unreachable))

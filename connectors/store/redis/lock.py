@@ -5,7 +5,7 @@ third of ``ttl`` while it is held, so a holder that crashes (or is SIGKILLed) fr
 ``ttl`` seconds at most and a live one never loses it to a slow step; a Lua
 compare-and-delete releases only our own token. A renewal that finds another token sets
 the handle's ``lost`` (the job may then stop writing). Used by
-:meth:`encache.connectors.store.redis.RedisStore.lock` (and so by the cluster store).
+:meth:`encache.connectors.store.redis.store.RedisStore.lock` (and so by the cluster store).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 
 from redis.exceptions import RedisError
 
-from .base import LockBusy
+from ..base import LockBusy
 
-log = logging.getLogger("encache.connectors.store.redis")
+log = logging.getLogger("encache.connectors.store.redis.store")
 
 UNLOCK_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

@@ -23,8 +23,8 @@ from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .entry import STREAM_CHUNK, read_verified
-from .files import uninitialized
+from ..entry import STREAM_CHUNK, read_verified
+from ..files import uninitialized
 
 #: bytes asked of the first ``recv`` of a reply: its ``$<length>\r\n`` line and the start
 #: of the value (which is then moved into the entry's buffer)

@@ -55,22 +55,23 @@ from functools import partial
 from pathlib import Path
 from stat import S_ISREG
 
-from . import header_index, read_ahead
-from .base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
-from .removals import EVICTED, RemovalLog
-from .removals import note_failure as note_removal_failure
-from .disk_journal import DiskJournal
-from .entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
+from . import header_index
+from .. import read_ahead
+from ..base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
+from ..removals import EVICTED, RemovalLog
+from ..removals import note_failure as note_removal_failure
+from .journal import DiskJournal
+from ..entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
                     parse_header, read_verified, validate_blob)
-from .files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, NotAFile, ServedVersion,
+from ..files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, NotAFile, ServedVersion,
                     atomic_write_json, file_version, filesystem_type, fsync_dir,
                     open_untracked, preallocate, read_json_object, uninitialized)
 from .inotify import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM,
                       IN_MOVED_TO, DirectoryWatch)
-from .keys import from_name, is_entry_name, name_for, to_name
+from ..keys import from_name, is_entry_name, name_for, to_name
 from .recent import RecentBuffers
-from .throttle import ScanThrottle
-from .verified_log import VerifiedLog, boot_id, record_key
+from ..throttle import ScanThrottle
+from ..verified_log import VerifiedLog, boot_id, record_key
 
 log = logging.getLogger(__name__)
 
@@ -794,7 +795,7 @@ class DiskStore(Store):
     def _current_summary(self):
         """The summary saved under the store's current generation token, or None: O(1),
         a read of one small file and two ``stat`` calls, whatever the store's size."""
-        from .scanning import Summary
+        from ..summary import Summary
 
         token = self.index_version()
         if token is None:  # a network filesystem: no token to trust
@@ -815,14 +816,14 @@ class DiskStore(Store):
         return summary
 
     def summary_if_unchanged(self, stat_entries: bool = True):
-        """The store's :class:`~.scanning.Summary` without reading a header, or None
+        """The store's :class:`~.summary.Summary` without reading a header, or None
         (then the caller scans). First in O(1): the summary saved under the store's
         generation token, when the token has not moved since (no put, delete or
         eviction, no entry directory made or removed) and it is younger than
         ``SUMMARY_MAX_AGE_S``. Else, with ``stat_entries``, from the header index when
         every entry file still has the version the index recorded — one ``stat`` per
         entry, no header or record loaded — which saves it under the token again."""
-        from .scanning import Summary
+        from ..summary import Summary
 
         summary = self._current_summary()
         if summary is not None or not stat_entries:
@@ -1068,7 +1069,7 @@ class DiskStore(Store):
     def live_counters(self):
         """This process's in-place counter file (:mod:`encache.connectors.counters`):
         counts written there survive SIGKILL. Folds dead processes' files first."""
-        from . import counters
+        from .. import counters
 
         with self._counters_locked():
             counters.compact(self._meta(""), atomic_write_json)
@@ -1079,7 +1080,7 @@ class DiskStore(Store):
         if not deltas:
             return
         with self._counters_locked():
-            from .counters import read_json
+            from ..counters import read_json
 
             counters = read_json(self._meta("counters.json"))
             for k, v in deltas.items():
@@ -1091,7 +1092,7 @@ class DiskStore(Store):
         """Folded totals + every running process's counter file. Folds the files of
         processes that are gone (when the store is writable), so the directory does not
         grow; a read-only store is read as it is."""
-        from . import counters
+        from .. import counters
 
         meta = self._meta("")
         if not meta.is_dir():  # nothing has counted here: no bookkeeping to make for a read
@@ -1104,7 +1105,7 @@ class DiskStore(Store):
             return counters.read_totals(meta)
 
     def reset_counters(self) -> None:
-        from . import counters
+        from .. import counters
 
         with self._counters_locked():
             counters.reset(self._meta(""), atomic_write_json)

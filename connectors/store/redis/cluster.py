@@ -81,11 +81,11 @@ from redis.exceptions import (AskError, ClusterDownError, ConnectionError as Red
                               MovedError, NoScriptError, ResponseError, SlotNotCoveredError,
                               TryAgainError)
 
-from .base import Store, StoreError, StoreInfo
-from .redis import RedisStore, _dec, _enc, _glob_escape, _wrapped
-from .redis_cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
-from .redis_errors import ERRORS
-from .url import CLUSTER_SCHEMES, redact
+from ..base import Store, StoreError, StoreInfo
+from .store import RedisStore, _dec, _enc, _glob_escape, _wrapped
+from .cluster_routing import LazyCluster, key_slot, parse_cluster_url, primary_of, slot_tags
+from .errors import ERRORS
+from ..url import CLUSTER_SCHEMES, redact
 
 log = logging.getLogger(__name__)
 _RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
@@ -109,7 +109,6 @@ class RedisClusterStore(RedisStore):
     backend = "redis-cluster"
     supports_failure_domains = True
     SCHEMES = CLUSTER_SCHEMES
-    OPTIONS = RedisStore.OPTIONS + ("redirect_wait",)
     URL_OPTIONS = RedisStore.URL_OPTIONS + ("redirect_wait",)
     #: the journal record is written after the entry's MULTI (another slot), not with it
     journal_complete = False

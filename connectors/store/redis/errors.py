@@ -16,7 +16,7 @@ from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadi
                               TimeoutError as RedisTimeoutError)
 from redis.retry import Retry
 
-from .base import StoreError
+from ..base import StoreError
 
 #: what redis-py raises (cluster topology errors are not RedisErrors)
 ERRORS = (RedisError, RedisClusterException)

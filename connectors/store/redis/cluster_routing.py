@@ -12,8 +12,8 @@ import threading
 
 from redis.commands.core import Script
 
-from .base import StoreError
-from .url import CLUSTER_SCHEMES, redact
+from ..base import StoreError
+from ..url import CLUSTER_SCHEMES, redact
 
 __all__ = ["SLOTS", "slot_tags", "key_slot", "primary_of", "parse_cluster_url", "LazyCluster"]
 

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from .files import file_version
+from ..files import file_version
 
 MAX_ITEMS = 4096
 MAPPED_BYTES = 2 << 30

@@ -75,16 +75,16 @@ import redis as _redis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
-from .base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
-from .entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
-from .keys import validate
-from .redis_errors import ERRORS, ConnectionRetry, describe_error
-from .redis_lock import RedisLock
-from .redis_receive import Unreadable, receive_verified
-from .removals import LIMIT as REMOVALS_LIMIT, REASONS
-from .removals import note_failure as note_removal_failure
-from .redis_memory import memory_info, memory_warnings
-from .url import redact
+from ..base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
+from ..entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
+from ..keys import validate
+from .errors import ERRORS, ConnectionRetry, describe_error
+from .lock import RedisLock
+from .receive import Unreadable, receive_verified
+from ..removals import LIMIT as REMOVALS_LIMIT, REASONS
+from ..removals import note_failure as note_removal_failure
+from .memory import memory_info, memory_warnings
+from ..url import REDIS_SCHEMES, redact
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,6 @@ class RedisStore(Store):
     supports_change_journal = True
     supports_verified_reads = True
     supports_removal_records = True
-    #: keyword options :func:`.url.open_store` passes through
-    OPTIONS = ("prefix", "socket_timeout", "connect_timeout", "retries", "max_connections",
-               "ttl", "lock_ttl", "access_resolution")
 
     def __init__(self, url: str, *, prefix: str | None = None, socket_timeout: float = 2.0,
                  connect_timeout: float = 2.0, retries: int = 2,
@@ -235,7 +232,7 @@ class RedisStore(Store):
                                 prefix=prefix)
         self._touched: dict[str, float] = {}
 
-    SCHEMES = ("redis", "rediss", "unix")
+    SCHEMES = REDIS_SCHEMES
     #: query parameters encache reads itself (the others go to redis-py)
     URL_OPTIONS = ("prefix", "ttl")
 
@@ -550,7 +547,7 @@ class RedisStore(Store):
         """One ``HMGET`` of the entries' meta rows per side-key group (one round trip on
         a single server): each row's header is compared with the held one. An entry
         without a meta row is checked with :meth:`stat`."""
-        from .entry import parse_header, same_version
+        from ..entry import parse_header, same_version
         idents = [_enc(i) for i, _, _ in entries]
         out: list[bool] = [False] * len(entries)
         pipe = self._r.pipeline(transaction=False)
