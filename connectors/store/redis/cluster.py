@@ -124,6 +124,7 @@ class RedisClusterStore(RedisStore):
         self.redirect_wait = float(redirect_wait)
         self._no_wait_until = 0.0
         self._reroute_lock = threading.Lock()
+        self._rereading = threading.Lock()  # held while the map is re-read
         self._next_reroute = 0.0  # monotonic time before which loads do not re-read the map
         self.route_refreshes = 0  # slot-map re-reads done for loads (each one bumps it)
         self._journal_warned_until = 0.0
@@ -206,8 +207,8 @@ class RedisClusterStore(RedisStore):
                     self._r.nodes_manager.initialize()  # learn where the slot is now
 
     def _routes(self) -> dict:
-        """The client's slot map (slot -> [primary, replicas…]) as it is now: a re-read
-        replaces the dict, so a reference taken before a call is the map it used."""
+        """The client's slot map (slot -> [primary, replicas…]) as it is now (a re-read
+        replaces the dict; redis-py may also change an entry in place on a failure)."""
         return self._r.nodes_manager.slots_cache
 
     def _load(self, op, slots):
@@ -218,38 +219,48 @@ class RedisClusterStore(RedisStore):
         routes one of ``slots`` elsewhere than the failed call did (whoever re-read it:
         this load, another one, or redis-py itself): a map that still names the node that
         just failed (a primary dead and not yet replaced, a cluster down) fails fast."""
-        before = self._routes()
+        routes = self._routes()
+        # the primaries the call is made with, noted before it: redis-py may change its
+        # map in place while handling the failure (a replica moved up for the slot)
+        before = {s: primary_of(routes, s) for s in slots}
         try:
             try:
                 return op()
             except _STALE_ROUTE:
-                if not self._rerouted(before, slots):
+                if not self._rerouted(before):
                     raise
             return op()
         except ERRORS as e:  # one primary's failure, if the keys are all on one
-            primaries = {primary_of(before, s) for s in slots}
+            primaries = set(before.values())
             raise self._store_error(e, domain=primaries.pop() if len(primaries) == 1
                                     else None) from None
 
-    def _rerouted(self, before: dict, slots) -> bool:
-        """After a failed call made with the map ``before``: re-read the map (unless that
-        was done less than ``REROUTE_EVERY_S`` ago); does it route ``slots`` elsewhere?"""
+    def _rerouted(self, before: dict) -> bool:
+        """After a failed call made with the primaries ``before`` (slot -> primary):
+        re-read the map (unless that was done less than ``REROUTE_EVERY_S`` ago); does it
+        route any of those slots elsewhere?"""
         self._reread_routes()
         now = self._routes()
-        return any(primary_of(before, s) != primary_of(now, s) for s in slots)
+        return any(primary != primary_of(now, s) for s, primary in before.items())
 
     def _reread_routes(self) -> bool:
         """Re-read the slot map unless that was done less than ``REROUTE_EVERY_S`` ago;
         did it succeed?"""
         now = time.monotonic()
         with self._reroute_lock:
-            if now < self._next_reroute:
+            rate_limited = now < self._next_reroute
+            if not rate_limited:
+                self._next_reroute = now + REROUTE_EVERY_S
+                self._rereading.acquire()  # (taken before any rate-limited caller looks)
+        if rate_limited:  # another load's re-read may be under way: its map, once read
+            with self._rereading:
                 return False
-            self._next_reroute = now + REROUTE_EVERY_S
         try:
             self._r.nodes_manager.initialize()
         except ERRORS:  # no node answers: the map stays what it was
             return False
+        finally:
+            self._rereading.release()
         with self._reroute_lock:
             self.route_refreshes += 1
         return True

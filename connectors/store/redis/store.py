@@ -48,7 +48,7 @@ server lost its data), gets "cannot tell" and re-checks what it holds.
 Failures: every Redis error becomes a :class:`.base.StoreError` with a one-line message
 (connection refused, authentication failed, timed out, out of memory) naming the URL with
 its password redacted. Dropped or refused connections are retried ``retries`` times with
-a short exponential backoff (~0.1 s in all); timeouts and auth failures are not retried.
+a short exponential backoff (0.02 + 0.04 s: errors.ConnectionBackoff); timeouts and auth failures are not retried.
 ``socket_timeout`` (per socket read, so large entries on slow links are fine) and
 ``connect_timeout`` bound each call: a dead server is reported in ~0.1 s, a hung one in
 ``socket_timeout`` (2 s by default), never a hang.
@@ -72,13 +72,12 @@ from collections.abc import Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis as _redis
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisClusterException, RedisError
 
 from ..base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
 from ..entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
 from ..keys import validate
-from .errors import ERRORS, ConnectionRetry, describe_error
+from .errors import ERRORS, ConnectionBackoff, ConnectionRetry, describe_error
 from .lock import RedisLock
 from .receive import Unreadable, receive_verified
 from ..removals import LIMIT as REMOVALS_LIMIT, REASONS
@@ -217,7 +216,7 @@ class RedisStore(Store):
         self._lock_prefix = p + b"lock:"
         self._note_prefix = p + b"note:"
         self._removed_keys = {r: p + b"removed:" + r.encode() for r in REASONS}
-        retry = ConnectionRetry(ExponentialBackoff(cap=0.5, base=0.02), max(0, int(retries)))
+        retry = ConnectionRetry(ConnectionBackoff(), max(0, int(retries)))
         kwargs = dict(socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                       retry=retry, client_name="encache",
                       max_connections=max(1, int(max_connections or 64)),
