@@ -116,6 +116,6 @@ def _warn_unbuilt() -> None:
         _warned = True
         logging.getLogger("encache").warning(
             "encache: the C read-ahead helper is not built (%s): first loads of entries of "
-            "1 MiB or more are read and checksummed on one thread, 1.2x slower at 2.75 MB "
-            "and 1.7x at 11 MB on a GPU host (docs/performance.md section 1); install "
+            "1 MiB or more are read and checksummed on one thread, 1.3x slower at 2.75 MB "
+            "and 1.8x at 11 MB on a GPU host (docs/performance.md section 1); install "
             "encache where a C compiler is to build it", _MISSING or "disabled")

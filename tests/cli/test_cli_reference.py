@@ -46,8 +46,8 @@ def documented() -> dict[str, set[str]]:
 
 def actual() -> dict[str, set[str]]:
     """Each command's flags and arguments (metavar, else name), from the Click command Typer
-    builds. The help option is listed as ``--help`` (Typer's generator names only its long
-    form)."""
+    builds. ``--help`` and the shell-completion options are left out: the page says once that
+    every command takes ``--help``, and lists neither of the others."""
     group = typer.main.get_command(app)
     out = {}
     ctx = group.context_class(group, info_name="encache")
@@ -55,9 +55,7 @@ def actual() -> dict[str, set[str]]:
         names: set[str] = set()
         for p in cmd.get_params(ctx):
             if p.param_type_name == "option":
-                if "--help" in p.opts:
-                    names.add("--help")
-                else:
+                if not {"--help", "--install-completion", "--show-completion"} & set(p.opts):
                     names |= set(p.opts) | set(p.secondary_opts)
             else:
                 names.add(p.metavar or p.name)
@@ -88,3 +86,4 @@ def test_the_parser_sees_options_it_should():
             "--no-manifest"} <= doc["precompute"]
     assert {"--role", "--load-mode", "--verify", "--tag"} <= doc["connector-config"]
     assert {"--from", "--identifier"} <= doc["warm"]
+    assert "takes `--help`" in PAGE.read_text()
