@@ -289,55 +289,51 @@ class RedisServer:
                 f"auth={bool(self.password)})")
 
 
-@pytest.fixture(scope="session")
-def redis_server():
-    """A shared password-less redis-server for the whole session (namespace your keys)."""
-    server = RedisServer()
+def _shared(kind: str):
+    """A session's shared password-less server of ``kind`` (namespace your keys)."""
+    server = RedisServer(kind=kind)
     try:
         yield server
     finally:
         server.stop()
+
+
+def _factory(kind: str):
+    """Private servers of ``kind``: ``make(password=..., config={...})``; all stopped
+    after the test."""
+    servers: list[RedisServer] = []
+
+    def make(**kw) -> RedisServer:
+        s = RedisServer(kind=kind, **kw)
+        servers.append(s)
+        return s
+
+    try:
+        yield make
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A shared password-less redis-server for the whole session (namespace your keys)."""
+    yield from _shared("redis")
 
 
 @pytest.fixture
 def redis_factory():
     """Start private servers: ``redis_factory(password=..., config={...})``; all stopped after."""
-    servers: list[RedisServer] = []
-
-    def make(**kw) -> RedisServer:
-        s = RedisServer(**kw)
-        servers.append(s)
-        return s
-
-    try:
-        yield make
-    finally:
-        for s in servers:
-            s.stop()
+    yield from _factory("redis")
 
 
 @pytest.fixture(scope="session")
 def valkey_server():
     """A shared password-less valkey-server for the whole session (namespace your keys)."""
-    server = RedisServer(kind="valkey")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _shared("valkey")
 
 
 @pytest.fixture
 def valkey_factory():
     """Start private Valkey servers: ``valkey_factory(password=..., config={...})``."""
-    servers: list[RedisServer] = []
-
-    def make(**kw) -> RedisServer:
-        s = RedisServer(kind="valkey", **kw)
-        servers.append(s)
-        return s
-
-    try:
-        yield make
-    finally:
-        for s in servers:
-            s.stop()
+    yield from _factory("valkey")

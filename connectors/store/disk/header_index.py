@@ -112,17 +112,28 @@ def save(meta_dir: Path, records: dict, token=None) -> bool:
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
     versions = {name: rec[0] for name, rec in records.items()}
-    tmp = None
     try:
         meta_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-index-", dir=meta_dir)
+    except OSError:
+        return False
+    if not _write(meta_dir, INDEX_FILE, {"format": FORMAT, "reads": READS,
+                                         "versions": versions, "summary": state,
+                                         "records": blob}):
+        return False
+    if token is not None:
+        save_current(meta_dir, token, state)
+    return True
+
+
+def _write(meta_dir: Path, name: str, data: dict) -> bool:
+    """Pickle ``data`` to ``meta_dir/name`` atomically (a temp file renamed over it);
+    False, and nothing changed, where the directory is not writable."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + name.split(".")[0] + "-", dir=meta_dir)
         with os.fdopen(fd, "wb") as f:
-            pickle.dump({"format": FORMAT, "reads": READS, "versions": versions,
-                         "summary": state, "records": blob}, f,
-                        protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, meta_dir / INDEX_FILE)
-        if token is not None:
-            save_current(meta_dir, token, state)
+            pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, meta_dir / name)
         return True
     except OSError:
         if tmp is not None:
@@ -139,19 +150,8 @@ def save_current(meta_dir: Path, token, state: dict) -> bool:
     (atomically; False if the metadata directory is not writable)."""
     import time
 
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-summary-", dir=meta_dir)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump({"format": FORMAT, "token": token, "saved": time.time(),
-                         "summary": state}, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, meta_dir / SUMMARY_FILE)
-        return True
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        return False
+    return _write(meta_dir, SUMMARY_FILE, {"format": FORMAT, "token": token,
+                                           "saved": time.time(), "summary": state})
 
 
 def load_current(meta_dir: Path) -> dict | None:
