@@ -22,6 +22,10 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
                     item (:mod:`encache.connectors.vllm.binding`): a consumer holding the
                     item's inputs serves the entry only if they digest the same; absent
                     when the producer had no inputs to digest
+    keyed_by        ``content`` when the writer computed the identifier from the item's
+                    own bytes (``encache precompute``, ``warm``): the identifier is then
+                    itself a binding of the media; absent for an identifier the writer was
+                    given (a client ``uuid`` or vLLM's hash: it cannot tell them apart)
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.
@@ -65,7 +69,9 @@ MAX_HEADER_BYTES = 1 << 20  # a one-tensor header is a few hundred bytes
 _LEN = struct.Struct("<Q")
 _KNOWN_METADATA = frozenset({"encache_format", "identifier", "lora", "model", "vllm_version",
                              "hash_algo", "created", "checksum", "encoder_config",
-                             "lora_digest", "binding"})
+                             "lora_digest", "binding", "keyed_by"})
+#: ``keyed_by`` of an entry whose writer computed its identifier from the item's bytes
+KEYED_BY_CONTENT = "content"
 
 # safetensors dtype codes -> item size in bytes
 DTYPE_SIZES = {
@@ -122,6 +128,9 @@ class EntryMeta(msgspec.Struct, frozen=True):
     #: digest of the processed inputs the entry was encoded from; "" = unbound
     binding: str = ""
     extra: dict = msgspec.field(default_factory=dict)
+    #: ``content``: the writer computed the identifier from the item's bytes; "" = given
+    #: (last: pickled header indexes hold fields by position)
+    keyed_by: str = ""
 
     @property
     def legacy(self) -> bool:
@@ -135,7 +144,7 @@ class EntryMeta(msgspec.Struct, frozen=True):
             "created": self.created, "checksum": self.checksum,
             "format_version": self.format_version, "legacy": self.legacy,
             "encoder_config": self.encoder_config, "lora_digest": self.lora_digest,
-            "binding": self.binding,
+            "binding": self.binding, "keyed_by": self.keyed_by,
         }
 
 
@@ -184,7 +193,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
                  hash_algo: str | None = None, created: float | None = None,
                  encoder_config: str | None = None,
                  lora_digest: str | None = None,
-                 binding: str | None = None) -> tuple[bytes, object]:
+                 binding: str | None = None,
+                 keyed_by: str | None = None) -> tuple[bytes, object]:
     """Return ``(header_bytes, data)``; the entry is their concatenation.
 
     ``data`` is any buffer (bytes, memoryview, numpy/torch uint8 view) of the tensor in
@@ -217,6 +227,8 @@ def encode_parts(identifier: str, data, dtype: str, shape, *, model: str | None 
         meta["lora_digest"] = str(lora_digest)
     if binding:
         meta["binding"] = str(binding)
+    if keyed_by:
+        meta["keyed_by"] = str(keyed_by)
     header = {
         "__metadata__": meta,
         TENSOR_KEY: {"dtype": dtype, "shape": list(shape), "data_offsets": [0, nbytes]},
@@ -333,6 +345,7 @@ def parse_header(buf, total_size: int | None = None) -> tuple[EntryMeta, int]:
         encoder_config=sys.intern(get("encoder_config", "")),
         lora_digest=get("lora_digest", ""),
         binding=get("binding", ""),
+        keyed_by=sys.intern(get("keyed_by", "")),
         extra=(_NO_EXTRA if md.keys() <= _KNOWN_METADATA
                else {k: v for k, v in md.items() if k not in _KNOWN_METADATA}),
     )

@@ -17,16 +17,23 @@ what the model's HF processor made of the media in the API server; the same medi
 and processor settings give the same tensors in any process (tested across processes for
 LLaVA, Qwen2-VL, InternVL and Gemma 3, single images, several images and video).
 
-Cost: one blake3 pass over the inputs per request item, on every core from
-:data:`PARALLEL_BYTES` (a repeat whose inputs vLLM's processor cache hands back is
-remembered); docs/performance.md gives the measured figures.
+An entry whose writer computed its identifier from the item's own bytes (precompute:
+header ``keyed_by: content``) is bound by that identifier: a consumer compares nothing
+(:func:`binding_to_check`), so its first load costs no digest.
+
+Cost: one blake3 pass over the inputs per request item that meets an entry another
+writer made, on every core from :data:`PARALLEL_BYTES` (a repeat whose inputs vLLM's
+processor cache hands back is remembered); docs/performance.md gives the measured figures.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 from blake3 import blake3
+
+from ..store.entry import KEYED_BY_CONTENT
 
 PREFIX = "blake3:"
 #: inputs from this size are hashed on all cores (a thread hand-off costs more below)
@@ -35,6 +42,16 @@ _MEMO_MAX = 4096
 #: id(inputs) -> (weak reference to them, binding): vLLM's processor cache hands the same
 #: ``MultiModalKwargsItem`` back for a repeated item, which is then not hashed again
 _memo: dict[int, tuple] = {}
+
+
+def binding_to_check(meta, inputs_binding: Callable[[], str | None]) -> str | None:
+    """What a consumer compares a stored entry (its header ``meta``) with before serving
+    it: nothing for an entry its writer keyed by the item's content (the identifier,
+    computed from the item's bytes, binds it), else ``inputs_binding()`` -- the binding of
+    the request's own inputs, digested only now that an entry needs it."""
+    if meta.keyed_by == KEYED_BY_CONTENT:
+        return None
+    return inputs_binding()
 
 
 def item_binding(data) -> str | None:

@@ -33,7 +33,7 @@ _SECONDS = {"load_timeout_s": False, "inline_wait_s": True, "index_refresh_s": F
             "counters_flush_s": False, "store_stats_s": False, "save_wait_s": True,
             "redirect_wait": True}
 _FLAGS = ("fsync", "verify_ahead", "remember_verified", "check_encoder_config",
-          "skip_existing", "require_binding")  # JSON true / false
+          "skip_existing", "require_binding", "content_keyed")  # JSON true / false
 _TEXTS = ("prefix", "local_tier", "tag")
 
 
@@ -93,6 +93,11 @@ class ConnectorConfig:
     write_threads: int = 2
     max_pending_write_bytes: int = 1 << 30
     skip_existing: bool = True
+    # producer: every identifier this engine is given was computed from the item's own
+    # bytes (encache precompute and warm set it): entries say so (``keyed_by``) and a
+    # consumer serves them without digesting its inputs (docs/security.md). Never on a
+    # server that takes client requests: it cannot tell a client's uuid from a hash
+    content_keyed: bool = False
 
     ALIASES = ("store", "path", "shared_storage_path", "url")
     WORKER_LOADS = ("auto", "bytes", "files")

@@ -67,7 +67,9 @@ class ProducerEngine:
         self._supported: frozenset | None = None  # model_takes()
         # a batch job: writes overlap the next batch's encoding, wait_for_saves() drains them,
         # and on a Redis Cluster they wait out a failover (a serving engine does not)
-        extra_config = {"store": opts.store, "save_wait_s": 0,
+        # every identifier is computed here from the item's bytes (or hashed by the engine
+        # from them): entries say so and consumers need not digest their inputs
+        extra_config = {"store": opts.store, "save_wait_s": 0, "content_keyed": True,
                         "redirect_wait": REDIRECT_WAIT_S, **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,

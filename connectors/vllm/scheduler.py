@@ -20,11 +20,13 @@ precomputed, or encoded by another encoder instance, is not encoded again.
 
 Entries are bound to their inputs (:mod:`.binding`, docs/security.md): a producer's
 scheduler digests the processed inputs of each item it encodes and ships the digest to
-its worker, which stamps it into the entry; a consumer's scheduler digests the inputs of
-each item a request carries (``ensure_cache_available``) and ``has_cache_item`` refuses
-a staged entry bound to other inputs (a client-chosen ``uuid`` naming another image: the
-request encodes its own pixels, counted ``binding_mismatches`` / ``misses_binding``); an
-encoder-only producer skips only an item whose entry is bound to its own inputs.
+its worker, which stamps it into the entry; a consumer's ``has_cache_item`` digests the
+inputs a request carries for a staged entry and refuses one bound to other inputs (a
+client-chosen ``uuid`` naming another image: the request encodes its own pixels, counted
+``binding_mismatches`` / ``misses_binding``). A miss costs no digest, nor does an entry
+whose writer keyed it by its content (``keyed_by``: precompute computes each identifier
+from the item's bytes, so the identifier binds it). An encoder-only producer skips only
+an item whose entry is bound to its own inputs.
 
 A consumer item that arrives *metadata-only* (vLLM's EPD proxy rewrites media into
 ``image_embeds`` references: no pixels) cannot be encoded here. Such an item's entry is
@@ -50,7 +52,7 @@ from ..store.lora_stamp import adapter_digest
 from ..ratelimit import RateLimitedLog
 from ..store import memfd
 from ..store.keys import split_lora
-from .binding import item_binding
+from .binding import binding_to_check, item_binding
 from .config import ConnectorConfig
 from .device_copy import HostStaging
 from .metadata import EncacheConnectorMetadata
@@ -119,6 +121,8 @@ class EncacheSchedulerConnector:
         # and, for resaves, the inputs vLLM's encoder cache holds each identifier from
         self._expect: dict[str, str] = {}
         self._request_bindings: dict[tuple[str, int], str | None] = {}
+        # consumers: identifier -> ((request, item), inputs) of this step's requests
+        self._inputs: dict[str, tuple[tuple[str, int], Any]] = {}
         self._step_bindings: dict[str, str] = {}
         self._encoded_bindings: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._binding_warned: set[str] = set()
@@ -146,7 +150,7 @@ class EncacheSchedulerConnector:
         staged = self.lookup.get_staged(identifier)
         if staged is None:
             return False
-        want = self._expect.get(identifier)
+        want = binding_to_check(staged.meta, lambda: self._binding_for(identifier))
         if want and staged.meta.binding != want and (
                 staged.meta.binding or self.config.require_binding):
             self._refuse(identifier, staged.meta.binding)
@@ -170,6 +174,28 @@ class EncacheSchedulerConnector:
         log.warning("encache: entry %s in %s was computed from other inputs than this "
                     "request's (%s); encoding the request's own", identifier, self.store.url,
                     "a client-chosen uuid?" if stored else "unbound entry, require_binding set")
+
+    def _note_inputs(self, request: Request) -> None:
+        """Consumers: remember, for this step, which inputs each of ``request``'s items
+        carries (:meth:`_binding_for` digests them only when a stored entry must be
+        compared with them: a miss, or an entry keyed by its content, costs no digest)."""
+        rid = request.request_id
+        for i, feature in enumerate(request.mm_features or ()):
+            if feature.data is None or self._metadata_only(feature):
+                self._inputs.pop(feature.identifier, None)  # nothing here to compare
+            else:
+                self._inputs[feature.identifier] = ((rid, i), feature.data)
+
+    def _binding_for(self, identifier: str) -> str | None:
+        """The binding of the inputs this step's request carries for ``identifier``
+        (:meth:`_note_inputs`), digested once per request item; None without inputs."""
+        noted = self._inputs.get(identifier)
+        if noted is None:
+            return None
+        key, data = noted
+        if key not in self._request_bindings:
+            self._request_bindings[key] = item_binding(data)
+        return self._request_bindings[key]
 
     def _bindings_of(self, request: Request) -> None:
         """Note the binding of each of ``request``'s items that carries its processed
@@ -241,7 +267,7 @@ class EncacheSchedulerConnector:
                 self._bindings_of(request)
             return True
         self._note_lora(request)
-        self._bindings_of(request)
+        self._note_inputs(request)
         pending = self._start_loads(request, num_computed_tokens)
         if pending and self._inline_budget > 0:
             # Most loads take well under a millisecond: wait for them here (a bounded
@@ -422,6 +448,7 @@ class EncacheSchedulerConnector:
         self._pinned.clear()
         self._stored.clear()
         self._expect.clear()
+        self._inputs.clear()
         self._refused.clear()
         self._inline_budget = self.config.inline_wait_s  # a new scheduler step begins
         return meta

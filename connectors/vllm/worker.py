@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from ..store.entry import KEYED_BY_CONTENT
 from ..store.keys import split_lora
 from ..writer import EntryWriter
 from .config import ConnectorConfig
@@ -53,6 +54,8 @@ class EncacheWorkerConnector:
         self.encoder_config = encoder_config
         self.writer: EntryWriter | None = None
         self.save_wait_s = config.save_wait_s
+        #: stamped into every entry written here (``content``: precompute's own identifiers)
+        self.keyed_by = KEYED_BY_CONTENT if config.content_keyed else ""
         self.counters_flush_s = config.counters_flush_s
         self._flushed_at = time.monotonic()
         self._step_saves: list = []  # (identifier, future) of this step's writes
@@ -159,7 +162,7 @@ class EncacheWorkerConnector:
             model=self.model_id, vllm_version=vllm_version, hash_algo=self.hash_algo,
             encoder_config=self.encoder_config,
             lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "",
-            binding=self._bindings.pop(mm_hash, ""))
+            binding=self._bindings.pop(mm_hash, ""), keyed_by=self.keyed_by)
         if self.save_wait_s > 0:
             self._step_saves.append((mm_hash, future))
 

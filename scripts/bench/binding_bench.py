@@ -18,6 +18,9 @@ back is remembered. Timed here, interleaved (one of each per step, in a new rand
   binding.<model>.one_core  the same hashed on one core (inputs of 1 MiB or more are
                     hashed on every core: binding.PARALLEL_BYTES)
   binding.repeat    the binding of inputs already digested (the processor cache's object)
+  check.precomputed a consumer's whole check of an entry precompute wrote (``keyed_by:
+                    content``; binding.binding_to_check) for a new Gemma 3 image: no digest
+  check.online      the same for an entry an online producer wrote: the Gemma 3 digest
 
 Without the binding a write and a load cost what load.first / load.repeat / write do here
 (the binding adds one header field); with it a producer adds one binding.<model> per item
@@ -59,7 +62,8 @@ def run(rounds: int, entries: int) -> dict:
     from encache.connectors.store.disk import DiskStore
     from encache.connectors.store.entry import encode_parts
     from encache.connectors.vllm import binding as binding_mod
-    from encache.connectors.vllm.binding import item_binding
+    from encache.connectors.store.entry import EntryMeta
+    from encache.connectors.vllm.binding import binding_to_check, item_binding
 
     def one_core(data):
         """item_binding with every input hashed on one core."""
@@ -97,6 +101,10 @@ def run(rounds: int, entries: int) -> dict:
         kept = {m: UserDict(inputs(m)) for m in INPUTS}
         fresh = {m: [inputs(m) for _ in range(4)] for m in INPUTS}
         item_binding(kept["llava"])  # remembered: the repeat row's object
+        # the headers a consumer checks: an entry precompute wrote, one a server wrote
+        metas = {k: EntryMeta(identifier="x", dtype="F16", shape=SHAPE, data_bytes=nbytes,
+                              binding="blake3:" + "0" * 64, keyed_by=k)
+                 for k in ("content", "")}
         times: dict[str, list[float]] = {}
         written = tmp / "written"
         for r in range(rounds):
@@ -113,6 +121,10 @@ def run(rounds: int, entries: int) -> dict:
                                                      "F16", SHAPE, model="bench",
                                                      binding="blake3:" + "1" * 64))),
                     "binding.repeat": lambda: item_binding(kept["llava"]),
+                    "check.precomputed": lambda: binding_to_check(
+                        metas["content"], lambda: item_binding(dict(fresh["gemma3"][step % 4]))),
+                    "check.online": lambda: binding_to_check(
+                        metas[""], lambda: item_binding(dict(fresh["gemma3"][step % 4]))),
                     # a new mapping each time (not remembered), as a new request's
                     **{f"binding.{m}": (lambda m=m: item_binding(dict(fresh[m][step % 4])))
                        for m in INPUTS},
@@ -143,7 +155,7 @@ def run(rounds: int, entries: int) -> dict:
             for name, xs in sorted(times.items())}
     first = rows["load.first"]["p50_ms"]
     for name, row in rows.items():
-        if name.startswith("binding."):
+        if name.startswith(("binding.", "check.")):
             row["vs_first_load"] = round(row["p50_ms"] / first, 3)
     return {"benchmark": "the binding's cost beside a 2.75 MB entry's load and write",
             "machine": info, "loadavg": [load0, loadavg()],

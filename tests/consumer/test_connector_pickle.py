@@ -50,7 +50,7 @@ def consumer_scheduler(store, lookup, url: str):
     c._need_loads, c._pinned, c._pins = {}, {}, collections.deque()
     c._step, c._pinned_fds = 0, 0
     c.is_producer, c._lora_digests, c._stored = False, {}, {}  # a consumer
-    c._step_bindings, c._expect, c._refused = {}, {}, set()
+    c._step_bindings, c._expect, c._inputs, c._refused = {}, {}, {}, set()
     return c
 
 

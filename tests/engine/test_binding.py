@@ -18,8 +18,8 @@ import pytest
 
 from encache.connectors.store import open_store
 from encache.connectors.vllm.hashing import identify_file
-from engine_support import (EncoderCounter, TowerTap, consumer_config, data_url, make_llm,
-                            shutdown)
+from engine_support import (PRECOMPUTE_KW, EncoderCounter, TowerTap, consumer_config,
+                            data_url, make_llm, shutdown)
 
 pytestmark = pytest.mark.engine
 
@@ -138,5 +138,61 @@ def test_encoder_reencodes_a_planted_entry_and_replaces_it(tiny_model, pages, re
         counter.reset()
         assert chat(consumer, [(b, None)]) == [reference[b]]
         assert counter.items == 0  # the replaced entry is B's: a hit
+    finally:
+        shutdown(consumer)
+
+
+def test_precomputed_entries_load_without_a_digest_and_a_plant_over_one_is_refused(
+        tiny_model, pages, reference, tmp_path, monkeypatch):
+    """Precompute computes each identifier from the item's bytes, so its entries say so
+    (``keyed_by: content``) and a consumer serves them without digesting the request's
+    inputs (a first load pays no binding). An online producer cannot tell a client's uuid
+    from a hash: its entries are not keyed by content, so a plant over a precomputed
+    entry is digested and refused as any other."""
+    from encache.connectors.vllm import scheduler as scheduler_mod
+    from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
+    a, b, _ = pages
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for p in pages:
+        (root / p.rsplit("/", 1)[-1]).write_bytes(open(p, "rb").read())
+    store = str(tmp_path / "store")
+    summary = precompute_corpus(str(root), PrecomputeOptions(model=tiny_model, store=store,
+                                                             batch=4, **PRECOMPUTE_KW))
+    assert summary.encoded == len(pages)
+    b_id = identify_file(b, tiny_model).identifier
+    for p in pages:
+        meta = open_store(store).stat(identify_file(p, tiny_model).identifier).meta
+        assert meta.keyed_by == "content" and meta.binding.startswith("blake3:")
+
+    digests = []
+    real = scheduler_mod.item_binding
+    monkeypatch.setattr(scheduler_mod, "item_binding",
+                        lambda data: digests.append(1) or real(data))
+    counter = EncoderCounter()
+    consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
+    try:
+        counter.reset()
+        assert chat(consumer, [(p, None) for p in pages]) == [reference[p] for p in pages]
+        assert counter.items == 0 and digests == []  # hits, and no input digested
+    finally:
+        shutdown(consumer)
+
+    producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
+    try:
+        chat(producer, [(a, b_id)])  # A's pixels over the precomputed entry for B
+        from vllm.distributed.ec_transfer import get_ec_transfer
+        assert get_ec_transfer().wait_for_saves(30)
+    finally:
+        shutdown(producer)
+    planted = open_store(store).stat(b_id).meta
+    assert planted.keyed_by == "" and planted.binding.startswith("blake3:")
+    consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
+    try:
+        counter.reset()
+        assert chat(consumer, [(b, None)]) == [reference[b]]
+        assert counter.items == 1 and digests  # digested, refused, B encoded
+        counters = _wait_counter(store, "misses_binding", 1)
+        assert counters.get("binding_mismatches") == 1
     finally:
         shutdown(consumer)
