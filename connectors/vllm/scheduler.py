@@ -270,6 +270,11 @@ class EncacheSchedulerConnector:
         self._note_inputs(request)
         pending = self._start_loads(request, num_computed_tokens)
         if pending and self._inline_budget > 0:
+            # an EPD encoder's write in flight (not stored yet: not precompute's, keyed
+            # by content): digest the inputs its entry will be compared with meanwhile
+            for identifier in pending:
+                if not self.lookup.probably_stored(identifier):
+                    self._binding_for(identifier)
             # Most loads take well under a millisecond: wait for them here (a bounded
             # budget per scheduler step) rather than deferring the request by a whole step.
             t0 = time.perf_counter()
