@@ -109,19 +109,45 @@ def test_rotation_and_removal_under_churn_lose_no_change(tmp_path, monkeypatch):
     seen: set[str] = set()
     followed: set[str] = set()  # segments the reader's cursor held at some point
     unknown = 0
+    last = time.monotonic()
     while any(p.poll() is None for p in procs):
+        gap = time.monotonic() - last  # since the reader last looked
         cursor, changed = reader.changes_since(cursor)
+        last = time.monotonic()
         followed |= set(cursor["s"])
         if changed is None:
+            # only a reader that did not look for longer than a segment is kept may
+            # have lost one (a machine too busy to run it): it then lists the store
+            # (a cursor's time is renewed once half that window old)
+            assert gap > (disk_journal.KEEP_S - disk_journal.SKEW_S) / 2, \
+                f"cannot tell after {gap:.2f} s"
             unknown += 1
+            seen |= {info.identifier for info in reader.scan()}
         else:
             seen |= changed
         time.sleep(0.02)
     assert all(p.returncode == 0 for p in procs)
     seen |= reader.changes_since(cursor)[1]
-    assert unknown == 0
     assert seen == {f"{t}-{n}" for t in ("a", "b") for n in range(300)}
     assert len(followed - set(segments(reader))) >= 5, "segments were removed meanwhile"
+
+
+def test_a_reader_of_a_quiet_store_keeps_following(tmp_path, monkeypatch):
+    """Nothing written for longer than a segment is kept: a reader that looks regularly
+    still answers what changed (nothing, then the next put), never "cannot tell"."""
+    monkeypatch.setattr(disk_journal, "KEEP_S", 1.0)
+    monkeypatch.setattr(disk_journal, "SKEW_S", 0.2)
+    root = tmp_path / "quiet"
+    writer, reader = DiskStore(root, fsync=False), DiskStore(root)
+    writer.put("a", blob("a"))
+    cursor, _ = reader.changes_since(None)
+    deadline = time.monotonic() + 2.0  # 2.5 windows of KEEP_S - SKEW_S
+    while time.monotonic() < deadline:
+        cursor, changed = reader.changes_since(cursor)
+        assert changed == set()
+        time.sleep(0.1)
+    writer.put("b", blob("b"))
+    assert reader.changes_since(cursor)[1] == {"b"}
 
 
 def test_sealed_segments_are_followed_then_skipped(tmp_path, monkeypatch):

@@ -28,8 +28,10 @@ each writer appends only to files of its own:
 
 "Cannot tell" (the reader re-checks every copy it holds, as without a journal) when the
 journal was recreated (a wiped store: another ``id``), a segment shrank, a line is torn
-or is not an identifier, a ``*`` line, or the cursor last moved more than
-``KEEP_S - SKEW_S`` ago (a segment created and removed since could have escaped it).
+or is not an identifier, a ``*`` line, or the reader last looked more than
+``KEEP_S - SKEW_S`` ago (a segment created and removed since could have escaped it; a
+cursor's ``t`` is when it was last taken, renewed by a look that finds nothing new once
+it is half that old, so a quiet store's reader keeps following without re-checking).
 
 What no journal of this kind sees: a change by a writer killed between its commit and
 its record (microseconds), and changes by programs other than encache (an ``rm`` or an
@@ -192,8 +194,11 @@ class DiskJournal:
             if successor and successor not in seen:
                 seen.add(successor)
                 visit.append(successor)
-        if offsets == known and cursor.get("id") == token:
+        if (offsets == known and cursor.get("id") == token
+                and now - cursor.get("t", 0.0) < (KEEP_S - SKEW_S) / 2):
             return cursor, changed  # nothing moved: the same cursor (kept as it is)
+        # this look saw every segment: a segment made after it is kept KEEP_S past its
+        # last line, so the new cursor's age bounds what can escape it
         return {"id": token, "t": now, "s": offsets}, changed
 
     def _read_id(self) -> str | None:
