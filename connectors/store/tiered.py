@@ -85,8 +85,15 @@ _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 class LocalVersion(ServedVersion):
-    """The version of a copy read from the local tier (the tier file's version): the tier's
-    store makes these itself (``DiskStore.version_type``), so a tier hit copies nothing."""
+    """The version of a copy read from the local tier (the tier file's version): what the
+    shared store is asked about it (:meth:`TieredStore.unchanged`) is its header, not a
+    file version that means nothing there."""
+
+    @classmethod
+    def of_served(cls, version: ServedVersion) -> LocalVersion:
+        v = cls(version)
+        v.ctime_ns, v.touched_ctime_ns = version.ctime_ns, version.touched_ctime_ns
+        return v
 
 
 class TieredStore(Store):
@@ -104,7 +111,6 @@ class TieredStore(Store):
         if local.read_only:
             raise StoreError(f"the local tier {local.root} is not writable")
         self.remote, self.tier = remote, local
-        local.version_type = LocalVersion  # its loads say they were served by the tier
         self.backend = remote.backend
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
@@ -174,12 +180,6 @@ class TieredStore(Store):
         tier = self.tier
         return tier.keeps(identifier) or tier.contains(identifier)
 
-    def served_from(self, version) -> str | None:
-        return "local" if isinstance(version, LocalVersion) else "remote"
-
-    def file_store(self, version) -> DiskStore | None:
-        return self.tier if isinstance(version, LocalVersion) else self.remote.file_store(version)
-
     def _read(self, identifier: str, local, remote, *args):
         """``local(identifier, *args)`` from the tier when its copy may be served, else
         ``remote(...)``, written behind into the tier. A tier copy that cannot be read is
@@ -197,13 +197,14 @@ class TieredStore(Store):
                 got = None
             if got is not None:
                 self.stats["local_reads"] += 1
-                return got
+                return got.served_by("local", LocalVersion.of_served(got[1]))
         epoch = self._epoch
         got = remote(identifier, *args)
         if got is not None:
             self.stats["remote_reads"] += 1
             self._write_behind(identifier, got[0], epoch)
-        return got
+            return got.served_by("remote")
+        return None
 
     def read_entry(self, identifier: str):
         return self._read(identifier, self.tier.read_entry, self.remote.read_entry)

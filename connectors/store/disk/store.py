@@ -61,6 +61,8 @@ from ..base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_
 from ..removals import EVICTED, RemovalLog
 from ..removals import note_failure as note_removal_failure
 from .journal import DiskJournal
+from ..loaded import Loaded
+from .pins import pin_file
 from ..entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
                     parse_header, read_verified, validate_blob)
 from ..files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, NotAFile, ServedVersion,
@@ -148,9 +150,6 @@ def _indexed(rec, version: tuple) -> bool:
 class DiskStore(Store):
     backend = "disk"
     local = True
-    #: the class of the versions the serving path hands out (a local tier's store serves
-    #: ``tiered.LocalVersion``: the tier tells its copies from the shared store's by it)
-    version_type: type[ServedVersion] = ServedVersion
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
@@ -236,6 +235,7 @@ class DiskStore(Store):
         # _make_room re-reads the usage every 30 s, or at most ~5 % of a writer's time
         self._usage_reads = ScanThrottle(0.05, min_interval=30.0)
         self._access_stamped = 0  # ns: when _stamp_access last moved .encache/accessed
+        self._pin = partial(pin_file, self)  # how a read of this store's files pins it
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -252,9 +252,6 @@ class DiskStore(Store):
                          access_resolution_s=self.access_resolution_s,
                          reuse_buffers=self._recent is not None or not self.mapped_loads,
                          preallocate=self.preallocates, read_threads=self.read_threads)
-
-    def file_store(self, version) -> DiskStore | None:
-        return self if self.local else None
 
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE
@@ -286,7 +283,14 @@ class DiskStore(Store):
         changes ctime, which is deliberately not part of the version — otherwise every
         entry would be re-hashed after each access-time update.
         """
-        return self._open_entry(identifier, mapped=self.mapped_loads)
+        got = self._open_entry(identifier, mapped=self.mapped_loads)
+        return None if got is None else self._loaded(got, identifier)
+
+    def _loaded(self, items, identifier: str) -> Loaded:
+        """A read's record: pinned as this store's file (:mod:`.pins`)."""
+        out = Loaded(items)
+        out.pinner, out.identifier = self._pin, identifier
+        return out
 
     def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         """An entry validated on the way in. Where :meth:`read_entry` would *read* it (not
@@ -318,7 +322,7 @@ class DiskStore(Store):
             st = os.fstat(fd)
             if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
                 return None
-            version = self.version_type.of(st)
+            version = ServedVersion.of(st)
             hashing = checksum(version)
             if not getattr(into, "stages", False) and (
                     not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes)):
@@ -329,14 +333,14 @@ class DiskStore(Store):
                 buf, version = got
                 meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
                                              ahead=self._ahead(-1, st.st_size))
-                return buf, version, meta, offset, hashing
+                return self._loaded((buf, version, meta, offset, hashing), identifier)
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
                                          verify=hashing,
                                          ahead=self._ahead(fd, st.st_size))
             version = self._touch(fd, st, version, time.time_ns())
-            return buf, version, meta, offset, hashing
+            return self._loaded((buf, version, meta, offset, hashing), identifier)
         finally:
             os.close(fd)
 
@@ -358,7 +362,7 @@ class DiskStore(Store):
         if now - st.st_atime_ns > self.access_resolution_s * 1e9:
             with contextlib.suppress(OSError):
                 os.utime(fd, ns=(now, st.st_mtime_ns))
-                version = self.version_type.of(st, os.fstat(fd))
+                version = ServedVersion.of(st, os.fstat(fd))
             self._stamp_access(now)
         return version
 
@@ -404,7 +408,7 @@ class DiskStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 recent.discard(path)
                 return None
-            version = self.version_type.of(st)
+            version = ServedVersion.of(st)
             buf, touched = recent.get(path, version)
             if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
                     <= self.access_resolution_s * 1e9):
@@ -419,7 +423,7 @@ class DiskStore(Store):
             st = os.fstat(fd)
             if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
                 return None
-            return self._serve_open(fd, st, path, self.version_type.of(st), mapped)
+            return self._serve_open(fd, st, path, ServedVersion.of(st), mapped)
         finally:
             os.close(fd)
 
@@ -633,7 +637,7 @@ class DiskStore(Store):
         """The bytes of a write in flight once all are written, checked in full
         (header, size, checksum unless ``checksum(version)`` says the verified log vouches
         for it: a producer on this host records its temp file once all its bytes are in):
-        ``(buffer, version, meta, offset)``, or None (no fresh temp file holds a whole,
+        ``(buffer, version, meta, offset)`` (a :class:`~..loaded.Loaded`), or None (no fresh temp file holds a whole,
         valid entry yet). Mapped as :meth:`read_entry` maps a committed entry of its size
         (writers never change a temp file once written, and the rename keeps the inode;
         the hash faults the pages in), else read into a private buffer and checked in the
@@ -667,7 +671,7 @@ class DiskStore(Store):
                             ahead=self._ahead(fd, st.st_size))
                 except CorruptEntry:  # still being written (or its writer died since)
                     continue
-                return buf, version, meta, offset
+                return self._loaded((buf, version, meta, offset), identifier)
             finally:
                 os.close(fd)
         return None

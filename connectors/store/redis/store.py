@@ -77,6 +77,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from ..base import EntryInfo, Store, StoreError, StoreInfo, info_from_blob_header
 from ..entry import NEWER_FORMAT, CorruptEntry, byte_views, header_length
 from ..keys import validate
+from ..loaded import Loaded
 from .errors import ERRORS, ConnectionBackoff, ConnectionRetry, describe_error
 from .lock import RedisLock
 from .receive import Unreadable, receive_verified
@@ -385,7 +386,7 @@ class RedisStore(Store):
             self._touched.pop(identifier, None)
             return None
         buf, meta, offset = got
-        return buf, None, meta, offset, hashing
+        return Loaded((buf, None, meta, offset, hashing))
 
     @_wrapped
     def get_many(self, identifiers: list[str]) -> list[bytes | None]:
