@@ -34,11 +34,13 @@ class Loaded(tuple):
     ``source``: the tier that served it (a tiered store's ``"local"`` or ``"remote"``;
     None: a store without tiers)."""
 
-    #: the tier that served the read; None for a store without tiers
+    #: the tier that served the read (a tiered store sets it on the record its tier
+    #: returned: each record is its read's own); None for a store without tiers
     source: str | None = None
     #: ``pinner(identifier, version) -> (fd, ref) | None``: how the backend pins a read of
     #: its own files (the disk store's), None where it keeps none
     pinner = None
+    #: the entry read (set with ``pinner``)
     identifier: str | None = None
 
     @property
@@ -72,24 +74,6 @@ class Loaded(tuple):
         if self.pinner is not None:
             return self.pinner(self.identifier, self[1])
         return None
-
-    def served_by(self, source: str, version=None) -> Loaded:
-        """This read as the tier ``source`` of a tiered store served it (its version
-        replaced by ``version`` where given), keeping how it pins."""
-        out = Loaded(self if version is None else (self[0], version, *self[2:]))
-        out.source = source
-        if self.pinner is not None:
-            out.pinner, out.identifier = self.pinner, self.identifier
-        return out
-
-
-def loaded(items, identifier: str | None = None, pinner=None) -> Loaded:
-    """A :class:`Loaded` of ``items`` (the reading method's tuple), pinned by ``pinner``
-    (``pinner(identifier, version)``) when given."""
-    out = Loaded(items)
-    if pinner is not None:
-        out.pinner, out.identifier = pinner, identifier
-    return out
 
 
 def pin_shared(buf: memfd.SharedBuffer) -> tuple[int, tuple] | None:

@@ -85,18 +85,6 @@ SUSPECT_MARGIN_S = 0.05  # file times vs the clock: copies this close are checke
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
-class LocalVersion(ServedVersion):
-    """The version of a copy read from the local tier (the tier file's version): what the
-    shared store is asked about it (:meth:`TieredStore.unchanged`) is its header, not a
-    file version that means nothing there."""
-
-    @classmethod
-    def of_served(cls, version: ServedVersion) -> LocalVersion:
-        v = cls(version)
-        v.ctime_ns, v.touched_ctime_ns = version.ctime_ns, version.touched_ctime_ns
-        return v
-
-
 class TieredStore(SharedStoreAnswers, Store):
     """``remote`` (the shared store) with ``local`` (this node's disk tier) in front."""
 
@@ -198,13 +186,16 @@ class TieredStore(SharedStoreAnswers, Store):
                 got = None
             if got is not None:
                 self.stats["local_reads"] += 1
-                return got.served_by("local", LocalVersion.of_served(got[1]))
+                got.source = "local"  # (the record and its version are this read's own)
+                got[1].tier_copy = True
+                return got
         epoch = self._epoch
         got = remote(identifier, *args)
         if got is not None:
             self.stats["remote_reads"] += 1
             self._write_behind(identifier, got[0], epoch)
-            return got.served_by("remote")
+            got.source = "remote"
+            return got
         return None
 
     def read_entry(self, identifier: str):
@@ -521,7 +512,8 @@ class TieredStore(SharedStoreAnswers, Store):
 
     def unchanged(self, entries) -> list[bool]:
         # a local copy's file version means nothing to the remote: compare headers
-        return self.remote.unchanged([(i, None if isinstance(v, LocalVersion) else v, m)
+        return self.remote.unchanged([(i, None if isinstance(v, ServedVersion) and v.tier_copy
+                                       else v, m)
                                       for i, v, m in entries])
 
     def changes_since(self, cursor):
