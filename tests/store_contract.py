@@ -456,22 +456,55 @@ class StoreContract:
         assert store.prune() == 0  # nothing was lost behind the store's back
         assert store.contains("sp")
 
-    def test_file_store_names_the_file_a_read_served(self, store):
-        """``file_store(version)``: None, or a store on this host whose entry file holds
-        exactly the version a read returned (a worker process opens it, pinned). Received
-        entries (Redis) have none. (A local tier's copy: ``test_connector_pickle``.)"""
-        from encache.connectors.store.files import file_version
-        b = blob("fs", n=4096)
-        store.put("fs", b)
-        got = store.read_entry("fs")
-        assert got is not None and bytes(got[0]) == b
-        files = store.file_store(got[1])
-        if files is not None:
-            path = files.entry_path("fs")
-            assert files.local and Path(path).read_bytes() == b
-            assert file_version(os.stat(path)) == tuple(got[1])
-        if store.served_from(got[1]) != "local":
-            assert (files is store) == (store.supports_entry_path and store.local)
+    def test_a_read_says_what_it_read_and_where_from(self, store):
+        """Every serving read returns its record (``Loaded``): it unpacks as the method's
+        tuple and names the same things; ``source`` says which tier served it (None: a
+        store without tiers)."""
+        from encache.connectors.store.loaded import Loaded
+        from encache.connectors.store.tiered import TieredStore
+        b = blob("lr", n=4096)
+        store.put("lr", b)
+        tiers = ("local", "remote") if isinstance(store, TieredStore) else (None,)
+        for got in (store.read_entry("lr"), store.read_verified("lr")):
+            assert isinstance(got, Loaded) and got.blob is got[0] and got.version is got[1]
+            assert bytes(got.blob) == b and got.source in tiers
+        got = store.read_verified("lr")
+        assert (got.meta, got.offset, got.checksummed) == tuple(got[2:])
+        assert got.meta.shape == (4096, 8) and got.checksummed is True
+        assert store.read_entry("lr").meta is None  # not checked yet: no header
+
+    def test_a_pinned_read_keeps_the_bytes_it_read(self, store):
+        """``Loaded.pin()``: None (the bytes are private: ship them), or ``(fd, ref)``
+        that a process on this host opens (``open_ref``) to find exactly the bytes read,
+        even once the entry was rewritten and deleted; a read of an entry rewritten since
+        pins nothing or still the bytes it read, never the new ones."""
+        from encache.connectors.store.loaded import open_ref
+        from encache.connectors.store.memfd import shared_buffer
+        b = blob("pn", n=4096)
+        store.put("pn", b)
+        for read in (store.read_entry, lambda i: store.read_verified(i, into=shared_buffer)):
+            got = read("pn")
+            pinned = got.pin()
+            if store.supports_entry_path and store.local:
+                assert pinned is not None, "a local store's file is pinned, not shipped"
+            if pinned is None:
+                continue
+            fd, ref = pinned
+            try:
+                store.put("pn", blob("pn", n=4096, seed=9))
+                again = got.pin()  # the entry was rewritten: never the new bytes
+                if again is not None:
+                    os.close(again[0])
+                    assert again[1][2] == ref[2]
+                store.delete("pn")
+                f, st = open_ref(ref)
+                try:
+                    assert os.pread(f, st.st_size, 0) == b
+                finally:
+                    os.close(f)
+            finally:
+                os.close(fd)
+            store.put("pn", b)
 
     def test_entry_path(self, store):
         from encache.connectors.store import StoreError

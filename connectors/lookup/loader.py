@@ -66,7 +66,8 @@ class State(Enum):
 
 
 def read_entry(store: Store, identifier: str):
-    """``(blob, version)`` of the stored entry, or None (not there)."""
+    """``(blob, version)`` of the stored entry (a :class:`~..store.loaded.Loaded`: it
+    says which tier served it and pins it), or None (not there)."""
     return store.read_entry(identifier)
 
 
@@ -170,7 +171,7 @@ class Loader:
 
     def _in_flight_load(self, identifier: str):
         """A write of ``identifier`` was in flight (``Store.in_flight``; EPD: the encoder
-        answered once its write was visible): ``(blob, meta, offset, version)`` of its
+        answered once its write was visible): ``(read, meta, offset)`` of its
         bytes from the temp file once all are written (checked in full), or None once it
         is committed, gone, or not whole within ``load_timeout_s`` (the caller then loads
         the stored entry as usual). Counted as ``in_flight_loads``, the time it took as
@@ -193,10 +194,10 @@ class Loader:
             while not self._closing.is_set() and not self.store.contains(identifier):
                 got = self.store.read_in_flight(identifier, checksum)
                 if got is not None:
-                    blob, version, meta, offset = got
+                    _, version, meta, offset = got
                     validated(self.verified, identifier, version, meta, offset, hashed[-1],
                               self.metrics)
-                    return blob, meta, offset, version
+                    return got, meta, offset
                 if not self.store.in_flight(identifier):
                     break
                 if time.monotonic() >= deadline:
@@ -229,9 +230,9 @@ class Loader:
             if got is None:
                 self.index.forget(identifier)
             elif self.checks.usable(identifier, got[1]):
-                blob, meta, offset, version = got
-                staged = Staged(identifier, meta, blob, offset, time.perf_counter() - t0,
-                                version, self.store.served_from(version))
+                read, meta, offset = got  # (the read says where it came from)
+                staged = Staged(identifier, meta, read[0], offset, time.perf_counter() - t0,
+                                read[1], read.source, read.pin)
         except NewerFormat as e:  # a newer encache's entry: a miss here, left as it is
             self.misses.reject(identifier, "newer_format")
             self.warn.warning("newer", "encache: entry %s in %s was %s; re-encoding (an "
@@ -273,7 +274,8 @@ class Loader:
         A version validated here before (a store that reads every load: ``load_mode:
         read``, a network filesystem) is read with header checks only, as :meth:`_load`
         serves one: the checksum runs once per stored version.
-        ``(blob, meta, offset, version)``, None (absent) or ``DEFER``."""
+        ``(read, meta, offset)`` (``read``: the store's record), None (absent) or
+        ``DEFER``."""
         known = []  # the version was validated here before
 
         def checksum(version) -> bool:
@@ -292,10 +294,10 @@ class Loader:
             return DEFER
         if got is None:
             return None
-        blob, version, meta, offset, hashed = got
+        _, version, meta, offset, hashed = got
         if not (known and known[-1] == version):  # (else remembered and counted already)
             validated(self.verified, identifier, version, meta, offset, hashed, self.metrics)
-        return blob, meta, offset, version
+        return got, meta, offset
 
     def _into(self, n: int):
         """The buffer a load receives an entry of ``n`` bytes into (``shared_from``);
@@ -311,7 +313,8 @@ class Loader:
 
     def _load(self, identifier: str, inline: bool):
         """A load that may reuse an earlier validation of the same stored version (the
-        file mapped, or its recently served buffer: no copy, no hash)."""
+        file mapped, or its recently served buffer: no copy, no hash): ``(read, meta,
+        offset)``, None (absent) or ``DEFER``."""
         got = read_entry(self.store, identifier)
         if got is None:
             return None
@@ -330,7 +333,7 @@ class Loader:
                 # start fetching them now rather than in the model step
                 prefault(blob)
             record.last_load = now
-        return blob, meta, offset, version
+        return got, meta, offset
 
     # -- verify ahead --------------------------------------------------------------
     def verify_ahead(self, identifiers, closed: threading.Event) -> None:

@@ -29,7 +29,10 @@ class Staged(msgspec.Struct, frozen=True):
     #: the stored version these bytes were verified as (a disk file's identity), or None
     version: object = None
     #: which tier served them (``"local"`` / ``"remote"``; None: a store without tiers)
-    tier: str | None = None
+    source: str | None = None
+    #: the read's :meth:`~encache.connectors.store.loaded.Loaded.pin`: these bytes kept
+    #: for a worker process to open itself (``(fd, ref)``, or None); None: not pinnable
+    pin: object = None
 
     @property
     def nbytes(self) -> int:

@@ -12,6 +12,10 @@ Semantics every backend honours (checked by ``tests/store_contract.py``):
   error. Integrity is checked by the caller with :func:`.entry.decode`.
 * ``delete`` removes an entry whole; concurrent readers see it or a miss.
 * Counters are additive across processes and hosts (``add_counters`` takes deltas).
+* A serving read (``read_entry``, ``read_verified``, ``read_in_flight``) returns its
+  record, a :class:`~.loaded.Loaded`: the bytes, their version, the tier that served
+  them, and ``pin()`` (the disk store's file, or shared memory, kept open for a worker
+  process), so nobody asks the store afterwards what it read.
 
 Capabilities (zarr's ``supports_*`` pattern): every optional ability has a working default
 here and a flag saying whether the backend does better than the default, so callers never
@@ -86,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .entry import CorruptEntry, EntryMeta
+from .loaded import Loaded
 
 #: how often a reader waiting for an in-flight write looks again when nothing can wake it
 IN_FLIGHT_POLL_S = 0.001
@@ -208,8 +213,9 @@ class Store(ABC):
     def get(self, identifier: str) -> bytes | bytearray | None:
         """The whole encoded entry, or None if absent."""
 
-    def read_entry(self, identifier: str) -> tuple[object, object] | None:
-        """``(buffer, version)`` for the serving path, or None if absent.
+    def read_entry(self, identifier: str) -> Loaded | None:
+        """``(buffer, version)`` for the serving path (a :class:`~.loaded.Loaded`: it also
+        says which tier served it and pins it), or None if absent.
 
         ``version`` identifies this exact stored copy (for a file: device, inode, size and
         mtime, which only writers set) so a reader can skip re-verifying bytes it has already checked;
@@ -217,11 +223,11 @@ class Store(ABC):
         a read-only-backed mapping: callers must not assume it is a private copy.
         """
         blob = self.get(identifier)
-        return None if blob is None else (blob, None)
+        return None if blob is None else Loaded((blob, None))
 
     def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         """``(buffer, version, meta, offset, checksummed)`` of a whole entry validated on
-        the way in, or None if absent. ``checksum(version) -> bool`` says whether this
+        the way in (a :class:`~.loaded.Loaded`), or None if absent. ``checksum(version) -> bool`` says whether this
         stored version's bytes must be hashed (False: a version verified before; header
         and size are still checked). ``into(n)``: where a backend receives or reads the
         entry into memory of its own, it takes that buffer of ``n`` writable bytes from
@@ -240,7 +246,10 @@ class Store(ABC):
         blob, version = got
         hashing = checksum(version)
         meta, offset = validate_blob(blob, identifier=identifier, verify=hashing)
-        return blob, version, meta, offset, hashing
+        out = Loaded((blob, version, meta, offset, hashing))
+        if got.pinner is not None:
+            out.pinner, out.identifier = got.pinner, identifier
+        return out
 
     def unchanged(self, entries: list[tuple[str, object, EntryMeta]]) -> list[bool]:
         """For ``(identifier, version, meta)`` of entries a reader holds in memory: is each
@@ -309,19 +318,6 @@ class Store(ABC):
         """Removals remembered, per reason. Default: none."""
         return {}
 
-    def served_from(self, version) -> str | None:
-        """Which tier a version returned by a read came from (``"local"``, ``"remote"``),
-        or None for a store without tiers (:mod:`.tiered`)."""
-        return None
-
-    def file_store(self, version) -> Store | None:
-        """The store whose entry file on this host holds a version a read of this store
-        returned, for a worker process on the host to open itself (a scheduler pins the
-        file: ``vllm/loads.pin_entry``): a local disk store itself, a tier's local copy
-        its tier (:mod:`.tiered`); None where the bytes were received or read from
-        elsewhere (Redis, a network filesystem). Default: None."""
-        return None
-
     def local_tier_usage(self) -> tuple[int, int | None] | None:
         """``(bytes, capacity)`` of the node-local tier in front of this store, cheap
         enough for every metrics sample; None for a store without one (:mod:`.tiered`)."""
@@ -359,7 +355,9 @@ class Store(ABC):
 
     def holds_locally(self, identifier: str) -> bool:
         """A copy of ``identifier`` this node may serve without reaching the store (a
-        local tier's current copy): through an outage, such items are still loaded."""
+        local tier's current copy). Asked *before* any read, to decide whether to read at
+        all: through an outage such items are still loaded, and such a load may run
+        inline. (Which tier did serve a read, its record says: ``Loaded.source``.)"""
         return False
 
     def failure_domain(self, identifier: str) -> str | None:

@@ -114,6 +114,9 @@ class ServedVersion(tuple):
 
     ctime_ns: int
     touched_ctime_ns: int
+    #: a copy a node's local tier served (:mod:`.tiered`): its file version means nothing
+    #: to the shared store, which checks it by its header instead
+    tier_copy: bool = False
 
     @classmethod
     def of(cls, st: os.stat_result, touched: os.stat_result | None = None) -> ServedVersion:

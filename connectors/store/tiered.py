@@ -10,7 +10,7 @@ disk (a :class:`~.disk.DiskStore` directory with its own capacity, evicted by us
   the write-behind off for ``WRITE_BEHIND_RETRY_S`` with one warning: remote-only);
 * **writes** (producers) go to the shared store; the node's own copy is dropped;
 * **everything else** (listing, stats, counters, locks, notes) is the shared store's: it is
-  the truth, the tier only holds copies.
+  the truth, the tier only holds copies (:mod:`.tier_shared`).
 
 Never stale: a local copy is served only while it is the shared store's current version.
 :meth:`sync` (run by the consumer's index refresh, every ``index_refresh_s``) asks the
@@ -19,7 +19,7 @@ shared store's change journal what was put or deleted since its cursor
 journal cannot tell (first start, the journal trimmed past the cursor, the store lost its
 data) it checks every local copy with :meth:`~.base.Store.unchanged` (one round trip per
 batch). A store whose journal record is not atomic with the write (Redis Cluster; a
-network filesystem's directory, :mod:`.disk_journal`) also gets that full check every
+network filesystem's directory, :mod:`.disk.journal`) also gets that full check every
 ``JOURNAL_FULL_CHECK_S``. A write-behind racing a change (the read's sync epoch is
 compared with the epoch of the sync that named the identifier, or checked everything,
 before and after the write) is written but not served until the next sync checked it.
@@ -49,11 +49,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from .base import JOURNAL_FULL_CHECK_S, EntryInfo, Store, StoreError, StoreInfo
+from .base import JOURNAL_FULL_CHECK_S, Store, StoreError, StoreInfo
 from .disk.store import DiskStore
 from .entry import CorruptEntry, NewerFormat
 from .files import ServedVersion
 from .throttle import ScanThrottle
+from .tier_shared import SharedStoreAnswers
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +85,7 @@ SUSPECT_MARGIN_S = 0.05  # file times vs the clock: copies this close are checke
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
-class LocalVersion(ServedVersion):
-    """The version of a copy read from the local tier (the tier file's version): the tier's
-    store makes these itself (``DiskStore.version_type``), so a tier hit copies nothing."""
-
-
-class TieredStore(Store):
+class TieredStore(SharedStoreAnswers, Store):
     """``remote`` (the shared store) with ``local`` (this node's disk tier) in front."""
 
     local = False  # membership questions go to the shared store
@@ -104,7 +100,6 @@ class TieredStore(Store):
         if local.read_only:
             raise StoreError(f"the local tier {local.root} is not writable")
         self.remote, self.tier = remote, local
-        local.version_type = LocalVersion  # its loads say they were served by the tier
         self.backend = remote.backend
         for flag in ("supports_used_bytes", "supports_batch", "supports_index_version",
                      "supports_capacity_warnings", "supports_live_counters",
@@ -174,12 +169,6 @@ class TieredStore(Store):
         tier = self.tier
         return tier.keeps(identifier) or tier.contains(identifier)
 
-    def served_from(self, version) -> str | None:
-        return "local" if isinstance(version, LocalVersion) else "remote"
-
-    def file_store(self, version) -> DiskStore | None:
-        return self.tier if isinstance(version, LocalVersion) else self.remote.file_store(version)
-
     def _read(self, identifier: str, local, remote, *args):
         """``local(identifier, *args)`` from the tier when its copy may be served, else
         ``remote(...)``, written behind into the tier. A tier copy that cannot be read is
@@ -197,13 +186,17 @@ class TieredStore(Store):
                 got = None
             if got is not None:
                 self.stats["local_reads"] += 1
+                got.source = "local"  # (the record and its version are this read's own)
+                got[1].tier_copy = True
                 return got
         epoch = self._epoch
         got = remote(identifier, *args)
         if got is not None:
             self.stats["remote_reads"] += 1
             self._write_behind(identifier, got[0], epoch)
-        return got
+            got.source = "remote"
+            return got
+        return None
 
     def read_entry(self, identifier: str):
         return self._read(identifier, self.tier.read_entry, self.remote.read_entry)
@@ -517,22 +510,10 @@ class TieredStore(Store):
         with contextlib.suppress(OSError, StoreError):
             self.tier.delete(identifier)
 
-    # -- the shared store answers the rest ---------------------------------------------
-    def contains(self, identifier: str) -> bool:
-        return self.remote.contains(identifier)
-
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
-        return self.remote.identifiers(unreachable=unreachable)
-
-    def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:
-        return self.remote.scan(unreachable=unreachable)
-
-    def stat(self, identifier: str) -> EntryInfo | None:
-        return self.remote.stat(identifier)
-
     def unchanged(self, entries) -> list[bool]:
         # a local copy's file version means nothing to the remote: compare headers
-        return self.remote.unchanged([(i, None if isinstance(v, LocalVersion) else v, m)
+        return self.remote.unchanged([(i, None if isinstance(v, ServedVersion) and v.tier_copy
+                                       else v, m)
                                       for i, v, m in entries])
 
     def changes_since(self, cursor):
@@ -554,84 +535,15 @@ class TieredStore(Store):
             return memo[1], memo[2]
         return self.remote.changes_since(cursor)
 
-    def index_version(self):
-        return self.remote.index_version()
-
-    def used_bytes(self) -> int:
-        return self.remote.used_bytes()
-
-    def count(self, *, unreachable: list | None = None) -> int:
-        return self.remote.count(unreachable=unreachable)
-
-    def ping(self) -> float:
-        return self.remote.ping()
-
-    def failure_domain(self, identifier: str) -> str | None:
-        return self.remote.failure_domain(identifier)  # (the tier's copies: holds_locally)
-
-    def probe_domain(self, domain: str) -> None:
-        self.remote.probe_domain(domain)
-
-    def capacity_warnings(self) -> list[str]:
-        return self.remote.capacity_warnings()
-
-    def summary_if_unchanged(self, stat_entries: bool = True):
-        return self.remote.summary_if_unchanged(stat_entries)
-
-    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
-        return self.remote.put_note(name, text, ttl)
-
-    def get_note(self, name: str) -> str | None:
-        return self.remote.get_note(name)
-
-    def delete_note(self, name: str) -> None:
-        self.remote.delete_note(name)
-
-    def stray_files(self, older_than: float = 0.0):
-        return self.remote.stray_files(older_than)
-
-    def prune(self) -> int:
-        return self.remote.prune()
-
-    def live_counters(self):
-        return self.remote.live_counters()
-
-    def verified_log(self):
-        return self.tier.verified_log()  # local copies' versions (remote reads have none)
-
     def maintain(self) -> None:
         self.tier.maintain()
         self.remote.maintain()
         self.sync()
 
-    def record_removals(self, identifiers, reason: str) -> None:
-        self.remote.record_removals(identifiers, reason)
-
-    def removals(self) -> dict[str, str]:
-        return self.remote.removals()
-
-    def forget_removals(self, identifiers) -> None:
-        self.remote.forget_removals(identifiers)
-
-    def removal_counts(self) -> dict[str, int]:
-        return self.remote.removal_counts()
-
-    def add_counters(self, deltas: dict[str, float]) -> None:
-        self.remote.add_counters(deltas)
-
-    def read_counters(self) -> dict[str, float]:
-        return self.remote.read_counters()
-
-    def reset_counters(self) -> None:
-        self.remote.reset_counters()
-
     def info(self) -> StoreInfo:
         info = self.remote.info()
         return StoreInfo(info.url, info.backend, info.max_bytes,
                          {**info.extra, "local_tier": self.tier_info()})
-
-    def lock(self, name: str, wait: float = 0.0):
-        return self.remote.lock(name, wait)
 
     def close(self) -> None:
         if self._closed:

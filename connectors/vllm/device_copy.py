@@ -40,7 +40,8 @@ import warnings
 
 import torch
 
-from .loads import DTYPE_BYTES, TORCH_DTYPES, LoadItem, open_ref
+from ..store.loaded import open_ref
+from .loads import DTYPE_BYTES, TORCH_DTYPES, LoadItem
 
 log = logging.getLogger("encache.connector")
 
@@ -126,7 +127,7 @@ class DeviceCopier:
         return buf
 
     def from_file(self, ref, offset: int, nbytes: int) -> torch.Tensor:
-        """Staging filled by reading a pinned entry (:func:`~.loads.pin_entry`'s ref)
+        """Staging filled by reading a pinned entry (a read's :meth:`~..store.loaded.Loaded.pin`)
         straight into it: one pass from the page cache, no mapping, no bounce."""
         f, _ = open_ref(ref)
         try:

@@ -2,11 +2,11 @@
 
 A :class:`LoadItem` is one verified entry the scheduler staged: its bytes (in-process
 workers get the staged buffer itself, no copy) or, for large entries and workers in
-other processes, a *pinned file* -- the scheduler keeps the verified file open and the
-worker opens it through ``/proc/<pid>/fd/<n>`` (:func:`pin_entry`, :func:`open_pinned`),
-so the very inode that was verified is read even if the entry was replaced since. An
-entry received from Redis (or read from a network filesystem) is pinned the same way
-through the shared memory it was received into (:func:`pin_shared`). Otherwise the
+other processes, a *pinned* entry -- the scheduler keeps the verified file (or the shared
+memory an entry was received into) open through the read's pin
+(:meth:`~..store.loaded.Loaded.pin`) and the worker opens it through
+``/proc/<pid>/fd/<n>`` (:func:`open_pinned`), so the very inode that was verified is
+read even if the entry was replaced since. Otherwise the
 tensor bytes travel out of band with pickle protocol 5 (vLLM's shared-memory queue).
 :func:`tensor_over` makes the engine's tensor over a buffer. Imports torch (dtype
 tables), not vLLM: the device-copy path (:mod:`.device_copy`) and the GPU benchmark run
@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..store import memfd
-from ..store.files import READ_FLAGS, file_version
+from ..store.loaded import open_ref
 
 TORCH_DTYPES = {
     "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
@@ -99,87 +98,12 @@ class LoadItem:
         return (_rebuild_load_item, (self.identifier, payload, self.dtype, tuple(self.shape)))
 
 
-def pin_entry(store, identifier: str, version) -> tuple[int, tuple] | None:
-    """Scheduler side: open a verified disk entry and check it is still that version;
-    ``(fd, ref)`` for a :class:`LoadItem`, or None (replaced, purged: ship the bytes).
-    A version verified from a write still in flight (EPD: PD loads what the encoder wrote
-    before its commit) is pinned through that write's temp file: the commit renames it,
-    keeping the inode, so the worker reads the verified bytes either way (shipping them
-    in the step's metadata instead delays PD's step: docs/performance.md, EPD).
-    The caller keeps ``fd`` open until the workers have read it."""
-    if version is None:
-        return None
-    version = tuple(version)
-    path = str(store.entry_path(identifier))
-
-    def candidates():  # the committed file; else a write's temp file (listed only then);
-        yield path     # else the committed file again (renamed meanwhile)
-        yield from store.in_flight_paths(identifier)
-        yield path
-
-    for candidate in candidates():
-        try:
-            fd = os.open(candidate, READ_FLAGS)
-        except OSError:
-            continue
-        try:
-            if file_version(os.fstat(fd)) == version:
-                return fd, (os.getpid(), fd, version, path)
-        except OSError:
-            pass
-        os.close(fd)
-    return None
-
-
-def pin_shared(buf: memfd.SharedBuffer, identifier: str) -> tuple[int, tuple] | None:
-    """Scheduler side: an entry received into shared memory (:mod:`..store.memfd`),
-    sealed (its size fixed) and pinned as :func:`pin_entry` pins a file: ``(fd, ref)``,
-    the caller keeps ``fd`` open until the workers have read it; None when it cannot be
-    (no descriptor left: ship the bytes). The staged buffer may be evicted meanwhile:
-    the duplicate descriptor keeps the memory."""
-    try:
-        memfd.seal(buf)
-        fd = os.dup(buf.fd)
-    except OSError:
-        return None
-    try:
-        return fd, (os.getpid(), fd, file_version(os.fstat(fd)), None)
-    except OSError:
-        os.close(fd)
-        return None
-
-
 def _rebuild_load_item_ref(identifier, offset, dtype, shape, ref) -> LoadItem:
     return LoadItem(identifier, None, offset, dtype, shape, ref)
 
 
-def open_ref(ref) -> tuple[int, os.stat_result]:
-    """``(fd, stat)`` of an entry the scheduler verified and pinned, opened through the
-    scheduler's own descriptor (``/proc/<pid>/fd/<n>``), so the very inode it verified is
-    read even if the entry was replaced or purged since; the version is checked again (no
-    checksum: the scheduler hashed this exact version). Falls back to the entry's path
-    when /proc is not reachable, with the same version check (shared memory has no path).
-    The caller closes ``fd``."""
-    pid, fd, version, path = ref
-    try:
-        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
-    except OSError:
-        if path is None:
-            raise
-        f = os.open(path, READ_FLAGS)
-    try:
-        st = os.fstat(f)
-        if file_version(st) != tuple(version):
-            raise RuntimeError(f"encache: pinned entry {path or '(shared memory)'} changed "
-                               "under the worker")
-    except BaseException:
-        os.close(f)
-        raise
-    return f, st
-
-
 def open_pinned(ref, mmap_min: int):
-    """A worker process's view of a pinned entry (:func:`open_ref`): a copy-on-write
+    """A worker process's view of a pinned entry (:func:`~..store.loaded.open_ref`): a copy-on-write
     mapping, or for a small one a buffer read into."""
     import mmap
 

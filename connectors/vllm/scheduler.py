@@ -56,7 +56,7 @@ from .binding import binding_to_check, item_binding
 from .config import ConnectorConfig
 from .device_copy import HostStaging
 from .metadata import EncacheConnectorMetadata
-from .loads import WORKER_READS_MIN_BYTES, LoadItem, pin_entry, pin_shared
+from .loads import WORKER_READS_MIN_BYTES, LoadItem
 from .metrics import EncacheStats
 
 if TYPE_CHECKING:
@@ -390,8 +390,8 @@ class EncacheSchedulerConnector:
             return
         self._need_loads[identifier] = staged
         self.lookup.count("hits")
-        if staged.tier is not None:  # a local tier: which one served it
-            self.lookup.count("hits_" + staged.tier)
+        if staged.source is not None:  # a local tier: which one served it
+            self.lookup.count("hits_" + staged.source)
         self.lookup.count("bytes_loaded", staged.meta.data_bytes)
         self.lookup.count("load_seconds", staged.load_seconds)
         self.lookup.observe_load(staged.load_seconds)
@@ -433,13 +433,9 @@ class EncacheSchedulerConnector:
             if self._worker_procs and self._pinned_fds + len(fds) < self.PIN_MAX_FDS and (
                     self.config.worker_loads == "files"
                     or st.meta.data_bytes >= WORKER_READS_MIN_BYTES):
-                if isinstance(st.blob, memfd.SharedBuffer):  # received into shared memory
-                    pinned = pin_shared(st.blob, identifier)
-                elif (files := self.store.file_store(st.version)) is not None:
-                    # a file on this host: a local store's entry, a local tier's copy
-                    pinned = pin_entry(files, identifier, st.version)
-                else:
-                    pinned = None
+                # (a file on this host: a local store's entry, a local tier's copy; or the
+                # shared memory it was received into)
+                pinned = None if st.pin is None else st.pin()
                 if pinned is not None:
                     fds.append(pinned[0])
                     ref = pinned[1]

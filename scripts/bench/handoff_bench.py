@@ -90,7 +90,8 @@ def run(entries: int = 30, out: str = "handoff", tmpdir: str | None = None) -> d
 
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.store.base import Store
-    from encache.connectors.store.disk.store import IN_FLIGHT_WATCHED_S, DiskStore
+    from encache.connectors.store.disk.layout import IN_FLIGHT_WATCHED_S
+    from encache.connectors.store.disk.store import DiskStore
 
     class PollingStore(DiskStore):
         """The store default's wait between looks: a sleep of IN_FLIGHT_POLL_S."""

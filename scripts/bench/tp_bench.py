@@ -17,7 +17,7 @@ preallocated buffer (the engine's merge). Designs, interleaved step by step:
   worker.reads   ``worker_loads: files`` (``auto`` does this for entries of 1 MiB+ with
                  the multiprocess executor on a local disk store, and ships smaller ones
                  as bytes.oob): the metadata carries a pinned file (scheduler
-                 pid + open fd + verified version, ``pin_entry``); each worker opens
+                 pid + open fd + verified version, the load's ``pin()``); each worker opens
                  ``/proc/<pid>/fd/<n>``, checks the version, maps (1 MiB+) or reads it,
                  and copies (``EncacheWorkerConnector._to_tensor`` / ``open_pinned``)
   worker.reads.shared  an entry received from Redis or Redis Cluster (or read from a
@@ -56,7 +56,8 @@ DESIGNS = ["bytes.inband", "bytes.oob", "worker.reads", "worker.reads.shared"]
 
 
 set_engine_env()
-from encache.connectors.vllm.loads import DTYPE_BYTES, LoadItem, pin_entry
+from encache.connectors.store.loaded import pin_shared
+from encache.connectors.vllm.loads import DTYPE_BYTES, LoadItem
 
 
 class LegacyLoadItem(LoadItem):
@@ -162,14 +163,14 @@ def run(steps: int = 40, items: int = 4, out: str = "tp", plot: bool = True) -> 
                 if design == "worker.reads":  # what build_connector_meta does
                     out = []
                     for i in idents:
-                        fd, ref = pin_entry(store, i, staged[i].version)
+                        fd, ref = staged[i].pin()
                         pins.append(fd)
                         out.append(LoadItem(i, staged[i].blob, staged[i].offset, "F16", shape, ref))
                     return out
                 if design == "worker.reads.shared":
                     out = []
                     for i in idents:
-                        fd, ref = pin_shared(shared[i], i)
+                        fd, ref = pin_shared(shared[i])
                         pins.append(fd)
                         out.append(LoadItem(i, shared[i], staged[i].offset, "F16", shape, ref))
                     return out

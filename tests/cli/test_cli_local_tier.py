@@ -62,7 +62,7 @@ def test_warm_fills_the_tier_and_the_tier_serves_it(shared, tmp_path):
     tiered = open_store(url, local_tier=str(tier))
     try:
         got = tiered.read_verified("a" * 64)
-        assert tiered.served_from(got[1]) == "local"  # checked at its first sync, kept
+        assert got.source == "local"  # checked at its first sync, kept
         assert bytes(memoryview(got[0]).cast("B")) == bytes(store.get("a" * 64))
     finally:
         tiered.close()

@@ -256,9 +256,10 @@ def test_the_local_tier_keeps_newer_copies_and_serves_known_ones(redis_server, t
         written = write_fleet(tier.remote)
         for ident in F.known:  # a remote hit, written behind, then a local one
             for where in ("remote", "local"):
-                blob, version, meta, offset, _ = tier.read_verified(ident)
+                got = tier.read_verified(ident)
+                blob, version, meta, offset, _ = got
                 tier.flush()
-                assert tier.served_from(version) == where, ident
+                assert got.source == where, ident
                 view = memoryview(blob).cast("B")
                 assert bytes(view[offset:offset + meta.data_bytes]) == \
                     _tensor(F.known[ident]).tobytes()

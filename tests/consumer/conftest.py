@@ -15,6 +15,7 @@ def counted(monkeypatch):
     """Count full validations (header parse + checksum) done by the lookup: of a buffer
     (``validate_blob``, the lookup's or the disk store's first-load check) or while
     reading a first load (``read_verified``)."""
+    import encache.connectors.store.disk.in_flight as in_flight_mod
     import encache.connectors.store.disk.store as disk_mod
 
     calls = []
@@ -30,6 +31,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(lookup_mod, "validate_blob", counting)
     monkeypatch.setattr(disk_mod, "validate_blob", counting)
     monkeypatch.setattr(disk_mod, "read_verified", counting_read)
+    monkeypatch.setattr(in_flight_mod, "validate_blob", counting)  # (a write in flight's)
+    monkeypatch.setattr(in_flight_mod, "read_verified", counting_read)
     return calls
 
 

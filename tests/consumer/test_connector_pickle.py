@@ -97,8 +97,6 @@ def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
     exact version the scheduler verified, even after the entry was rewritten and purged."""
     import multiprocessing as mp
 
-    from encache.connectors.vllm.loads import pin_entry
-
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float16)  # 2 MiB
     store.put("p", encode("p", arr.view(np.uint8), "F16", arr.shape, model="m"))
@@ -106,13 +104,13 @@ def test_workers_read_a_pinned_entry_even_after_replace_and_purge(tmp_path):
     try:
         st = lk.load_now("p")
         assert st.version is not None
-        fd, ref = pin_entry(store, "p", st.version)
+        fd, ref = st.pin()  # the load's own record pins it (the disk store's file)
         item = LoadItem("p", st.blob, st.offset, st.meta.dtype, st.meta.shape, ref)
         data = pickle.dumps(item, protocol=5)
         assert len(data) < 1024  # no tensor bytes in the message
         other = np.zeros_like(arr)
         store.put("p", encode("p", other.view(np.uint8), "F16", other.shape, model="m"))
-        assert pin_entry(store, "p", st.version) is None  # a new version: ship bytes instead
+        assert st.pin() is None  # a new version: ship bytes instead
         store.delete("p")
         ctx = mp.get_context("fork")
         parent, child = ctx.Pipe()
@@ -132,20 +130,18 @@ def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
     process reads the verified bytes after the commit renamed it."""
     import multiprocessing as mp
 
-    from encache.connectors.vllm.loads import pin_entry
-
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(2).standard_normal((1024, 1024)).astype(np.float16)
     pinned = []
 
     def written():  # the bytes are written, the commit (fsync, rename) not yet
         assert store.in_flight("q") and not store.contains("q")
-        buf, version, meta, offset = store.read_in_flight("q")
-        pinned.append((pin_entry(store, "q", version), version, offset, meta))
+        read = store.read_in_flight("q")
+        pinned.append((read.pin(), read, read.offset, read.meta))
 
     store.put("q", encode("q", arr.view(np.uint8), "F16", arr.shape, model="m"),
               on_written=written)
-    (got, version, offset, meta), = pinned
+    (got, read, offset, meta), = pinned
     assert got is not None, "an in-flight version must be pinned, not shipped as bytes"
     fd, ref = got
     try:
@@ -159,7 +155,7 @@ def test_an_entry_verified_in_flight_is_pinned_through_its_temp_file(tmp_path):
         proc.start()
         assert parent.recv() == arr.tobytes()
         proc.join(30)
-        again = pin_entry(store, "q", version)  # the committed file: the same version
+        again = read.pin()  # the committed file: the same version
         assert again is not None
         os.close(again[0])
     finally:
@@ -246,7 +242,7 @@ def test_a_received_entry_reaches_a_worker_process_through_shared_memory(redis_s
 @pytest.mark.redis
 def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_server, tmp_path):
     """Redis with a local tier, workers in other processes: a load served from the
-    node's tier copy is pinned as that file (``Store.file_store``), not shipped as bytes
+    node's tier copy is pinned as that file (the read's ``pin``), not shipped as bytes
     in the step's metadata; a worker process started afresh reads the exact bytes, also
     after the copy was dropped from the tier. A load served remotely goes through shared
     memory. (One worker process reads both items: starting one costs a vLLM import.)"""
@@ -271,7 +267,7 @@ def test_a_local_tier_copy_reaches_a_worker_process_as_a_pinned_file(redis_serve
             c = consumer_scheduler(store, lk, redis_server.url)
             consumers.append(c)
             st = lk.load_now("big")
-            assert st is not None and store.served_from(st.version) == where
+            assert st is not None and st.source == where
             assert isinstance(st.blob, SharedBuffer) == (where == "remote")
             c._need_loads = {"big": st}
             item = c.build_connector_meta(None).loads[0]
@@ -341,11 +337,11 @@ def test_shared_memory_that_cannot_be_pinned_ships_as_bytes(monkeypatch):
     the scheduler ships the bytes instead, never an error on the engine's step."""
     import errno
 
+    from encache.connectors.store import loaded as loads
     from encache.connectors.store.memfd import shared_buffer
-    from encache.connectors.vllm import loads
 
     buf = shared_buffer(1 << 20)
-    fd, ref = loads.pin_shared(buf, "x")
+    fd, ref = loads.pin_shared(buf)
     os.close(fd)
     assert ref[0] == os.getpid() and ref[3] is None
 
@@ -353,4 +349,4 @@ def test_shared_memory_that_cannot_be_pinned_ships_as_bytes(monkeypatch):
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(loads.os, "dup", dup)
-    assert loads.pin_shared(buf, "x") is None
+    assert loads.pin_shared(buf) is None

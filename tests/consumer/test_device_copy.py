@@ -23,7 +23,7 @@ from encache.connectors.store import encode
 from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.vllm import device_copy
 from encache.connectors.vllm.device_copy import DeviceCopier, HostStaging
-from encache.connectors.vllm.loads import LoadItem, pin_entry
+from encache.connectors.vllm.loads import LoadItem
 
 SHAPE = (256, 5376)  # one Gemma 3 image, fp16: 2.75 MB
 
@@ -37,7 +37,7 @@ def entry(tmp_path):
     store.put("g", encode("g", arr.view(np.uint8), "F16", arr.shape, model="m"))
     lk = EntryLookup(store, index_refresh_s=3600, counters_flush_s=3600, load_threads=1)
     st = lk.load_now("g")
-    fd, ref = pin_entry(store, "g", st.version)
+    fd, ref = st.pin()
     assert st.offset > 0  # the tensor starts after the header: offsets are exercised
     try:
         yield (LoadItem("g", st.blob, st.offset, st.meta.dtype, st.meta.shape),

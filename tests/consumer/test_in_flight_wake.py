@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from encache.connectors.lookup.loader import State
-from encache.connectors.store.disk import store as disk
+from encache.connectors.store.disk import in_flight as disk_in_flight
 from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.disk.inotify import IN_CREATE, IN_MOVED_TO, DirectoryWatch
 from lookup_support import make, tensor_bytes
@@ -39,7 +39,7 @@ def writer(tmp_path, writer_process):
 def looks(monkeypatch):
     """No periodic look for a minute; ``count(store)``: the store's looks at a write in
     flight, counted."""
-    monkeypatch.setattr(disk, "IN_FLIGHT_WATCHED_S", 60.0)
+    monkeypatch.setattr(disk_in_flight, "IN_FLIGHT_WATCHED_S", 60.0)
 
     def count(store):
         calls = []

@@ -105,18 +105,18 @@ def load(store, ident):
     got = store.read_verified(ident)
     if isinstance(store, TieredStore):
         store.flush()
-    return None if got is None else (bytes(memoryview(got[0]).cast("B")), got[1])
+    return None if got is None else (bytes(memoryview(got[0]).cast("B")), got.source)
 
 
 def test_remote_hit_is_written_behind_then_served_locally(pair):
     tier, other = pair
     b = blob("a", n=4096)
     other.put("a", b)
-    data, version = load(tier, "a")
-    assert data == b and tier.served_from(version) == "remote"
+    data, source = load(tier, "a")
+    assert data == b and source == "remote"
     assert tier.tier.contains("a") and tier.stats["written_behind"] == 1
-    data, version = load(tier, "a")
-    assert data == b and tier.served_from(version) == "local"
+    data, source = load(tier, "a")
+    assert data == b and source == "local"
     assert tier.stats["local_reads"] == 1 and tier.holds_locally("a")
     assert tier.info().extra["local_tier"]["entries"] == 1
     # both load paths say "local", with the tier file's version and change time (what the
@@ -124,7 +124,7 @@ def test_remote_hit_is_written_behind_then_served_locally(pair):
     st = os.stat(tier.tier.entry_path("a"))
     for got in (tier.read_entry("a"), tier.read_verified("a")):
         version = got[1]
-        assert tier.served_from(version) == "local"
+        assert got.source == "local"
         assert tuple(version) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         assert version.ctime_ns == st.st_ctime_ns
 
@@ -140,12 +140,12 @@ def test_a_corrupt_local_copy_is_dropped_and_the_shared_store_serves(pair, caplo
     path.write_bytes(bytes(raw))
     with caplog.at_level(logging.WARNING):
         got = tier.read_verified("c")
-    assert tier.served_from(got[1]) == "remote"
+    assert got.source == "remote"
     assert bytes(memoryview(got[0]).cast("B")) == b
     assert "cannot read c" in caplog.text
     tier.flush()  # the remote read is written behind again: a good copy
-    data, version = load(tier, "c")
-    assert data == b and tier.served_from(version) == "local"
+    data, source = load(tier, "c")
+    assert data == b and source == "local"
 
 
 def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkeypatch):
@@ -166,8 +166,8 @@ def test_changes_on_the_shared_store_drop_local_copies_in_o_changes(pair, monkey
     assert tier.tier.count() == 48 and tier.stats["invalidated"] == 2
     assert sorted(i for i, _, _ in checked) == ["k1", "k2"], "only what the journal named"
     assert load(tier, "k1") is None
-    data, version = load(tier, "k2")
-    assert tier.served_from(version) == "remote" and data == bytes(other.get("k2"))
+    data, source = load(tier, "k2")
+    assert source == "remote" and data == bytes(other.get("k2"))
 
 
 def test_a_consumer_and_its_tier_read_the_journal_once_per_refresh(pair, monkeypatch):
@@ -238,8 +238,8 @@ def test_outage_serves_local_copies_and_a_store_back_empty_drops_them(redis_fact
             assert tier.sync() is False
             assert tier.sync() is False
         assert sum("cannot sync the local tier" in r.message for r in caplog.records) == 1
-        data, version = load(tier, "near")
-        assert tier.served_from(version) == "local" and data == near
+        data, source = load(tier, "near")
+        assert source == "local" and data == near
         assert tier.holds_locally("near") and not tier.holds_locally("far")
         with pytest.raises(StoreError):
             tier.read_verified("far")
@@ -304,8 +304,8 @@ def test_a_dead_primary_is_an_outage_of_its_copies_alone(redis_cluster_factory, 
         assert tier.sync()
         assert not tier.tier.contains(elsewhere[0])  # the purge reached the tier
         assert all(tier.tier.contains(i) for i in blobs if i != elsewhere[0])
-        data, version = load(tier, on_victim[0])  # served unchecked, as in an outage
-        assert tier.served_from(version) == "local"
+        data, source = load(tier, on_victim[0])  # served unchecked, as in an outage
+        assert source == "local"
         assert data == bytes(memoryview(blobs[on_victim[0]]).cast("B"))
         other.delete(elsewhere[1])
         tier._unjournaled_checks.ended = 0.0  # (paced: as if its interval had passed)
@@ -357,11 +357,11 @@ def test_a_write_behind_racing_a_change_is_held_back_until_a_sync_checks_it(pair
     tier.flush()
     assert tier.stats["written_unchecked"] == 2 and tier.tier.contains("s")
     assert not tier.holds_locally("r") and not tier.holds_locally("s")
-    assert tier.served_from(load(tier, "s")[1]) == "remote"
+    assert load(tier, "s")[1] == "remote"
     assert tier.sync()
     assert not tier.tier.contains("r") and tier.holds_locally("s")
-    data, version = load(tier, "s")
-    assert tier.served_from(version) == "local" and data == bytes(other.get("s"))
+    data, source = load(tier, "s")
+    assert source == "local" and data == bytes(other.get("s"))
 
 
 def test_a_full_local_disk_degrades_to_remote_only_with_one_warning(redis_server, tmp_path,

@@ -11,7 +11,7 @@ Layout (compatible with vLLM's ``ECExampleConnector`` both ways)::
     {root}/.encache/accessed                  its mtime: the newest access (O(1) stats)
     {root}/.encache/*.lock                    exclusive locks (precompute)
     {root}/.encache/notes/NAME                notes (``put_note``: e.g. a Ray job's marker)
-    {root}/.encache/journal/*.log             the change journal (:mod:`.disk_journal`)
+    {root}/.encache/journal/*.log             the change journal (:mod:`.journal`)
     {root}/.encache/removals.log              entries a policy removed (:mod:`.removals`)
 
 Crash safety: an entry is written to a temp file in its own directory, fsync'ed and
@@ -29,11 +29,13 @@ default a minute, per entry). That refresh keeps the file's mtime to the nanosec
 writers set it), so the version a reader verified — (device, inode, size, mtime_ns) — is
 not changed by access tracking (it changes ctime, which the version leaves out).
 
-Why one module of ~640 lines: writes, reads, eviction and the bookkeeping files share one
-on-disk layout and its crash-safety rules, and read best together. What stands alone is
-next door: header parsing (:mod:`.entry`), the scan cache (:mod:`.header_index`), reused
-buffers of recently served versions (:mod:`.recent`), atomic files (:mod:`.files`),
-per-process counters (:mod:`encache.connectors.counters`).
+Here: reads and writes. Beside it, by concept: the catalogue (listing, headers, summary,
+change tracking: :mod:`.catalogue`), the bookkeeping (capacity and eviction, notes,
+counters, locks: :mod:`.bookkeeping`), writes in flight (:mod:`.in_flight`), pinning a
+read's file (:mod:`.pins`), the layout's names and settings (:mod:`.layout`); the scan
+cache (:mod:`.header_index`), reused buffers of recently served versions (:mod:`.recent`),
+the change journal (:mod:`.journal`); header parsing (:mod:`..entry`), atomic files
+(:mod:`..files`).
 """
 
 from __future__ import annotations
@@ -41,116 +43,41 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import mmap
 import os
-import shutil
-import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from stat import S_ISREG
 
-from . import header_index
 from .. import read_ahead
-from ..base import EntryInfo, LockBusy, Store, StoreError, StoreInfo, info_from_blob_header
-from ..removals import EVICTED, RemovalLog
-from ..removals import note_failure as note_removal_failure
+from ..base import Store, StoreError
 from .journal import DiskJournal
-from ..entry import (FILE_CHUNK, CorruptEntry, EntryMeta, byte_views, header_length,
-                    parse_header, read_verified, validate_blob)
-from ..files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, NotAFile, ServedVersion,
-                    atomic_write_json, file_version, filesystem_type, fsync_dir,
-                    open_untracked, preallocate, read_json_object, uninitialized)
-from .inotify import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_MODIFY, IN_MOVED_FROM,
-                      IN_MOVED_TO, DirectoryWatch)
-from ..keys import from_name, is_entry_name, name_for, to_name
+from ..loaded import Loaded
+from .pins import pin_file
+from ..entry import FILE_CHUNK, byte_views, read_verified, validate_blob
+from ..files import (PREALLOCATE_FILESYSTEMS, READ_FLAGS, TEMP_PREFIX, ServedVersion,
+                     file_version, filesystem_type, fsync_dir, preallocate, uninitialized)
+from ..keys import name_for, to_name
+from .bookkeeping import DiskBookkeeping
+from .catalogue import DiskCatalogue
+from .in_flight import DiskInFlight
 from .recent import RecentBuffers
+from .layout import (ENTRY_FILE, META_DIR, ACCESSED_FILE, ACCESS_RESOLUTION_S,
+                     EVICTION_POLICIES, LOAD_MODES, READ_THREADS, MMAP_MIN_BYTES,
+                     MMAP_MIN_BYTES_KEPT, PREALLOCATE_MIN_BYTES, LOCAL_FILESYSTEMS)
 from ..throttle import ScanThrottle
-from ..verified_log import VerifiedLog, boot_id, record_key
+from ..verified_log import record_key
 
 log = logging.getLogger(__name__)
 
-ENTRY_FILE = "encoder_cache.safetensors"
-META_DIR = ".encache"
-GENERATION_MAX = 64 * 1024  # .encache/generation restarts from empty past this size
-ACCESSED_FILE = "accessed"  # its mtime: the store's newest access time (_stamp_access)
-ACCESS_RESOLUTION_S = 60.0
-EVICTION_POLICIES = ("lru", "fifo")
-LOAD_MODES = ("auto", "mmap", "read")
-#: threads a checksummed read of one entry uses by default (read_ahead.py; 1 or 2)
-READ_THREADS = 2
-# Below this a read() into a fresh buffer beats mapping when nothing is kept: setting up
-# and tearing down a mapping and faulting its pages in costs more than the copy for small
-# entries (benchmarks/load.json, rows encache.repeat.noreuse and encache.repeat.mmap at
-# 0.25 MB; level at 2.75 MB; mapping ahead at 10 MB; each with the engine's copy).
-MMAP_MIN_BYTES = 1 << 20
-# ... unless the store keeps the buffers it serves (recent.py, the default): a kept read
-# buffer is fresh anonymous memory each first load (a page fault per 4 KiB, never reused),
-# so mapping wins from 64 KiB (first loads with the copy at 0.25 MB measured several times
-# faster mapped than read; level at 16 KiB; repeat loads level), and the kept memory is
-# page cache, not the process's own
-MMAP_MIN_BYTES_KEPT = 64 << 10
-# A put reserves its file's blocks first (files.preallocate) from this size: the call
-# costs ~20 us, no gain on a 256 KiB write here, far less than it saves from 2.75 MB
-# (benchmarks/write.json, performance.md section 11)
-PREALLOCATE_MIN_BYTES = 1 << 20
-# Filesystems where a mapped file cannot vanish under a reader: a renamed-over or
-# unlinked entry stays readable while mapped. Network filesystems (NFS, SMB, FUSE…) give
-# no such promise (another client's delete can turn a page fault into SIGBUS), so
-# ``load_mode: auto`` reads there instead.
-LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs",
-                               "overlay", "zfs", "f2fs", "bcachefs", "jfs", "reiserfs"})
-_HEAD_READ = 4096
-# A temp file older than this is not waited for even while its writer lives (a stuck
-# write); one whose writer is gone is never in flight (``writer_alive``)
-IN_FLIGHT_S = 10.0
-# A reader waiting for an in-flight write wakes on its writer's steps (in_flight_wait);
-# it looks again after this long even when none came (a writer that keeps no log)
-IN_FLIGHT_WATCHED_S = 0.005
-
-
-def writer_alive(path: str) -> bool:
-    """Whether the process writing the temp file ``path`` still holds it open. A writer
-    takes an exclusive ``flock`` on its temp file before anyone can be told of it and
-    keeps it to its commit; the kernel drops it when the writer's file is closed,
-    however the process ends (SIGKILL included). So a temp file nobody holds is a dead
-    writer's leftover: not waited for, and a stray for ``encache verify --repair`` at
-    once. False as well when the file is gone (committed or removed meanwhile)."""
-    try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-    else:
-        return False  # (closing the descriptor releases the probe's shared lock)
-    finally:
-        os.close(fd)
-
-
-def _indexed(rec, version: tuple) -> bool:
-    """Whether the header index's record ``rec`` holds the header of this ``version`` of
-    the file (a damaged index's record never does: the header is read again)."""
-    if type(rec) is not tuple or len(rec) != 2 or rec[0] != version:
-        return False
-    info = rec[1]
-    return (type(info) is EntryInfo and type(info.size) is int
-            and (info.meta is None or type(info.meta) is EntryMeta))
-
-
-class DiskStore(Store):
+class DiskStore(DiskCatalogue, DiskInFlight, DiskBookkeeping, Store):
     backend = "disk"
     local = True
-    #: the class of the versions the serving path hands out (a local tier's store serves
-    #: ``tiered.LocalVersion``: the tier tells its copies from the shared store's by it)
-    version_type: type[ServedVersion] = ServedVersion
     supports_entry_path = True
     supports_used_bytes = True
     supports_live_counters = True
@@ -236,6 +163,7 @@ class DiskStore(Store):
         # _make_room re-reads the usage every 30 s, or at most ~5 % of a writer's time
         self._usage_reads = ScanThrottle(0.05, min_interval=30.0)
         self._access_stamped = 0  # ns: when _stamp_access last moved .encache/accessed
+        self._pin = partial(pin_file, self)  # how a read of this store's files pins it
 
     # -- paths -----------------------------------------------------------------------
     @property
@@ -252,9 +180,6 @@ class DiskStore(Store):
                          access_resolution_s=self.access_resolution_s,
                          reuse_buffers=self._recent is not None or not self.mapped_loads,
                          preallocate=self.preallocates, read_threads=self.read_threads)
-
-    def file_store(self, version) -> DiskStore | None:
-        return self if self.local else None
 
     def entry_path(self, identifier: str) -> Path:
         return self.root / to_name(identifier) / ENTRY_FILE
@@ -286,7 +211,14 @@ class DiskStore(Store):
         changes ctime, which is deliberately not part of the version — otherwise every
         entry would be re-hashed after each access-time update.
         """
-        return self._open_entry(identifier, mapped=self.mapped_loads)
+        got = self._open_entry(identifier, mapped=self.mapped_loads)
+        return None if got is None else self._loaded(got, identifier)
+
+    def _loaded(self, items, identifier: str) -> Loaded:
+        """A read's record: pinned as this store's file (:mod:`.pins`)."""
+        out = Loaded(items)
+        out.pinner, out.identifier = self._pin, identifier
+        return out
 
     def read_verified(self, identifier: str, checksum=lambda version: True, into=None):
         """An entry validated on the way in. Where :meth:`read_entry` would *read* it (not
@@ -318,7 +250,7 @@ class DiskStore(Store):
             st = os.fstat(fd)
             if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
                 return None
-            version = self.version_type.of(st)
+            version = ServedVersion.of(st)
             hashing = checksum(version)
             if not getattr(into, "stages", False) and (
                     not hashing or (self.mapped_loads and st.st_size >= self.map_min_bytes)):
@@ -329,14 +261,14 @@ class DiskStore(Store):
                 buf, version = got
                 meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
                                              ahead=self._ahead(-1, st.st_size))
-                return buf, version, meta, offset, hashing
+                return self._loaded((buf, version, meta, offset, hashing), identifier)
             buf = uninitialized(st.st_size) if into is None else into(st.st_size)
             meta, offset = read_verified(lambda view: os.readv(fd, [view]), st.st_size, buf,
                                          chunk=FILE_CHUNK, identifier=identifier,
                                          verify=hashing,
                                          ahead=self._ahead(fd, st.st_size))
             version = self._touch(fd, st, version, time.time_ns())
-            return buf, version, meta, offset, hashing
+            return self._loaded((buf, version, meta, offset, hashing), identifier)
         finally:
             os.close(fd)
 
@@ -358,7 +290,7 @@ class DiskStore(Store):
         if now - st.st_atime_ns > self.access_resolution_s * 1e9:
             with contextlib.suppress(OSError):
                 os.utime(fd, ns=(now, st.st_mtime_ns))
-                version = self.version_type.of(st, os.fstat(fd))
+                version = ServedVersion.of(st, os.fstat(fd))
             self._stamp_access(now)
         return version
 
@@ -404,7 +336,7 @@ class DiskStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 recent.discard(path)
                 return None
-            version = self.version_type.of(st)
+            version = ServedVersion.of(st)
             buf, touched = recent.get(path, version)
             if (buf is not None and time.time_ns() - max(st.st_atime_ns, touched)
                     <= self.access_resolution_s * 1e9):
@@ -419,7 +351,7 @@ class DiskStore(Store):
             st = os.fstat(fd)
             if not S_ISREG(st.st_mode):  # (no entry: see files.READ_FLAGS)
                 return None
-            return self._serve_open(fd, st, path, self.version_type.of(st), mapped)
+            return self._serve_open(fd, st, path, ServedVersion.of(st), mapped)
         finally:
             os.close(fd)
 
@@ -543,161 +475,6 @@ class DiskStore(Store):
         self._journal.append((identifier,))  # also when absent: a reader may hold a copy
         return existed
 
-    def index_version(self) -> tuple | None:
-        """Two ``stat`` calls instead of listing every entry (a consumer's index refresh,
-        every few seconds: ~0.4 s of CPU per 100,000 entries). The token is the root
-        directory's mtime (an entry directory created or removed by anyone, including a
-        foreign writer) and the size and mtime of ``.encache/generation``, which this
-        class appends a byte to after every put, delete and eviction (a put into an
-        existing entry directory, or the rename that completes a new one, moves no
-        directory's mtime). What it misses: an entry file removed by hand with its
-        directory left behind, which a load then finds gone (a miss). None on a network
-        filesystem, whose cached attributes can hide another host's change for a minute:
-        consumers there list the entries at every refresh, as without a token."""
-        if self.fs_type not in LOCAL_FILESYSTEMS:
-            return None
-        try:
-            root = os.stat(self._root_str)
-        except FileNotFoundError:
-            return None
-        try:
-            gen = os.stat(self._generation_path)
-            mark = (gen.st_size, gen.st_mtime_ns)
-        except FileNotFoundError:
-            mark = None
-        return (root.st_ino, root.st_mtime_ns, mark)
-
-    def changes_since(self, cursor):
-        """The store's change journal (:mod:`.disk_journal`): one directory listing and
-        an open of each segment still being written, O(writers + changes)."""
-        return self._journal.read(cursor)
-
-    def changed_outside(self, identifiers) -> None:
-        """Entry files changed other than by :meth:`put` / :meth:`delete` (an eviction,
-        a quarantine, a removal by raw directory name): recorded as a put's are; a None
-        among ``identifiers`` (a hashed name) makes readers re-check all they hold."""
-        self._changed(identifiers)
-
-    def _changed(self, identifiers) -> None:
-        """Move :meth:`index_version` and journal ``identifiers``."""
-        self._bump_generation()
-        self._journal.append(identifiers)
-
-    def _bump_generation(self) -> None:
-        """Move :meth:`index_version` (one ``O_APPEND`` write; restarted past 64 KiB)."""
-        if self.read_only:
-            return
-        try:
-            fd = os.open(self._generation_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError:
-            return  # the root's mtime still moves for new and removed entries
-        try:
-            if os.fstat(fd).st_size >= GENERATION_MAX:
-                os.ftruncate(fd, 0)
-            os.write(fd, b".")
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def _fresh_temp_files(self, identifier: str) -> list[tuple[int, str]]:
-        """``(mtime_ns, path)`` of the temp files in the entry's directory younger than
-        ``IN_FLIGHT_S`` whose writer holds them (:func:`writer_alive`): writes in flight
-        (one ``scandir`` of that directory, a probe per temp file found)."""
-        directory = os.path.join(self._root_str, to_name(identifier))
-        now, found = time.time(), []
-        try:
-            with os.scandir(directory) as names:
-                for e in names:
-                    if e.name.startswith(TEMP_PREFIX):
-                        with contextlib.suppress(FileNotFoundError):  # renamed meanwhile
-                            st = e.stat()
-                            if now - st.st_mtime < IN_FLIGHT_S and writer_alive(e.path):
-                                found.append((st.st_mtime_ns, e.path))
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        return found
-
-    def in_flight(self, identifier: str) -> bool:
-        """A fresh temp file in the entry's directory that its writer holds: a write
-        between its creation and its rename (local filesystems); a killed writer's is
-        not."""
-        return self.supports_in_flight and bool(self._fresh_temp_files(identifier))
-
-    def in_flight_paths(self, identifier: str) -> list[str]:
-        if not self.supports_in_flight:
-            return []
-        return [path for _, path in sorted(self._fresh_temp_files(identifier), reverse=True)]
-
-    def read_in_flight(self, identifier: str, checksum=lambda version: True):
-        """The bytes of a write in flight once all are written, checked in full
-        (header, size, checksum unless ``checksum(version)`` says the verified log vouches
-        for it: a producer on this host records its temp file once all its bytes are in):
-        ``(buffer, version, meta, offset)``, or None (no fresh temp file holds a whole,
-        valid entry yet). Mapped as :meth:`read_entry` maps a committed entry of its size
-        (writers never change a temp file once written, and the rename keeps the inode;
-        the hash faults the pages in), else read into a private buffer and checked in the
-        same pass. A file not whole yet is told from its header (one ``pread``: the size
-        the header promises), without mapping it. The version is the temp file's, which
-        its rename keeps: committed, the entry is that same version (with a new ctime)."""
-        for path in self.in_flight_paths(identifier):  # newest first
-            try:
-                fd = os.open(path, READ_FLAGS)
-            except FileNotFoundError:  # committed or given up meanwhile
-                continue
-            try:
-                st = os.fstat(fd)
-                if not S_ISREG(st.st_mode):
-                    continue
-                version = ServedVersion.of(st)
-                try:
-                    head = os.pread(fd, min(st.st_size, _HEAD_READ), 0)
-                    if header_length(head) <= len(head):  # not whole yet: no mapping, no hash
-                        parse_header(head, total_size=st.st_size)
-                    hashing = checksum(version)
-                    if self.mapped_loads and st.st_size >= max(self.map_min_bytes, 8):
-                        buf = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
-                        meta, offset = validate_blob(buf, identifier=identifier, verify=hashing,
-                                                     ahead=self._ahead(-1, st.st_size))
-                    else:
-                        buf = uninitialized(st.st_size)
-                        meta, offset = read_verified(
-                            lambda view: os.readv(fd, [view]), st.st_size, buf,
-                            chunk=FILE_CHUNK, identifier=identifier, verify=hashing,
-                            ahead=self._ahead(fd, st.st_size))
-                except CorruptEntry:  # still being written (or its writer died since)
-                    continue
-                return buf, version, meta, offset
-            finally:
-                os.close(fd)
-        return None
-
-    @contextlib.contextmanager
-    def in_flight_wait(self, identifier: str):
-        """Wakes on the steps of a write on this host (:mod:`.inotify`): a record in
-        the verified log (a producer appends one once all the temp file's bytes are in,
-        before readers may take them), the rename that commits the entry, the temp file
-        closed or removed (its writer gone), another write started; and after
-        ``IN_FLIGHT_WATCHED_S`` in any case. Not on the temp file's own growth: a reader
-        woken by its last byte would hash what the record vouches for a moment later.
-        Where nothing can be watched, the default sleep."""
-        watch = None
-        if self.supports_in_flight:
-            log_dir = self._meta("verified")  # (made by the first record: then its parent)
-            watch = DirectoryWatch.open([
-                (os.path.join(self._root_str, to_name(identifier)),
-                 IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_CLOSE_WRITE | IN_CREATE),
-                (str(log_dir if log_dir.is_dir() else log_dir.parent),
-                 IN_MODIFY | IN_CREATE | IN_MOVED_TO)])
-        if watch is None:
-            with Store.in_flight_wait(self, identifier) as wait:
-                yield wait
-            return
-        try:
-            yield lambda: watch.wait(IN_FLIGHT_WATCHED_S)
-        finally:
-            watch.close()
-
     def keeps(self, identifier: str) -> bool:
         """Whether a mapping or buffer of a version of ``identifier`` served lately is kept
         (no system call; the next load checks its version). Entries this store deletes or
@@ -708,438 +485,3 @@ class DiskStore(Store):
     def contains(self, identifier: str) -> bool:
         return os.path.isfile(self._entry_file(identifier))  # (a tier asks per load)
 
-    def _entry_dirs(self) -> Iterator[os.DirEntry]:
-        try:
-            it = os.scandir(self.root)
-        except FileNotFoundError:  # removed since it was opened: say so (a consumer's
-            # index refresh then warns and counts the store as down; it was every
-            # request a silent miss)
-            raise StoreError(f"the store directory {self.root} is gone") from None
-        with it:
-            for d in it:
-                if is_entry_name(d.name) and d.is_dir(follow_symlinks=False):
-                    yield d
-
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
-        for d in self._entry_dirs():
-            if not os.path.isfile(os.path.join(d.path, ENTRY_FILE)):
-                continue
-            ident = from_name(d.name)
-            if ident is None:  # hashed name: the identifier lives in the metadata
-                info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
-                ident = info.identifier if info else None
-            if ident is not None:
-                yield ident
-
-    def scan(self, use_index: bool = True, *,
-             unreachable: list | None = None) -> Iterator[EntryInfo]:
-        """Every entry's header info. With ``use_index`` (the default) headers of files
-        unchanged since the last complete scan come from the header index
-        (:mod:`.header_index`): one ``stat`` per entry instead of open + read + parse.
-        Every entry file is still listed and stat'ed, so the result is the same as a full
-        scan's; a complete scan that saw changes rewrites the index."""
-        if not use_index:
-            for d in self._entry_dirs():
-                info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
-                if info is not None:
-                    yield info
-            return
-        meta_dir = self.root / META_DIR
-        token = self.index_version()  # before any entry is read: a change moves it
-        known = header_index.load(meta_dir)
-        fresh: dict = {}
-        changed = False
-        stat, tail = os.stat, "/" + ENTRY_FILE
-        try:
-            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return
-        try:
-            for d in self._entry_dirs():
-                name = d.name
-                try:  # relative to the store's directory: a shorter path walk
-                    st = stat(name + tail, dir_fd=root_fd)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                version = (st.st_ino, st.st_size, st.st_mtime_ns)
-                rec = known.get(name)
-                if _indexed(rec, version):
-                    info = rec[1]
-                    if info.accessed != st.st_atime:  # a load since: only atime moved
-                        info = EntryInfo(info.identifier, info.size, info.meta, info.created,
-                                         st.st_atime, info.error)
-                        changed = True
-                else:
-                    got = self._stat_path(name, d.path + tail, with_version=True)
-                    if got is None:
-                        continue
-                    info, version = got
-                    changed = True
-                    if info.identifier == name:
-                        name = info.identifier  # one string object: pickled once
-                fresh[name] = (version, info)
-                yield info
-        finally:
-            os.close(root_fd)
-        if changed or len(fresh) != len(known):
-            header_index.save(meta_dir, fresh,
-                              token if token is not None and self.index_version() == token
-                              else None)
-
-    #: the summary kept under the store's generation (``summary_if_unchanged`` in O(1))
-    #: is trusted this long at most: a change the generation cannot see (another
-    #: program rewriting an entry file in place, or removing one and leaving its
-    #: directory) shows in ``stats`` within this time
-    SUMMARY_MAX_AGE_S = 3600.0
-
-    def _current_summary(self):
-        """The summary saved under the store's current generation token, or None: O(1),
-        a read of one small file and two ``stat`` calls, whatever the store's size."""
-        from ..summary import Summary
-
-        token = self.index_version()
-        if token is None:  # a network filesystem: no token to trust
-            return None
-        meta_dir = self.root / META_DIR
-        saved = header_index.load_current(meta_dir)
-        if (saved is None or saved["token"] != token
-                or not 0 <= time.time() - saved["saved"] < self.SUMMARY_MAX_AGE_S):
-            return None
-        try:
-            summary = Summary.from_state(saved["summary"])
-        except Exception:  # damaged: the caller scans, and the scan writes it again
-            return None
-        with contextlib.suppress(OSError):  # reads move atimes, not the generation
-            accessed = os.stat(meta_dir / ACCESSED_FILE).st_mtime
-            if summary.last_access is None or accessed > summary.last_access:
-                summary.last_access = accessed
-        return summary
-
-    def summary_if_unchanged(self, stat_entries: bool = True):
-        """The store's :class:`~.summary.Summary` without reading a header, or None
-        (then the caller scans). First in O(1): the summary saved under the store's
-        generation token, when the token has not moved since (no put, delete or
-        eviction, no entry directory made or removed) and it is younger than
-        ``SUMMARY_MAX_AGE_S``. Else, with ``stat_entries``, from the header index when
-        every entry file still has the version the index recorded — one ``stat`` per
-        entry, no header or record loaded — which saves it under the token again."""
-        from ..summary import Summary
-
-        summary = self._current_summary()
-        if summary is not None or not stat_entries:
-            return summary
-        token = self.index_version()
-        versions, state = header_index.load_summary(self.root / META_DIR)
-        if state is None:
-            return None
-        try:
-            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return None
-        stat, tail, get = os.stat, "/" + ENTRY_FILE, versions.get
-        n, last = 0, None
-        try:
-            for d in self._entry_dirs():
-                try:
-                    st = stat(d.name + tail, dir_fd=root_fd)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                if get(d.name) != (st.st_ino, st.st_size, st.st_mtime_ns):
-                    return None
-                n += 1
-                if last is None or st.st_atime > last:
-                    last = st.st_atime
-        finally:
-            os.close(root_fd)
-        if n != len(versions):
-            return None
-        try:
-            summary = Summary.from_state(state)
-        except Exception:  # a damaged index: dropped, and the caller's scan rewrites it
-            header_index.remove(self.root / META_DIR)
-            return None
-        summary.last_access = last  # atimes move without changing a version
-        if token is not None and not self.read_only and self.index_version() == token:
-            header_index.save_current(self.root / META_DIR, token, summary.to_state())
-        return summary
-
-    def stat(self, identifier: str) -> EntryInfo | None:
-        name = to_name(identifier)
-        return self._stat_path(name, str(self.root / name / ENTRY_FILE))
-
-    def _stat_path(self, name: str, path: str, with_version: bool = False):
-        ident = from_name(name) or name
-        try:
-            fd = open_untracked(path)  # listing is not a use: keep LRU access times
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except NotAFile:
-            info = EntryInfo(ident, 0, None, None, None, "not-a-file")
-            return (info, (0, 0, 0)) if with_version else info
-        try:
-            st = os.fstat(fd)
-            head = os.pread(fd, _HEAD_READ, 0)
-            try:
-                need = header_length(head)
-                if need > len(head):
-                    head = os.pread(fd, need, 0)
-            except ValueError:
-                pass  # reported by info_from_blob_header
-        finally:
-            os.close(fd)
-        info = info_from_blob_header(ident, st.st_size, head, st.st_mtime, st.st_atime)
-        if from_name(name) is not None and info.identifier != ident:
-            # the name is what consumers look up; keep it and flag the mismatch
-            info = EntryInfo(ident, info.size, info.meta, info.created, info.accessed,
-                             info.error or "wrong-identifier")
-        if with_version:
-            return info, (st.st_ino, st.st_size, st.st_mtime_ns)
-        return info
-
-    # -- maintenance helpers (verify --repair, capacity) ---------------------------------
-    def stray_files(self, older_than: float = 0.0) -> list[Path]:
-        """Leftover temp files and empty entry directories (never visible to readers):
-        temp files at least ``older_than`` seconds old whose writer is gone (one a
-        running writer holds is not a stray, however old: a slow write)."""
-        found, now = [], time.time()
-        for d in self._entry_dirs():
-            try:
-                names = os.listdir(d.path)
-            except OSError:
-                continue
-            if not names:
-                found.append(Path(d.path))
-            for n in names:
-                p = os.path.join(d.path, n)
-                if n.startswith(TEMP_PREFIX):
-                    with contextlib.suppress(OSError):
-                        if now - os.stat(p).st_mtime >= older_than and not writer_alive(p):
-                            found.append(Path(p))
-        return found
-
-    def used_bytes(self) -> int:
-        total = 0
-        for d in self._entry_dirs():
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(d.path, ENTRY_FILE)).st_size
-        return total
-
-    def _eviction_candidates(self) -> list[tuple[float, int, str]]:
-        """``(access or write time, size, entry name)`` of every entry (a stat each)."""
-        candidates = []
-        for d in self._entry_dirs():
-            with contextlib.suppress(OSError):
-                st = os.stat(os.path.join(d.path, ENTRY_FILE))
-                key = st.st_atime if self.eviction == "lru" else st.st_mtime
-                candidates.append((key, st.st_size, d.name))
-        return candidates
-
-    def _make_room(self, incoming: int) -> bool:
-        """Reserve ``incoming`` bytes under the capacity, evicting first if needed.
-
-        The usage figure is this process's running total, re-read from disk every 30 s,
-        or every 20 × what reading it costs when that is longer (a stat per entry:
-        seconds on a million-entry store), so writers in other processes can overshoot by
-        what they wrote since."""
-        limit = self.max_bytes
-        evicted = 0
-        with self._lock:
-            if self._used is None or self._usage_reads.due():
-                self._used = self._usage_reads.run(self.used_bytes)
-            if self._used + incoming <= limit:
-                self._used += incoming
-                return True
-            target = max(0, int(limit * self.low_watermark) - incoming)
-            # a full walk too: it restarts the clock of the usage re-read
-            candidates = sorted(self._usage_reads.run(self._eviction_candidates))
-            used = sum(c[1] for c in candidates)
-            gone: list[str | None] = []
-            for _, size, name in candidates:
-                if used <= target:
-                    break
-                path = self.root / name / ENTRY_FILE
-                if self._recent is not None:  # do not hold an evicted file's blocks
-                    self._recent.discard(str(path))
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    used -= size
-                    evicted += 1
-                    gone.append(from_name(name))
-                with contextlib.suppress(OSError):
-                    os.rmdir(self.root / name)
-            self._used = used + incoming
-        if evicted:
-            self.changed_outside(gone)
-            self.add_counters({"evictions": evicted})
-            self.record_removals(gone, EVICTED)
-        return True
-
-    # -- bookkeeping ---------------------------------------------------------------
-    def _removal_log(self) -> RemovalLog:
-        return RemovalLog(self._meta(""))
-
-    def record_removals(self, identifiers, reason: str) -> None:
-        if self.read_only:
-            return
-        try:
-            self._removal_log().record(identifiers, reason)
-        except OSError as e:
-            note_removal_failure(self.url, e)
-
-    def removals(self) -> dict[str, str]:
-        return self._removal_log().read()
-
-    def forget_removals(self, identifiers) -> None:
-        if self.read_only:
-            return
-        try:
-            self._removal_log().forget(identifiers)
-        except OSError as e:
-            note_removal_failure(self.url, e)
-
-    def removal_counts(self) -> dict[str, int]:
-        return self._removal_log().counts()
-
-    # -- bookkeeping ---------------------------------------------------------------
-    def maintain(self) -> None:
-        """Drop kept buffers (``recent.py``) of entries another process replaced, rewrote,
-        purged or evicted since, so their blocks are freed within one refresh period."""
-        if self._recent is not None:
-            self._recent.sweep()
-
-    def verified_log(self):
-        """This boot's log of verified versions (``verified_log.py``); None on a network
-        filesystem, a read-only store, or a system without a boot id."""
-        boot = boot_id()
-        if self.read_only or self.fs_type not in LOCAL_FILESYSTEMS or boot is None:
-            return None
-        return VerifiedLog(self._meta("verified"), boot)
-
-    def _meta(self, name: str) -> Path:
-        return self.root / META_DIR / name
-
-    def put_note(self, name: str, text: str, ttl: float = 600.0) -> str:
-        path = self._meta("notes") / name  # ttl: a note file is tiny; its writer removes it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, text)
-        return str(path)
-
-    def get_note(self, name: str) -> str | None:
-        """The note's text; None when there is none, or none that can be read (a damaged
-        note is as good as none: its writer rewrites it)."""
-        try:
-            note = json.loads((self._meta("notes") / name).read_bytes())
-        except (OSError, ValueError, RecursionError):
-            return None
-        return note if type(note) is str else None
-
-    def delete_note(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-            (self._meta("notes") / name).unlink()
-
-    def _read_config(self) -> dict:
-        """``config.json``: the store's capacity (``max_bytes``), a positive integer. A
-        file that does not say one (damaged, or a value that is not a positive integer)
-        sets none: a store without a limit evicts nothing, where a bad limit read as
-        tiny would evict every entry."""
-        config = read_json_object(self._meta("config.json"))
-        limit = config.get("max_bytes")
-        if limit is not None and not (type(limit) is int and limit > 0):
-            log.warning("encache: %s holds max_bytes %.40r, not a positive integer: the "
-                        "store has no capacity limit until one is set again",
-                        self._meta("config.json"), limit)
-            config.pop("max_bytes")
-        return config
-
-    def _write_config(self) -> None:
-        atomic_write_json(self._meta("config.json"), self._config)
-
-    @contextlib.contextmanager
-    def _counters_locked(self, shared: bool = False):
-        # (never parents: bookkeeping must not make a removed store's directory again,
-        # empty, where a consumer would then miss everything without a word)
-        self._meta("").mkdir(exist_ok=True)
-        with open(self._meta("counters.lock"), "a") as lk:
-            fcntl.flock(lk, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lk, fcntl.LOCK_UN)
-
-    def live_counters(self):
-        """This process's in-place counter file (:mod:`encache.connectors.counters`):
-        counts written there survive SIGKILL. Folds dead processes' files first."""
-        from .. import counters
-
-        with self._counters_locked():
-            counters.compact(self._meta(""), atomic_write_json)
-        return counters.live_counters(self._meta(""))
-
-    def add_counters(self, deltas: dict[str, float]) -> None:
-        deltas = {k: v for k, v in deltas.items() if v}
-        if not deltas:
-            return
-        with self._counters_locked():
-            from ..counters import read_json
-
-            counters = read_json(self._meta("counters.json"))
-            for k, v in deltas.items():
-                counters[k] = counters.get(k, 0) + v
-            counters["updated"] = time.time()
-            atomic_write_json(self._meta("counters.json"), counters)
-
-    def read_counters(self) -> dict[str, float]:
-        """Folded totals + every running process's counter file. Folds the files of
-        processes that are gone (when the store is writable), so the directory does not
-        grow; a read-only store is read as it is."""
-        from .. import counters
-
-        meta = self._meta("")
-        if not meta.is_dir():  # nothing has counted here: no bookkeeping to make for a read
-            return counters.read_totals(meta)
-        try:
-            with self._counters_locked():
-                counters.compact(meta, atomic_write_json)
-                return counters.read_totals(meta)
-        except OSError:  # read-only or foreign store: no lock, no compaction
-            return counters.read_totals(meta)
-
-    def reset_counters(self) -> None:
-        from .. import counters
-
-        with self._counters_locked():
-            counters.reset(self._meta(""), atomic_write_json)
-
-    def info(self) -> StoreInfo:
-        extra = {"filesystem": self.fs_type,
-                 # how a consumer with the default load_mode reads entries here
-                 "serving_loads": (f"mmap (entries of {self.map_min_bytes >> 10} KiB+)"
-                                   if self.mapped_loads else "read")}
-        with contextlib.suppress(OSError):
-            extra["filesystem_free_bytes"] = shutil.disk_usage(self.root).free
-        return StoreInfo(url=self.url, backend=self.backend, max_bytes=self.max_bytes, extra=extra)
-
-    @contextlib.contextmanager
-    def lock(self, name: str, wait: float = 0.0):
-        self._meta("").mkdir(parents=True, exist_ok=True)
-        path = self._meta(f"{name}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + max(0.0, wait)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise
-                    if time.monotonic() >= deadline:
-                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                        raise LockBusy(f"store {self.url} is locked by another {name} "
-                                       f"({holder or 'unknown holder'})") from None
-                    time.sleep(0.1)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-            yield
-        finally:
-            os.close(fd)  # closing releases the flock (also on crash)

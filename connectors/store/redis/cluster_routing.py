@@ -1,7 +1,7 @@
 """Where a key lives on a Redis Cluster and how the store reaches it: the slot-aligned
 hash tags, CRC16 slots, the ``redis+cluster://`` URL and a client built on first use.
 
-Why apart from :mod:`.redis_cluster`: this is pure addressing (no store semantics), the
+Why apart from :mod:`.cluster`: this is pure addressing (no store semantics), the
 part a reader needs to follow the key layout described there, and the part tests check
 against redis-py's own slot function."""
 
@@ -11,9 +11,20 @@ import binascii
 import threading
 
 from redis.commands.core import Script
+from redis.exceptions import (AskError, ClusterDownError, MovedError, SlotNotCoveredError,
+                              TryAgainError)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..base import StoreError
 from ..url import CLUSTER_SCHEMES, redact
+
+#: a write or a header read failing with one of these met a slot on the move or a failover:
+#: waited out and retried (``redirect_wait``)
+_RETRY_WRITES = (AskError, MovedError, TryAgainError, ClusterDownError, SlotNotCoveredError,
+                 RedisConnectionError)
+#: a load failing with one of these may have met a stale route: re-read the map, retry once
+#: (not TimeoutError, not TRYAGAIN: the retry would wait, or meet the same half-moved slot)
+_STALE_ROUTE = (RedisConnectionError, ClusterDownError, SlotNotCoveredError, MovedError, AskError)
 
 __all__ = ["SLOTS", "slot_tags", "key_slot", "primary_of", "parse_cluster_url", "LazyCluster"]
 
