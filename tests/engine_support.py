@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from encache.connectors.vllm import CONNECTOR_MODULE
+from encache.connectors.vllm import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -60,9 +60,7 @@ def built_model(name: str, *args: str) -> str:
 
 
 def consumer_config(store: str, role: str = "ec_consumer", **extra) -> dict:
-    return {"ec_connector": "EncacheConnector", "ec_role": role,
-            "ec_connector_module_path": CONNECTOR_MODULE,
-            "ec_connector_extra_config": {"store": store, "counters_flush_s": 0.2, **extra}}
+    return transfer_config(store, role, {"counters_flush_s": 0.2, **extra})
 
 
 def make_llm(model: str, ec_transfer_config: dict | None = None, **kw):

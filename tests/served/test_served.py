@@ -29,7 +29,7 @@ MEDIA = {"image": {"rgba_background_color": [0, 0, 0]}}
 
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
-    from encache.cli.connector_config import build_config
+    from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     from make_demo_corpus import make_corpus
 
@@ -51,9 +51,9 @@ def served(tiny_model, tmp_path_factory):
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
     # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
-                                                 "store_stats_s": 0.5, "max_bytes": 1 << 30,
-                                                 "tag": "served"})
+    config = transfer_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
+                                                    "store_stats_s": 0.5, "max_bytes": 1 << 30,
+                                                    "tag": "served"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
     with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw),
