@@ -282,10 +282,9 @@ def progress(label: str, total: int | None = None, *, quiet: bool = False,
 
 
 class PhaseProgress:
-    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=,
-    phase=)``),
-    the interface job code with several phases drives (precompute: hashing, starting
-    engine, encoding). Drawn with Rich on stderr; silent when ``quiet`` or (with
+    """Draws a job's :class:`encache.jobs.progress.Progress` (``start(phase, total)`` /
+    ``advance(n, failed=, phase=)``: precompute's hashing, starting engine, encoding;
+    warm's hashing, copying, reading). Drawn with Rich on stderr; silent when ``quiet`` or (with
     ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
     the last and the bar disappears at the end (else every phase's bar stays);
     ``show_failures``: print ``failed …`` lines as ``advance(failed=…)`` reports them.

@@ -31,7 +31,8 @@ Both run the same three phases, written once here:
 Why: one implementation of the job for the CLI, ``warm`` and Ray; each parses its own
 options and calls this. Errors are :class:`~encache.connectors.errors.EncacheError` with the CLI's
 exit codes (usage 2, store 7, engine 8); no printing here: ``progress`` is an optional
-object with ``start(phase, total)`` / ``advance(n, failed=None, phase=None)``.
+:class:`encache.jobs.progress.Progress` (``start(phase, total)`` /
+``advance(n, failed=None, phase=None)``).
 
 The package's other modules: :mod:`.options` (``PrecomputeOptions``, ``Summary``,
 argument checks), :mod:`.identify` (``classify``, ``account``), :mod:`.encode`

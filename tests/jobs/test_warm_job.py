@@ -17,6 +17,19 @@ BASE = [f"{i:064x}" for i in range(4)]
 LORA = [f"adapterA:{i:064x}" for i in range(10, 13)]
 
 
+class Recorded:
+    """A :class:`encache.jobs.progress.Progress` that records what it is told."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def start(self, phase, total):
+        self.calls.append((phase, total))
+
+    def advance(self, n, failed=None, phase=None):
+        self.calls.append(n if failed is None else (n, failed))
+
+
 @pytest.fixture
 def disk(tmp_path):
     s = DiskStore(tmp_path / "src", fsync=False)
@@ -29,12 +42,13 @@ def test_promote_copies_one_lora_and_skips_what_is_there(disk, tmp_path):
     dst = DiskStore(tmp_path / "dst", fsync=False)
     dst.put(LORA[0], disk.get(LORA[0]))
     summary = WarmSummary(mode="copy", store=dst.url, source=disk.url, lora="adapterA")
-    ticks: list[int] = []
-    promote(disk, dst, None, summary, lora="adapterA", progress=ticks.append)
+    ticks = Recorded()
+    ticks.start("Copying", 3)
+    promote(disk, dst, None, summary, lora="adapterA", progress=ticks)
     assert (summary.copied, summary.skipped, summary.failed) == (2, 1, 0)
     assert sorted(dst.identifiers()) == sorted(LORA)
     assert summary.bytes == sum(len(disk.get(i)) for i in LORA[1:])
-    assert ticks == [1, 2, 3]
+    assert ticks.calls == [("Copying", 3), 1, 1, 1]
     assert count_selected(disk, None, "adapterA") == 3 and count_selected(disk, None, None) == 7
 
 
