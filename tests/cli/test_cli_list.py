@@ -151,7 +151,8 @@ def test_json_document_is_the_generic_encoding_byte_for_byte(store):
     text must be exactly json.dumps of the dict records, for every kind of entry."""
     from msgspec.structs import replace
 
-    from encache.cli.list import build_list, entry_dicts, json_document
+    from encache.cli.list import json_document
+    from encache.connectors.store.ops.report import build_list, entry_dicts
     from encache.cli.render import json_text
     from encache.connectors.store.base import EntryInfo
 
