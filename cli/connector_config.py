@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ..connectors.errors import EXIT_USAGE, EncacheError
+from .errors import EXIT_USAGE, EncacheError
 from ..connectors.vllm import transfer_config
 from .options import (LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt, not_empty,
                       not_negative, parse_size)

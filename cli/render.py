@@ -69,7 +69,7 @@ def partial_exit(unreachable: Sequence[dict], what: str, *, quiet: bool = False)
         return
     import typer
 
-    from encache.connectors.errors import EXIT_PARTIAL
+    from encache.cli.errors import EXIT_PARTIAL
 
     if not quiet:
         partial_note(unreachable, what)
@@ -109,7 +109,7 @@ def confirm(question: str, *, refusal: str, declined: str, hint: str | None = No
     is left with Ctrl-D / Ctrl-C."""
     import typer
 
-    from encache.connectors import errors
+    from encache.cli import errors
 
     if not can_prompt():
         raise errors.EncacheError(refusal, errors.EXIT_ABORTED, hint=hint)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.cli.common import quiet_engine_start
 from encache.cli.options import (DtypeOpt, EngineArgOpt, JsonOpt, LocalTierMaxOpt,
                                 LocalTierOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt, ModelOpt,

@@ -29,7 +29,7 @@ media that neither store holds with :func:`encache.jobs.precompute.precompute_fi
 Progress goes to an optional :class:`~encache.jobs.progress.Progress` (one phase per step:
 hashing, the engine's phases, copying or reading), ``note(text)`` takes a one-line
 notice. Errors are
-:class:`~encache.connectors.errors.EncacheError` (usage 2, store 7, engine 8).
+:class:`~encache.jobs.errors.EncacheError` (usage 2, store 7, engine 8).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, NO_VLLM_HINT, EncacheError
+from .errors import EXIT_ENGINE, EXIT_USAGE, NO_VLLM_HINT, EncacheError
 from ..connectors.media import unreadable_reason
 from ..connectors.store.base import Store, StoreError
 from ..connectors.store.keys import split_lora
@@ -178,7 +178,7 @@ def expand_images(paths: list[str], summary: WarmSummary | None = None) -> list[
     precompute (files there that are not images or videos are skipped and, with
     ``summary``, counted and listed). A file given by name is always hashed: if it is
     not media, that is its failure."""
-    from ..connectors.corpus import non_media_reason, walk
+    from .corpus import non_media_reason, walk
 
     out: list[str] = []
     for p in paths:

@@ -62,7 +62,7 @@ def main() -> int:
     from vllm.distributed.ec_transfer import ensure_ec_transfer_shutdown
 
     from encache.connectors.vllm import transfer_config
-    from encache.connectors.corpus import non_media_reason, walk
+    from encache.jobs.corpus import non_media_reason, walk
 
     paths = [f.path for f in walk(corpus) if non_media_reason(f) is None]
     encoded = count_encoder_items()

@@ -8,6 +8,7 @@ Its face is the public API (docs/api.md); the parts, one idea each:
   what the store holds under it;
 * :mod:`.encode` -- encode what is missing: ``LocalStage`` (an in-process producer
   engine, the room budget, the store-full stop);
+* :mod:`.capacity` -- the room budget of ``--over-capacity skip``, the capacity note;
 * :mod:`.job` -- the flow: :func:`precompute_corpus` / :func:`precompute_files`, the
   finish (store checked, evictions, manifest).
 

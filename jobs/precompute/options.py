@@ -6,7 +6,7 @@ how its engine runs), :class:`Summary` (what a run did: the ``--json`` fields), 
 helpers that derive what the server hashes with (:func:`hashing_settings`), the
 encoder-config stamp (:func:`engine_encoder_config`) and the manifest's key
 (:func:`manifest_key`). Why apart: the CLI, warm and Ray build and check options without
-importing the job. Usage errors are :class:`~encache.connectors.errors.EncacheError`, exit 2.
+importing the job. Usage errors are :class:`~encache.jobs.errors.EncacheError`, exit 2.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ...connectors.errors import EXIT_USAGE, EncacheError
+from ..errors import EXIT_USAGE, EncacheError
 
 
 @dataclass
@@ -104,7 +104,7 @@ class PrecomputeOptions(ProducerSettings):
 
     def check(self) -> None:
         """Usage checks (exit 2), before anything is opened or started."""
-        from ...connectors.capacity import OVER_CAPACITY
+        from .capacity import OVER_CAPACITY
 
         check_common(self.batch, self.lora, self.lora_path)
         if self.over_capacity not in OVER_CAPACITY:

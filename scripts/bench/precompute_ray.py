@@ -57,7 +57,7 @@ def run(args: list[str], environ: dict) -> tuple[float, dict]:
 
 
 def read_hash_rate(corpus: Path) -> float:
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.vllm.hashing import identify_file
     files = walk(corpus)
     identify_file(files[0].path, MODEL)  # import vLLM's hasher outside the timing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from encache.connectors import errors
+from encache.cli import errors
 from cli_support import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error
 
 ENTRY_KEYS = {"identifier", "lora", "model", "shape", "dtype", "size", "created", "accessed",

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import engine_support  # noqa: F401  (puts scripts/ on sys.path for make_demo_corpus)
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke, one_line_error

@@ -75,7 +75,7 @@ def test_the_parts_default_to_the_connector_settings():
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.lookup.metrics import LookupMetrics
     from encache.connectors.vllm.config import ConnectorConfig
-    from encache.connectors.writer import EntryWriter
+    from encache.connectors.vllm.writer import EntryWriter
 
     cfg = ConnectorConfig(store="x")
     defaults = {f.name: getattr(cfg, f.name) for f in fields(ConnectorConfig)}

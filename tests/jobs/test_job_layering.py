@@ -1,6 +1,7 @@
 """Jobs are library code: nothing under jobs/ or connectors/ imports the CLI layer (the
-exit codes and error type live in connectors/errors.py), so a Python user or a Ray worker
-never runs CLI code; and the CLI modules of precompute and warm hold no job logic."""
+error type and the codes it carries live in jobs/errors.py), so a Python user or a Ray
+worker never runs CLI code; and the CLI modules of precompute and warm hold no job
+logic."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from media_files import hostile_corpus
 
 
 def _rows(corpus, store_dir, threads: int) -> list:
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.store import open_store
     from encache.jobs.precompute import LocalStage, PrecomputeOptions, Summary
 

@@ -291,7 +291,7 @@ def test_ray_hashes_request_mm_processor_kwargs_as_single_host(cluster, corpus, 
     requests are "present" and plain ones are not."""
     import numpy as np
 
-    from encache.connectors.corpus import non_media_reason, walk
+    from encache.jobs.corpus import non_media_reason, walk
     from encache.connectors.store import encode, open_store
     from encache.connectors.vllm.hashing import identify_file
 

@@ -79,7 +79,7 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-#: the reasons misses are broken down by (see encache.connectors.diagnosis)
+#: the reasons misses are broken down by (see encache.connectors.vllm.diagnosis)
 MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format",
                 "binding")
 
