@@ -25,7 +25,6 @@ import pytest
 from encache.connectors.vllm import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 ENGINE_KW = dict(enforce_eager=True, max_model_len=256, max_num_seqs=4,
                  max_num_batched_tokens=256, limit_mm_per_prompt={"image": 1},
@@ -322,7 +321,7 @@ def engine_module_fixtures(pages: int, seed: int):
 
     @pytest.fixture(scope="module")
     def corpus(tmp_path_factory):
-        from make_demo_corpus import make_corpus
+        from demo_corpus import make_corpus
         root = tmp_path_factory.mktemp("corpus")
         return {"root": str(root),
                 "pages": make_corpus(str(root / "docs"), pages=pages, seed=seed)}

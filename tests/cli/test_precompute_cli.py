@@ -25,8 +25,7 @@ MODEL = "org/some-model"  # any id string: nothing is loaded when every entry is
 
 @pytest.fixture
 def corpus(tmp_path):
-    from engine_support import ROOT  # noqa: F401  (puts scripts/ on sys.path)
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     make_corpus(str(tmp_path / "corpus"), pages=5, seed=3)
     return tmp_path / "corpus"
 

@@ -31,7 +31,7 @@ MEDIA = {"image": {"rgba_background_color": [0, 0, 0]}}
 def served(tiny_model, tmp_path_factory):
     from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     root = tmp_path_factory.mktemp("served")
     files = make_corpus(str(root / "corpus"), pages=6, seed=7)
@@ -68,7 +68,7 @@ def test_every_format_hits_through_vllm_serve(served):
 
 
 def test_unknown_image_is_a_miss_not_an_error(served, tmp_path):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     [fresh] = make_corpus(str(tmp_path), pages=1, seed=99)
     before = open_store(served["store"]).read_counters()
     reply = chat(served["base"], served["model"], fresh)

@@ -56,7 +56,7 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
 
     from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
     store = str(tmp_path / "store")
