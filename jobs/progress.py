@@ -6,15 +6,13 @@ finish (``failed``: the item that failed, for a caller that lists failures; ``ph
 which bar, where phases overlap, as precompute hashes on a thread while it encodes).
 Why one: precompute, warm and the Ray stage report through the same object, so a caller
 draws every job one way (the CLI: :class:`encache.cli.render.PhaseProgress`) and a
-library user passes one object or nothing (:data:`NO_PROGRESS`). The store's own
-operations (scan, verify, copy) report a running count, a plain ``progress(done)``
-callback (the store imports nothing above it); :func:`counting` turns this protocol into
-one.
+library user passes one object or nothing (:data:`NO_PROGRESS`). Beneath the jobs, the
+store's own operations (scan, verify, copy) report through plain callbacks (the store
+imports nothing above it); the jobs turn those into this protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 
@@ -41,16 +39,3 @@ class _NoProgress:
 #: the progress of a caller that draws none
 NO_PROGRESS: Progress = _NoProgress()
 
-
-def counting(progress: Progress, phase: str | None = None) -> Callable[[int], None]:
-    """A store operation's ``progress(done)`` callback (a running count) that advances
-    ``progress`` (``phase``) by what each call adds."""
-    last = 0
-
-    def update(done: int) -> None:
-        nonlocal last
-        if done > last:
-            progress.advance(done - last, phase=phase)
-            last = done
-
-    return update

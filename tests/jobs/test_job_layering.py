@@ -51,6 +51,15 @@ def test_cli_precompute_and_warm_only_parse_and_render():
                            "_drop_manifest", "_RichProgress", "_clean_error"}, (name, defs)
 
 
+def test_cli_list_stats_and_size_only_render():
+    """Their data is built in the library (encache.connectors.store.ops.report)."""
+    for name in ("list.py", "stats.py", "size.py"):
+        tree = ast.parse((ROOT / "cli" / name).read_text())
+        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defs & {"build_list", "build_stats", "build_size", "entry_dict",
+                           "entry_dicts", "tier_stats", "parse_sort"}, (name, defs)
+
+
 def test_every_package_folder_is_installed():
     """pyproject's explicit package list names every folder with an ``__init__.py``: a
     missing one installs fine in editable mode (the tests) and breaks a wheel install."""
