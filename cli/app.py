@@ -1,9 +1,9 @@
 """The ``encache`` command: a Typer app, one module per command, errors as one line.
 
 Every command module exposes ``register(app)``. Commands never print tracebacks: an
-expected failure (:class:`~encache.connectors.errors.EncacheError`, a store or lock
+expected failure (:class:`~encache.jobs.errors.EncacheError`, a store or lock
 error) is ``Error: <message>`` on stderr with its exit code (see
-:mod:`encache.connectors.errors`); anything else is a one-line message with a hint to
+:mod:`encache.cli.errors`); anything else is a one-line message with a hint to
 rerun with ``ENCACHE_DEBUG=1`` (which re-raises and shows the traceback). Typer keeps its own usage errors (exit 2) and help output.
 
 Importing this module imports no vLLM, no torch and no Rich: ``encache --help``, ``list``
@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from encache.connectors import errors
+from encache.cli import errors
 
 DEBUG_ENVVAR = "ENCACHE_DEBUG"
 DEBUG_HINT = f"set {DEBUG_ENVVAR}=1 for a traceback"

@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Iterator
 
-from encache.connectors.errors import EXIT_LOCKED, EXIT_USAGE, EncacheError
+from encache.cli.errors import EXIT_LOCKED, EXIT_USAGE, EncacheError
 
 
 @contextlib.contextmanager

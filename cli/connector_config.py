@@ -13,28 +13,10 @@ from typing import Annotated
 
 import typer
 
-from ..connectors.errors import EXIT_USAGE, EncacheError
-from ..connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE
+from .errors import EXIT_USAGE, EncacheError
+from ..connectors.vllm import transfer_config
 from .options import (LocalTierMaxOpt, LocalTierOpt, StoreOpt, TagOpt, not_empty,
                       not_negative, parse_size)
-
-ROLES = ("ec_consumer", "ec_producer", "ec_both")
-
-
-def build_config(store: str, role: str, extra: dict | None = None) -> dict:
-    if role not in ROLES:
-        raise EncacheError(f"--role must be one of {', '.join(ROLES)}", EXIT_USAGE)
-    from ..connectors.store import names_local_path
-    if names_local_path(store) and not store.startswith("file://"):
-        import os
-        store = os.path.abspath(os.path.expanduser(store))
-    return {
-        "ec_connector": CONNECTOR_CLASS,
-        "ec_role": role,
-        "ec_connector_module_path": CONNECTOR_MODULE,
-        "ec_connector_extra_config": {"store": store, **(extra or {})},
-    }
-
 
 def register(app: typer.Typer) -> None:
     @app.command("connector-config")
@@ -87,7 +69,10 @@ def register(app: typer.Typer) -> None:
             extra["load_timeout_s"] = load_timeout_s
         if tag:
             extra["tag"] = tag
-        cfg = build_config(store, role, extra)
+        try:
+            cfg = transfer_config(store, role, extra)
+        except ValueError as e:  # a role it does not take
+            raise EncacheError(str(e), EXIT_USAGE) from None
         from .render import emit, is_tty, json_text, note
 
         text = json_text(cfg, compact=True, ascii=True)

@@ -60,7 +60,7 @@ def build_hashes(paths: list[str], model: str, *, lora: str | None, hash_algo: s
                  media_io_kwargs: dict | None, mm_processor_kwargs: dict | None,
                  request_media_io_kwargs: dict | None = None, store=None) -> list[dict]:
     """One record per file: its identity (inputs included) and whether the store has it."""
-    from encache.connectors import errors
+    from encache.cli import errors
 
     def no_vllm(e: ImportError) -> errors.EncacheError:
         return errors.EncacheError(
@@ -209,7 +209,7 @@ def register(app: typer.Typer) -> None:
         """Show the identifier vLLM uses for each image or video, whether the store has
         it, and the inputs that went into it (model id string, algorithm, io config, LoRA;
         for videos the frames sampled, fps and sampler)."""
-        from encache.connectors import errors
+        from encache.cli import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, progress
 

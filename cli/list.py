@@ -1,5 +1,7 @@
 """``encache list``: one row per entry (identifier, LoRA, model, shape, dtype, size,
-created, last access), filtered and sorted; ``-q`` prints identifiers only."""
+created, last access), filtered and sorted; ``-q`` prints identifiers only. The entries
+are built by :func:`encache.connectors.store.ops.report.build_list`; this module renders
+them (a table, or ``--json`` written from a template: :func:`json_document`)."""
 
 from __future__ import annotations
 
@@ -8,24 +10,9 @@ from typing import Annotated, Optional
 import typer
 
 from encache.connectors.store.keys import split_lora  # light: pure Python, no I/O
+from encache.connectors.store.ops.report import build_list, parse_sort
 from encache.cli.options import (JsonOpt, LimitOpt, LoraOpt, ModelOpt, OlderThanOpt,
                                  StoreOpt)
-
-#: sort keys and their default direction (True = descending: biggest / newest first)
-SORT_KEYS = {"identifier": False, "size": True, "created": True, "accessed": True}
-
-
-def parse_sort(value: str) -> tuple[str, bool]:
-    """``"size"`` / ``"created:asc"`` -> ``(key, descending)``."""
-    key, _, direction = value.lower().partition(":")
-    if key == "name":
-        key = "identifier"
-    if key not in SORT_KEYS:
-        raise ValueError(f"unknown sort key {key!r} (use {', '.join(SORT_KEYS)}; "
-                         "append :asc or :desc to set the order)")
-    if direction not in ("", "asc", "desc"):
-        raise ValueError(f"unknown sort order {direction!r} (use asc or desc)")
-    return key, (SORT_KEYS[key] if not direction else direction == "desc")
 
 
 def _check_sort(value: str | None) -> str | None:
@@ -42,57 +29,12 @@ SortOpt = Annotated[Optional[str], typer.Option(
     help="Sort by size, created, accessed (newest/biggest first) or identifier.")]
 
 
-def entry_dict(e) -> dict:
-    """The JSON record of one entry (raw bytes, epoch seconds)."""
-    m = e.meta
-    return {
-        "identifier": e.identifier,
-        # EntryInfo.lora, without its per-call import (100,000 calls for a big store)
-        "lora": m.lora if m is not None and m.lora else split_lora(e.identifier)[0],
-        "model": m.model if m else None,
-        "shape": list(m.shape) if m else None,
-        "dtype": m.dtype if m else None,
-        "size": e.size,
-        "created": e.created,
-        "accessed": e.accessed,
-        "legacy": bool(m is not None and m.legacy),
-        "vllm_version": m.vllm_version if m else None,
-        "hash_algo": m.hash_algo if m else None,
-        "error": e.error,
-    }
-
-
-def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
-               progress=None, unreachable: list | None = None) -> list:
-    """The entries to show, filtered and sorted (EntryInfo objects); the command cuts
-    them to ``--limit`` itself, to say how many matched. ``unreachable``: a list for the
-    parts of the store that did not answer (then the others' entries are listed)."""
-    from encache.connectors.store.ops.scanning import scan
-
-    entries = list(scan(store, flt if flt is not None and flt.active else None, progress,
-                        unreachable))
-    key, desc = sort or ("identifier", False)
-    if key == "identifier":
-        entries.sort(key=lambda e: e.identifier, reverse=desc)
-    else:
-        # unknown values (None) always last, whatever the direction
-        known = [e for e in entries if getattr(e, key) is not None]
-        unknown = [e for e in entries if getattr(e, key) is None]
-        known.sort(key=lambda e: (getattr(e, key), e.identifier), reverse=desc)
-        entries = known + sorted(unknown, key=lambda e: e.identifier)
-    return entries
-
-
 def render_json(url: str, entries: list, unreachable: list[dict]) -> None:
     import sys
 
     sys.stdout.write(json_document(url, entries, unreachable))
     sys.stdout.write("\n")
     sys.stdout.flush()
-
-
-def entry_dicts(entries) -> list[dict]:
-    return [entry_dict(e) for e in entries]
 
 
 def json_document(url: str, entries: list, unreachable: list[dict] = ()) -> str:

@@ -23,7 +23,7 @@ import typer
 from ..jobs.precompute import (PrecomputeOptions, Summary, check_request_kwargs,
                                parse_engine_args, precompute_corpus, validate_args)
 from .common import quiet_engine_start, quiet_when_locked
-from ..connectors.errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
+from .errors import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EncacheError
 from .options import (DtypeOpt, EngineArgOpt, JsonOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt,
                       ModelOpt, QuietOpt, StoreOpt, TagOpt, not_negative, parse_json,
                       parse_size)

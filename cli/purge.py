@@ -104,7 +104,7 @@ def register(app: typer.Typer) -> None:
         --lora NAME matches identifiers NAME:<hash> and entries whose metadata names that
         LoRA (--stale: only those made with an older adapter under NAME); --older-than matches entries not written or read for that long. Filters
         combine (AND)."""
-        from encache.connectors import errors
+        from encache.cli import errors
         from encache.cli.common import (display_url, make_filter, no_gc, opened,
                                         quiet_when_locked, usage)
         from encache.connectors.store.removals import OLDER_THAN

@@ -69,7 +69,7 @@ def partial_exit(unreachable: Sequence[dict], what: str, *, quiet: bool = False)
         return
     import typer
 
-    from encache.connectors.errors import EXIT_PARTIAL
+    from encache.cli.errors import EXIT_PARTIAL
 
     if not quiet:
         partial_note(unreachable, what)
@@ -109,7 +109,7 @@ def confirm(question: str, *, refusal: str, declined: str, hint: str | None = No
     is left with Ctrl-D / Ctrl-C."""
     import typer
 
-    from encache.connectors import errors
+    from encache.cli import errors
 
     if not can_prompt():
         raise errors.EncacheError(refusal, errors.EXIT_ABORTED, hint=hint)
@@ -282,10 +282,9 @@ def progress(label: str, total: int | None = None, *, quiet: bool = False,
 
 
 class PhaseProgress:
-    """A progress object with phases (``start(phase, total)`` / ``advance(n, failed=,
-    phase=)``),
-    the interface job code with several phases drives (precompute: hashing, starting
-    engine, encoding). Drawn with Rich on stderr; silent when ``quiet`` or (with
+    """Draws a job's :class:`encache.jobs.progress.Progress` (``start(phase, total)`` /
+    ``advance(n, failed=, phase=)``: precompute's hashing, starting engine, encoding;
+    warm's hashing, copying, reading). Drawn with Rich on stderr; silent when ``quiet`` or (with
     ``terminal_only``) when stderr is not a terminal. ``transient``: each phase replaces
     the last and the bar disappears at the end (else every phase's bar stays);
     ``show_failures``: print ``failed …`` lines as ``advance(failed=…)`` reports them.

@@ -1,5 +1,6 @@
 """``encache size``: the store's total size — human-readable on a terminal, raw bytes when
-piped (like ``uv cache size``); ``--by model|lora`` for a breakdown."""
+piped (like ``uv cache size``); ``--by model|lora`` for a breakdown. The data is built by
+:func:`encache.connectors.store.ops.report.build_size`; this module renders it."""
 
 from __future__ import annotations
 
@@ -8,29 +9,6 @@ from typing import Annotated
 import typer
 
 from encache.cli.options import ByOpt, JsonOpt, StoreOpt
-
-
-def build_size(store, url: str, by: str | None = None, progress=None) -> dict:
-    """``{"store", "bytes", "unreachable"[, "entries", "by", "groups"]}`` (raw bytes;
-    ``unreachable``: parts of the store that did not answer, the figures being the
-    others')."""
-    from encache.connectors.store.ops.scanning import parts_dicts, summarize
-
-    if by is None:
-        if store.supports_used_bytes:  # disk: file sizes only, no header read
-            current = store.summary_if_unchanged(stat_entries=False)  # O(1) when unchanged
-            used = current.bytes if current is not None else store.used_bytes()
-            return {"store": url, "bytes": int(used), "unreachable": []}
-    unreachable: list = []
-    s = summarize(store, progress=progress, unreachable=unreachable)
-    data = {"store": url, "bytes": s.bytes, "entries": s.entries,
-            "unreachable": parts_dicts(unreachable)}
-    if by is not None:
-        groups = s.by_model if by == "model" else s.by_lora
-        data["by"] = by
-        data["groups"] = sorted(({"name": k, **g.to_dict()} for k, g in groups.items()),
-                                key=lambda g: (-g["bytes"], str(g["name"])))
-    return data
 
 
 def render(data: dict, human: bool) -> None:
@@ -71,6 +49,7 @@ def register(app: typer.Typer) -> None:
         """Total size of the store (raw bytes when piped); --by model|lora to break down."""
         from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, is_tty, partial_exit, progress
+        from encache.connectors.store.ops.report import build_size
 
         with opened(store) as st, no_gc():
             url = display_url(store, st)

@@ -4,7 +4,8 @@ Contents (entries, bytes, used / max, by model, by LoRA, legacy and unreadable e
 entries written by a newer encache)
 come from a header-only scan; the consumer counters (hits, misses, load time…) are the
 ones serving engines record in the store. ``--reset-counters`` prints the statistics,
-then zeroes the counters (so a cron job can log and reset in one step).
+then zeroes the counters (so a cron job can log and reset in one step). The data is
+built by :func:`encache.connectors.store.ops.report.build_stats`; this module renders it.
 """
 
 from __future__ import annotations
@@ -15,148 +16,11 @@ import typer
 
 from encache.cli.options import MAX_JOBS, JsonOpt, LocalTierOpt, StoreOpt
 
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
-#: the reasons misses are broken down by (see encache.connectors.diagnosis)
-MISS_REASONS = ("absent", "model", "config", "lora_stale", "corrupt", "newer_format",
-                "binding")
+#: how a table names the reasons misses are broken down by (report.MISS_REASONS)
 REASON_LABELS = {"absent": "absent", "model": "model id mismatch", "config": "config mismatch",
                  "lora_stale": "LoRA stale", "corrupt": "corrupt",
                  "newer_format": "written by a newer encache",
                  "binding": "other inputs (client uuid)"}
-
-
-def tier_stats(path: str, shared_url: str) -> dict:
-    """A node's local tier (``--local-tier DIR``): what it holds and when it last synced
-    with the shared store (its note; ``connectors/store/tiered.py``)."""
-    from encache.connectors.store import open_store
-    from encache.connectors.store.tiered import sync_state
-
-    tier = open_store(path, create=False)
-    try:
-        state = sync_state(tier) or {}
-        remote = state.get("remote", "").rsplit("#", 1)[0] or None
-        return {"path": str(tier.root), "entries": tier.count(), "bytes": tier.used_bytes(),
-                "max_bytes": tier.max_bytes, "last_sync": state.get("synced"),
-                "synced_with": remote,
-                "same_store": remote is None or remote == shared_url}
-    finally:
-        tier.close()
-
-
-def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = None,
-                progress=None, local_tier: str | None = None) -> dict:
-    """The ``stats`` data (JSON-ready: raw bytes, epoch seconds). Parts of the store that
-    do not answer (a Redis Cluster's dead primary) are listed in ``unreachable`` and the
-    figures are the other parts'; counters kept on such a part are ``counters_unavailable``
-    (why) and read as zero."""
-    from encache.connectors.store import StoreError
-    from encache.connectors.store.ops.scanning import parts_dicts, summarize
-
-    unreachable: list = []
-    summary = summarize(store, url=open_url, workers=workers, progress=progress,
-                        unreachable=unreachable)
-    info = store.info()
-    counters, counters_unavailable = {}, None
-    try:
-        counters = store.read_counters()
-    except StoreError as e:
-        if e.domain is None:  # (the store as a whole: the command fails)
-            raise
-        counters_unavailable = f"{e.domain}: {e.reason}"
-        if all(part != e.domain for part, _ in unreachable):
-            unreachable.append((e.domain, e.reason))
-
-    try:  # entries a policy removed that a refresh leaves out (store/removals.py)
-        removed = store.removal_counts() if store.supports_removal_records else None
-    except StoreError:  # (kept on a part that did not answer: the rest is reported)
-        removed = None
-
-    def c(name: str) -> float:
-        v = counters.get(name, 0) or 0
-        return int(v) if float(v).is_integer() else float(v)
-
-    hits, misses = c("hits"), c("misses")
-    lookups = hits + misses
-
-    def groups(d: dict) -> list[dict]:
-        rows = [{"name": k, **g.to_dict()} for k, g in d.items()]
-        rows.sort(key=lambda r: (-r["bytes"], str(r["name"])))
-        return rows
-
-    return {
-        "store": url,
-        "backend": info.backend,
-        # parts that did not answer: every figure is of the others
-        "unreachable": parts_dicts(unreachable),
-        "entries": summary.entries,
-        "bytes": summary.bytes,
-        "max_bytes": info.max_bytes,
-        "used_ratio": _ratio(summary.bytes, info.max_bytes or 0),
-        "legacy_entries": summary.legacy,
-        "legacy_bytes": summary.legacy_bytes,
-        "unreadable_entries": summary.unreadable,
-        "unreadable_bytes": summary.unreadable_bytes,
-        # entries written by a newer encache (a format this build does not read): kept
-        "newer_format_entries": summary.newer,
-        "newer_format_bytes": summary.newer_bytes,
-        "oldest_created": summary.oldest,
-        "newest_created": summary.newest,
-        "last_access": summary.last_access,
-        "by_model": groups(summary.by_model),
-        "by_lora": groups(summary.by_lora),
-        "by_encoder_config": groups(summary.by_encoder_config),
-        # entries made with an older adapter under a LoRA name (`purge --lora NAME --stale`)
-        "stale_lora": groups(summary.stale_lora()),
-        "hits": hits,
-        "misses": misses,
-        "hit_ratio": _ratio(hits, lookups),
-        # hits of engines with a local tier, by the tier that served them
-        "hits_local": c("hits_local"),
-        "hits_remote": c("hits_remote"),
-        "local_tier": tier_stats(local_tier, store.url) if local_tier else None,
-        "load_errors": c("load_errors"),
-        "config_mismatches": c("config_mismatches"),
-        "lora_stale": c("lora_stale"),
-        # entries computed from other inputs than a request's (not served: docs/security.md)
-        "binding_mismatches": c("binding_mismatches"),
-        # consumers' checksum passes, and first loads that skipped one (verified this boot)
-        "checksums": c("checksums"),
-        "checksums_skipped": c("checksums_skipped"),
-        # why engines missed (counted per miss; older engines recorded no reason)
-        "misses_by_reason": {r: c("misses_" + r) for r in MISS_REASONS},
-        "load_seconds": c("load_seconds"),
-        # load_seconds accumulates over successful loads (hits)
-        "mean_load_seconds": _ratio(c("load_seconds"), hits),
-        "bytes_loaded": c("bytes_loaded"),
-        "saves": c("saves"),
-        "save_errors": c("save_errors"),
-        # encoders (EPD): writes not in the store when the request finished
-        "save_timeouts": c("save_timeouts"),
-        # encoders (EPD): entries written again from vLLM's encoder cache (the store lost them)
-        "resaves": c("resaves"),
-        # PD (EPD): loads of entries read while their write was in flight (before its commit)
-        "in_flight_loads": c("in_flight_loads"),
-        # ... and the time those loads took, mostly waiting for the bytes
-        "in_flight_wait_seconds": c("in_flight_wait_seconds"),
-        "mean_in_flight_wait_seconds": _ratio(c("in_flight_wait_seconds"),
-                                              c("in_flight_loads")),
-        # PD (EPD): requests failed because a metadata-only item's entry was not delivered
-        "unavailable": c("unavailable"),
-        "unavailable_by_reason": {r: c("unavailable_" + r)
-                                  for r in ("late", "corrupt", "config", "lora_stale")},
-        "bytes_saved": c("bytes_saved"),
-        "evictions": c("evictions"),
-        # entries a policy removed (capacity eviction, purge --older-than), by reason:
-        # precompute leaves them out unless --refill-removed (None: not kept here)
-        "removed_by_policy": removed,
-        "counters_updated": counters.get("updated"),
-        "counters_unavailable": counters_unavailable,
-        "backend_info": dict(info.extra),
-    }
 
 
 _BYTES_KEYS = ("used_memory", "maxmemory")
@@ -333,6 +197,7 @@ def register(app: typer.Typer) -> None:
         hits / misses / load times recorded by serving engines."""
         from encache.cli.common import display_url, no_gc, opened
         from encache.cli.render import emit_json, note, partial_exit, progress
+        from encache.connectors.store.ops.report import build_stats
         from encache.connectors.store.ops.scanning import default_workers
 
         with opened(store) as st, no_gc():

@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         Exit 0 when clean, 4 when problems were found, 3 when --repair could not fix them
         all or a part of the store did not answer, 10 when entries were written by a
         newer encache (left as they are)."""
-        from encache.connectors import errors
+        from encache.cli import errors
         from encache.cli.common import display_url, opened
         from encache.cli.render import emit_json, partial_exit, partial_note, progress
         from encache.connectors.store.ops.scanning import parts_dicts

@@ -28,8 +28,9 @@ vLLM is imported only to hash IMAGE arguments or to compute missing entries.
 
 The job is library code: :func:`encache.jobs.warm.warm` (options checked, stores opened,
 ``--compute-missing`` through :func:`encache.jobs.precompute.precompute_files`) over the
-parts in the same module; this module parses options, draws progress and
-renders the :class:`WarmSummary`.
+parts in the same module; this module parses options into its
+:class:`~encache.jobs.warm.WarmOptions`, draws progress and renders the
+:class:`WarmSummary`.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.cli.common import quiet_engine_start
 from encache.cli.options import (DtypeOpt, EngineArgOpt, JsonOpt, LocalTierMaxOpt,
                                 LocalTierOpt, LoraOpt, LoraPathOpt, MaxModelLenOpt, ModelOpt,
                                 QuietOpt, StoreOpt, TagOpt)
 
 if TYPE_CHECKING:
-    from encache.jobs.warm import WarmSummary
+    from encache.jobs.warm import WarmOptions, WarmSummary
 
 #: failures shown in the table (all of them are in --json)
 SHOW_FAILURES = 20
@@ -111,20 +112,16 @@ def render(summary: WarmSummary, as_json: bool, *, hint: str | None = None) -> N
 
 # -- the command ---------------------------------------------------------------------
 
-def run_warm(store_url: str, *, quiet: bool = False, **kwargs) -> WarmSummary:
+def run_warm(options: WarmOptions, *, quiet: bool = False) -> WarmSummary:
     """:func:`encache.jobs.warm.warm` with this command's progress on stderr (unless
     ``quiet``)."""
-    from encache.cli.render import PhaseProgress, note, progress
+    from encache.cli.render import PhaseProgress, note
     from encache.jobs.warm import warm
 
-    if kwargs.get("compute"):
+    if options.compute:
         quiet_engine_start()
-
-    def bar(label: str, total: int | None, unit: str):
-        return progress(label, total, quiet=quiet, unit=unit)
-
-    return warm(store_url, progress=bar, phases=lambda: PhaseProgress(quiet),
-                note=None if quiet else note, **kwargs)
+    with PhaseProgress(quiet) as progress:
+        return warm(options, progress=progress, note=None if quiet else note)
 
 
 def register(app: typer.Typer) -> None:
@@ -165,15 +162,16 @@ def register(app: typer.Typer) -> None:
         page cache; all entries, --lora NAME, --identifier ID, or IMAGEs."""
         from encache.connectors.store.ops.transfer import TransferAborted
         from encache.jobs.precompute import parse_engine_args
+        from encache.jobs.warm import WarmOptions
 
-        engine_args = parse_engine_args(engine_arg or []) if engine_arg else None
+        options = WarmOptions(
+            store, source=source, images=tuple(str(p) for p in images or []),
+            identifiers=tuple(identifier or ()), lora=lora, model=model, compute=compute,
+            overwrite=overwrite, lora_path=lora_path, max_model_len=max_model_len,
+            dtype=dtype, engine_args=parse_engine_args(engine_arg or []), tag=tag,
+            local_tier=local_tier, local_tier_max_bytes=local_tier_max_bytes)
         try:
-            summary = run_warm(
-                store, source_url=source, images=[str(p) for p in images or []],
-                identifiers=identifier, lora=lora, model=model, compute=compute,
-                overwrite=overwrite, lora_path=lora_path, max_model_len=max_model_len,
-                dtype=dtype, engine_args=engine_args, tag=tag, local_tier=local_tier,
-                local_tier_max_bytes=local_tier_max_bytes, quiet=quiet or json_)
+            summary = run_warm(options, quiet=quiet or json_)
         except TransferAborted as e:
             partial = getattr(e, "summary", None)
             if partial is not None and (json_ or not quiet):

@@ -11,7 +11,7 @@ Why: a corpus is found by *content*, as the server's loader finds it, not by a s
 list: files the server accepts under other names are encoded, and files that are not
 media are skipped with a reason instead of failing or vanishing silently. Sniffing is
 cheap (one small read) and callers do it only for files they cannot already place (see
-:mod:`encache.connectors.corpus`). A file sniffed as media can still fail to *decode*
+:mod:`encache.jobs.corpus`). A file sniffed as media can still fail to *decode*
 (truncated, decompression bomb, …): that is the hasher's finding, per file.
 
 No vLLM import (Pillow only, imported on first use).

@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 
-from ..connectors.errors import EXIT_CLUSTER, EXIT_STORE, EncacheError
+from .errors import EXIT_CLUSTER, EXIT_STORE, EncacheError
 
 #: environment variables forwarded to every Ray worker (the engine and the hasher read them)
 FORWARD_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "ENCACHE_",

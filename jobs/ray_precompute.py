@@ -51,7 +51,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 
-from ..connectors.errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
+from .errors import EXIT_CLUSTER, EXIT_ENGINE, EXIT_USAGE, EncacheError
 from .precompute import (Encoded, PrecomputeOptions, Summary, classify, engine_store_url,
                          media_item, nothing_fits, precompute_corpus, room_budget,
                          validate_args)
@@ -132,7 +132,7 @@ def read_batch(batch: dict) -> dict:
     the pool's input (identifiers and paths) then exists in full before the first dispatch,
     so every free engine gets a batch at once. A read stage in front of a fast encoder
     trickles its blocks out, and whichever engine is free first takes them all."""
-    from ..connectors.corpus import CorpusFile
+    from .corpus import CorpusFile
 
     urls, kinds, errors = [], [], []
     for ident, rel, path in zip(batch["identifier"], batch["rel"], batch["path"]):
@@ -162,7 +162,7 @@ class _EngineActor:
         self.engine = ProducerEngine(EngineOptions(**options))
         self.budget = None
         if room:  # --over-capacity skip: encode only into free room (see _room_for)
-            from ..connectors.capacity import RoomBudget
+            from .precompute.capacity import RoomBudget
             from ..connectors.store import open_store
             self.budget = RoomBudget(open_store(options["store"], create=False), **room)
 
@@ -175,7 +175,7 @@ class _EngineActor:
 
     def _learn_entry_size(self, written: list) -> None:
         if self.budget is not None and self.budget.mean_bytes is None and written:
-            from ..connectors.capacity import mean_entry_bytes
+            from .precompute.capacity import mean_entry_bytes
             self.budget.mean_bytes = mean_entry_bytes(self.budget.store, written)
 
     def __call__(self, batch: dict) -> dict:

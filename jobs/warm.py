@@ -1,8 +1,8 @@
 """The warm job as library code: choose entries, compute the missing ones, then promote
 them into another store or read them into the OS page cache.
 
-What: :func:`warm` does what ``encache warm`` does and returns a :class:`WarmSummary`
-(no printing). Its parts -- selection (:func:`expand_images`, :func:`count_selected`),
+What: :func:`warm` does what ``encache warm`` does, as :class:`WarmOptions` say, and
+returns a :class:`WarmSummary` (no printing). Its parts -- selection (:func:`expand_images`, :func:`count_selected`),
 hashing (:func:`hash_media`, exactly as ``vllm serve`` hashes: vLLM is imported only
 then), :func:`promote` (verified copies between stores, a node's local tier included)
 and :func:`read_into_page_cache` -- are usable alone::
@@ -19,18 +19,17 @@ and :func:`read_into_page_cache` -- are usable alone::
 media that neither store holds with :func:`encache.jobs.precompute.precompute_files`
 (a producer engine over just those files: no corpus, no manifest)::
 
-    from encache.jobs.warm import warm
+    from encache.jobs.warm import WarmOptions, warm
 
-    summary = warm("redis://cache:6379/0", source_url="/data/encache",
-                   images=["new/"], model="llava-hf/llava-1.5-7b-hf", compute=True)
+    summary = warm(WarmOptions("redis://cache:6379/0", source="/data/encache",
+                               images=["new/"], model="llava-hf/llava-1.5-7b-hf",
+                               compute=True))
     print(summary.copied, summary.computed, summary.failures)
 
-Progress is drawn by the caller: ``progress(label, total, unit)`` returns a context
-manager yielding ``update(done)`` (the CLI passes ``encache.cli.render.progress``),
-``phases()`` returns a context manager yielding a ``start(phase, total)`` /
-``advance(n, failed=None, phase=None)`` object for the engine's phases (entered only while
-it runs), ``note(text)`` a one-line notice. Errors are
-:class:`~encache.connectors.errors.EncacheError` (usage 2, store 7, engine 8).
+Progress goes to an optional :class:`~encache.jobs.progress.Progress` (one phase per step:
+hashing, the engine's phases, copying or reading), ``note(text)`` takes a one-line
+notice. Errors are
+:class:`~encache.jobs.errors.EncacheError` (usage 2, store 7, engine 8).
 """
 
 from __future__ import annotations
@@ -38,17 +37,97 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 
-from ..connectors.errors import EXIT_ENGINE, EXIT_USAGE, NO_VLLM_HINT, EncacheError
+from .errors import EXIT_ENGINE, EXIT_USAGE, NO_VLLM_HINT, EncacheError
 from ..connectors.media import unreadable_reason
 from ..connectors.store.base import Store, StoreError
 from ..connectors.store.keys import split_lora
-from .precompute import PrecomputeOptions, engine_encoder_config, hashing_settings
+from .precompute import PrecomputeOptions, ProducerSettings, hashing_settings
+from .progress import NO_PROGRESS, Progress
 
-#: ``progress(done)``: items handled so far
-Progress = Callable[[int], None]
+
+@dataclass(frozen=True)
+class WarmOptions(ProducerSettings):
+    """What a warm does: promote entries ``source`` -> ``store`` (a disk store into,
+    typically, Redis), or without ``source`` read ``store``'s entry files into the page
+    cache; all entries, one ``lora``'s, those of ``images`` (hashed with ``model``;
+    directories searched for media by content) or ``identifiers``. ``compute=True`` first
+    encodes the images neither store holds, with the :class:`ProducerSettings`
+    (``lora_path``, ``max_model_len``, ``dtype``, ``engine_args``, ``tag``: they apply only
+    then). ``local_tier``: copy from ``store`` (any kind) into that directory, a node's
+    local tier holding at most ``local_tier_max_bytes``. ``overwrite``: rewrite entries
+    the destination has."""
+
+    store: str
+    source: str | None = None
+    images: Sequence[str] = ()
+    identifiers: Sequence[str] = ()
+    model: str | None = None
+    compute: bool = False
+    overwrite: bool = False
+    local_tier: str | None = None
+    local_tier_max_bytes: int | None = None
+
+    def check(self) -> None:
+        """Usage checks (exit 2): nothing is opened, hashed or started for a bad command
+        line."""
+        from ..connectors.store import names_local_path
+        from ..connectors.store.keys import InvalidIdentifier, validate
+
+        local_tier, source = self.local_tier, self.source
+        if self.local_tier_max_bytes is not None and not local_tier:
+            raise _usage("--local-tier-max-bytes needs --local-tier DIR")
+        if local_tier:
+            if source is not None:
+                raise _usage("--local-tier is filled from --store; drop --from")
+            if self.compute:
+                raise _usage("--compute-missing writes into the shared store: run it without "
+                             "--local-tier first")
+            if "://" in local_tier or not names_local_path(local_tier):
+                raise _usage(f"--local-tier must be a directory on this node, not {local_tier}")
+            if _same_path(local_tier, self.store):
+                raise _usage(f"--local-tier is the shared store itself ({local_tier})")
+        elif source is not None and _elsewhere(source):
+            raise _usage(f"--from must be a disk store (a directory or file://PATH), "
+                         f"not {_display_url(source)}",
+                         hint="warm promotes a disk store into --store")
+        if source is None and not local_tier and _elsewhere(self.store):
+            raise _usage(f"without --from, warm reads a disk store into the page cache; "
+                         f"{_display_url(self.store)} is not a directory on this node",
+                         hint="give --from DISK_STORE to promote entries into it")
+        if self.images and not self.model:
+            raise _usage("IMAGE arguments need --model MODEL to compute their identifiers",
+                         hint="the model id exactly as given to `vllm serve --model`")
+        if self.compute and not self.images:
+            raise _usage("--compute-missing needs IMAGE arguments (the files to encode)")
+        if self.lora and self.identifiers:
+            raise _usage("--lora selects entries by itself; with --identifier give full "
+                         "identifiers (NAME:hash) instead")
+        engine_opts = {"--lora-path": self.lora_path, "--max-model-len": self.max_model_len,
+                       "--dtype": self.dtype, "--engine-arg": self.engine_args or None,
+                       "--tag": self.tag}
+        stray = [k for k, v in engine_opts.items() if v is not None]
+        if stray and not self.compute:
+            raise _usage(f"{', '.join(stray)} only appl{'y' if len(stray) > 1 else 'ies'} "
+                         "with --compute-missing")
+        if self.lora_path and not self.lora:
+            raise _usage("--lora-path needs --lora NAME")
+        for ident in self.identifiers:
+            try:
+                validate(ident)
+            except InvalidIdentifier as e:
+                raise _usage(f"bad --identifier {ident!r}: {e}") from None
+
+    def precompute_options(self) -> PrecomputeOptions:
+        """The precompute job's options for ``compute=True``: the producer settings as
+        given, into ``store``; the images were named, so they are encoded even where a
+        policy removed their entries."""
+        producer = {f.name: getattr(self, f.name) for f in fields(ProducerSettings)}
+        producer["engine_args"] = dict(self.engine_args or {})
+        return PrecomputeOptions(model=self.model, store=self.store, refill_removed=True,
+                                 **producer)
 
 
 @dataclass
@@ -99,7 +178,7 @@ def expand_images(paths: list[str], summary: WarmSummary | None = None) -> list[
     precompute (files there that are not images or videos are skipped and, with
     ``summary``, counted and listed). A file given by name is always hashed: if it is
     not media, that is its failure."""
-    from ..connectors.corpus import non_media_reason, walk
+    from .corpus import non_media_reason, walk
 
     out: list[str] = []
     for p in paths:
@@ -118,14 +197,16 @@ def expand_images(paths: list[str], summary: WarmSummary | None = None) -> list[
 
 def hash_media(files: list[str], model: str, lora: str | None, summary: WarmSummary, *,
                hash_algo: str | None = None, media_io_kwargs: dict | None = None,
-               progress: Progress | None = None) -> dict[str, str]:
+               progress: Progress = NO_PROGRESS) -> dict[str, str]:
     """``identifier -> path`` (first file wins) for media files, hashed as ``vllm serve``
-    hashes them; unreadable files become ``summary`` failures. Raises ImportError when
-    vLLM's hasher does not import."""
+    hashes them; unreadable files become ``summary`` failures. Each file advances
+    ``progress`` (its phase started by the caller). Raises ImportError when vLLM's hasher
+    does not import."""
     from ..connectors.vllm.hashing import identify_file
 
     idents: dict[str, str] = {}
-    for n, path in enumerate(files, 1):
+    for path in files:
+        failed = None
         try:
             ident = identify_file(path, model, lora=lora, hash_algo=hash_algo,
                                   media_io_kwargs=media_io_kwargs).identifier
@@ -133,10 +214,10 @@ def hash_media(files: list[str], model: str, lora: str | None, summary: WarmSumm
             raise
         except Exception as e:  # any decoding error (MediaError), OSError: this file's
             summary.fail(None, unreadable_reason(e), path)
+            failed = path
         else:
             idents.setdefault(ident, path)
-        if progress is not None:
-            progress(n)
+        progress.advance(1, failed=failed)
     return idents
 
 
@@ -156,28 +237,24 @@ def count_selected(store: Store, identifiers: list[str] | None, lora: str | None
 
 def promote(src: Store, dst: Store, identifiers: list[str] | None, summary: WarmSummary, *,
             lora: str | None = None, overwrite: bool = False,
-            paths: dict[str, str] | None = None, progress: Progress | None = None) -> None:
+            paths: dict[str, str] | None = None, progress: Progress = NO_PROGRESS) -> None:
     """Copy entries ``src`` -> ``dst`` into ``summary`` (``identifiers=None``: all,
     optionally one ``lora``); every entry is verified on the way, entries ``dst`` has are
     skipped unless ``overwrite``. ``paths`` (identifier -> media file) names the file in
-    failures. A store failing mid-copy raises
+    failures. Each entry advances ``progress`` (its phase started by the caller). A store failing mid-copy raises
     :class:`~.store.ops.transfer.TransferAborted` with the partial work in ``summary`` (also
     attached to the exception as ``summary``)."""
     from ..connectors.store.ops.transfer import TransferAborted, copy_entries
 
     paths = paths or {}
-    done = 0
     copied: list[str] = []
     evictions_before = _evictions(dst)
     t0 = time.perf_counter()
 
     def on_item(ident: str, outcome: str, nbytes: int) -> None:
-        nonlocal done
-        done += 1
         if outcome == "copied":
             copied.append(ident)
-        if progress is not None:
-            progress(done)
+        progress.advance(1, failed=ident if outcome == "failed" else None)
 
     try:
         report = copy_entries(src, dst, identifiers,
@@ -217,19 +294,19 @@ def _add_report(summary: WarmSummary, report, paths: dict[str, str]) -> None:
 
 def read_into_page_cache(store: Store, identifiers: list[str] | None, summary: WarmSummary, *,
                          lora: str | None = None, paths: dict[str, str] | None = None,
-                         progress: Progress | None = None) -> None:
+                         progress: Progress = NO_PROGRESS) -> None:
     """Read a disk store's entry files into the OS page cache (without marking them as
     used), into ``summary``; an identifier asked for without an entry file is a
-    ``missing`` failure."""
+    ``missing`` failure. Each entry read advances ``progress``."""
     from ..connectors.store.ops.transfer import warm_page_cache
 
     paths = paths or {}
     read: set[str] = set()
 
     def on_item(ident: str, nbytes: int) -> None:
-        read.add(ident)
-        if progress is not None:
-            progress(len(read))
+        if ident not in read:
+            read.add(ident)
+            progress.advance(1)
 
     report = warm_page_cache(store, identifiers, lora=lora if identifiers is None else None,
                              progress=on_item)
@@ -242,11 +319,6 @@ def read_into_page_cache(store: Store, identifiers: list[str] | None, summary: W
 
 
 # -- the job ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _no_progress(label: str, total: int | None = None, unit: str = "entries"):
-    yield lambda done: None
 
 
 def _usage(message: str, hint: str | None = None) -> EncacheError:
@@ -298,7 +370,8 @@ def _opened(url: str):
 
 
 def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSummary, *,
-                engine_args: dict | None = None, progress=_no_progress) -> dict[str, str]:
+                engine_args: dict | None = None,
+                progress: Progress = NO_PROGRESS) -> dict[str, str]:
     """``identifier -> path`` (first file wins); unreadable files become failures.
     Hashed as precompute does, with the server settings among ``engine_args``."""
 
@@ -309,92 +382,35 @@ def hash_images(files: list[str], model: str, lora: str | None, summary: WarmSum
         raise EncacheError(
             f"hashing IMAGE arguments needs vLLM's hasher, which does not import: {e}",
             EXIT_ENGINE, hint=NO_VLLM_HINT) from None
-    with progress("Hashing images", len(files), "images") as tick:
-        return hash_media(files, model, lora, summary, hash_algo=hash_algo,
-                          media_io_kwargs=media_io_kwargs, progress=tick)
+    progress.start("Hashing images", len(files))
+    return hash_media(files, model, lora, summary, hash_algo=hash_algo,
+                      media_io_kwargs=media_io_kwargs, progress=progress)
 
 
 def compute_missing(missing: dict[str, str], options: PrecomputeOptions, summary: WarmSummary,
-                    *, phases=None) -> set[str]:
+                    *, progress: Progress = NO_PROGRESS) -> set[str]:
     """Encode ``missing`` (identifier -> media path) into ``options.store`` with the
     precompute job over just those files; their failures become ``summary``'s. Returns
     the identifiers handled (computed or failed)."""
     from .precompute import precompute_files
 
     ident_of = {path: ident for ident, path in missing.items()}
-    with (phases() if phases else contextlib.nullcontext()) as bar:
-        result = precompute_files(list(missing.values()), options, progress=bar,
-                                  identifiers=ident_of)  # hashed already: not again
+    result = precompute_files(list(missing.values()), options, progress=progress,
+                              identifiers=ident_of)  # hashed already: not again
     for f in result.failures:
         summary.fail(ident_of.get(f["path"]), f["error"], f["path"])
     summary.computed += result.encoded
     return set(missing)
 
 
-def warm(store_url: str, *, source_url: str | None = None, images: list[str] | None = None,
-         identifiers: list[str] | None = None, lora: str | None = None,
-         model: str | None = None, compute: bool = False, overwrite: bool = False,
-         lora_path: str | None = None, max_model_len: int | None = None,
-         dtype: str | None = None, engine_args: dict | None = None, tag: str | None = None,
-         local_tier: str | None = None, local_tier_max_bytes: int | None = None,
-         progress: Callable | None = None, phases=None,
+def warm(options: WarmOptions, *, progress: Progress = NO_PROGRESS,
          note: Callable[[str], None] | None = None) -> WarmSummary:
-    """Promote entries ``source_url`` -> ``store_url`` (a disk store into, typically,
-    Redis), or without ``source_url`` read ``store_url``'s entry files into the page cache:
-    all entries, one ``lora``'s, those of ``images`` (hashed with ``model``; directories
-    searched for media by content) or ``identifiers``. ``compute=True`` first encodes the
-    images neither store holds (``lora_path``, ``max_model_len``, ``dtype``,
-    ``engine_args``, ``tag`` go to the producer engine). ``local_tier``: copy from
-    ``store_url`` (any kind) into that directory, a node's local tier holding at most
-    ``local_tier_max_bytes``."""
-    from ..connectors.store.keys import InvalidIdentifier, validate
-    from ..connectors.store import names_local_path
-
-    progress = progress or _no_progress
-    images = list(images or [])
-    identifiers = list(identifiers or [])
-    # usage first: nothing is opened, hashed or started for a bad command line
-    if local_tier_max_bytes is not None and not local_tier:
-        raise _usage("--local-tier-max-bytes needs --local-tier DIR")
-    if local_tier:
-        if source_url is not None:
-            raise _usage("--local-tier is filled from --store; drop --from")
-        if compute:
-            raise _usage("--compute-missing writes into the shared store: run it without "
-                         "--local-tier first")
-        if "://" in local_tier or not names_local_path(local_tier):
-            raise _usage(f"--local-tier must be a directory on this node, not {local_tier}")
-        if _same_path(local_tier, store_url):
-            raise _usage(f"--local-tier is the shared store itself ({local_tier})")
-    elif source_url is not None and _elsewhere(source_url):
-        raise _usage(f"--from must be a disk store (a directory or file://PATH), "
-                     f"not {_display_url(source_url)}",
-                     hint="warm promotes a disk store into --store")
-    if source_url is None and not local_tier and _elsewhere(store_url):
-        raise _usage(f"without --from, warm reads a disk store into the page cache; "
-                     f"{_display_url(store_url)} is not a directory on this node",
-                     hint="give --from DISK_STORE to promote entries into it")
-    if images and not model:
-        raise _usage("IMAGE arguments need --model MODEL to compute their identifiers",
-                     hint="the model id exactly as given to `vllm serve --model`")
-    if compute and not images:
-        raise _usage("--compute-missing needs IMAGE arguments (the files to encode)")
-    if lora and identifiers:
-        raise _usage("--lora selects entries by itself; with --identifier give full "
-                     "identifiers (NAME:hash) instead")
-    engine_opts = {"--lora-path": lora_path, "--max-model-len": max_model_len,
-                   "--dtype": dtype, "--engine-arg": engine_args or None, "--tag": tag}
-    stray = [k for k, v in engine_opts.items() if v is not None]
-    if stray and not compute:
-        raise _usage(f"{', '.join(stray)} only appl{'y' if len(stray) > 1 else 'ies'} with "
-                     "--compute-missing")
-    if lora_path and not lora:
-        raise _usage("--lora-path needs --lora NAME")
-    for ident in identifiers:
-        try:
-            validate(ident)
-        except InvalidIdentifier as e:
-            raise _usage(f"bad --identifier {ident!r}: {e}") from None
+    """Run the warm job :class:`WarmOptions` describe (checked first: nothing is opened
+    for a bad one) and return what it did."""
+    options.check()
+    store_url, source_url, lora = options.store, options.source, options.lora
+    images, identifiers = list(options.images), list(options.identifiers)
+    local_tier = options.local_tier
 
     t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -402,7 +418,7 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
             from ..connectors.store import open_store
             src = stack.enter_context(_opened(store_url))
             dst = stack.enter_context(contextlib.closing(
-                open_store(local_tier, max_bytes=local_tier_max_bytes)))
+                open_store(local_tier, max_bytes=options.local_tier_max_bytes)))
             source_url, store_url = store_url, local_tier
         else:
             src = stack.enter_context(_opened(source_url)) if source_url is not None else None
@@ -420,36 +436,31 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
             files = expand_images(images, summary)
             if not files:
                 raise _usage("no image or video files in the IMAGE arguments")
-            paths = hash_images(files, model, lora, summary, engine_args=engine_args,
-                                progress=progress)
+            paths = hash_images(files, options.model, lora, summary,
+                                engine_args=options.engine_args, progress=progress)
             summary.hashed = len(files)
         wanted: list[str] | None = None
         if explicit:
             wanted = list(dict.fromkeys([*paths, *identifiers]))
             summary.requested = len(wanted)
-        if compute and paths:
+        if options.compute and paths:
             from ..connectors.encoder_config import holds
-            digest = engine_encoder_config(engine_args, tag)
+            digest = options.encoder_config
             missing = {i: p for i, p in paths.items()  # no usable entry in either store
                        if not holds(dst, i, digest)
                        and not (src is not None and holds(src, i, digest))}
             if missing:
                 if note:
-                    note(f"Encoding {len(missing)} missing item(s) with {model!r} "
+                    note(f"Encoding {len(missing)} missing item(s) with {options.model!r} "
                          f"(vLLM producer engine)")
-                options = PrecomputeOptions(model=model, store=store_url, lora=lora,
-                                            lora_path=lora_path, max_model_len=max_model_len,
-                                            dtype=dtype, engine_args=dict(engine_args or {}),
-                                            # the images were named: encoded even where a
-                                            # policy removed their entries
-                                            tag=tag, refill_removed=True)
-                handled = compute_missing(missing, options, summary, phases=phases)
+                handled = compute_missing(missing, options.precompute_options(), summary,
+                                          progress=progress)
                 if src is not None:  # computed straight into the destination
                     wanted = [i for i in wanted if i not in handled]
         if src is not None:
             if wanted is None or wanted:
-                _copy(src, dst, wanted, summary, lora=lora, overwrite=overwrite, paths=paths,
-                      progress=progress)
+                _copy(src, dst, wanted, summary, lora=lora, overwrite=options.overwrite,
+                      paths=paths, progress=progress)
         elif wanted is None or wanted:
             _page_cache(dst, wanted, summary, lora=lora, paths=paths, progress=progress)
     summary.total_seconds = time.perf_counter() - t_start
@@ -457,14 +468,11 @@ def warm(store_url: str, *, source_url: str | None = None, images: list[str] | N
 
 
 def _copy(src, dst, idents, summary, *, lora, overwrite, paths, progress) -> None:
-
-    with progress("Copying", count_selected(src, idents, lora), "entries") as tick:
-        promote(src, dst, idents, summary, lora=lora, overwrite=overwrite, paths=paths,
-                progress=tick)
+    progress.start("Copying", count_selected(src, idents, lora))
+    promote(src, dst, idents, summary, lora=lora, overwrite=overwrite, paths=paths,
+            progress=progress)
 
 
 def _page_cache(store, idents, summary, *, lora, paths, progress) -> None:
-
-    with progress("Reading into the page cache", count_selected(store, idents, lora),
-                  "entries") as tick:
-        read_into_page_cache(store, idents, summary, lora=lora, paths=paths, progress=tick)
+    progress.start("Reading into the page cache", count_selected(store, idents, lora))
+    read_into_page_cache(store, idents, summary, lora=lora, paths=paths, progress=progress)

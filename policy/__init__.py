@@ -10,9 +10,10 @@ One idea per module; none imports vLLM:
 * :mod:`.workload` -- seeded RAG trace generator, JSONL trace read/write;
 * :mod:`.simulate` -- replay with reference holding, L2 tiers, upper bound;
 * :mod:`.online_bound` -- the best any online policy can expect (stationary).
+* :mod:`.scenarios` -- the named workloads the benchmark and its tests replay.
 
 The engine-side manager is ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``;
-the benchmark grid (``scripts/bench/policy``) and the driver of vLLM's real manager class
-live in ``scripts/bench/policy_bench.py`` and ``scripts/bench/policy_vllm.py``.
+the benchmark grid (``scripts/bench/policy``) lives in ``scripts/bench/policy_bench.py``,
+the driver of vLLM's real manager class in ``tests/policy_vllm.py`` (the tests use it too).
 How dlfu decides, and the results: docs/policy.md.
 """

@@ -1,6 +1,6 @@
 """``fifo``: vLLM 0.32's own eviction rule, as a pure-Python twin of its manager.
 
-Why: the simulator's grid runs vLLM's *real* manager class (``scripts/bench/policy_vllm.py``);
+Why: the simulator's grid runs vLLM's *real* manager class (``tests/policy_vllm.py``);
 this twin is the same rule behind the :class:`~encache.policy.base.Policy` interface, so
 ``PolicyEncoderCacheManager`` can run it (``"policy": "fifo"``) and a test can prove the twin
 and the real class make identical decisions.

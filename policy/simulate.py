@@ -10,7 +10,7 @@ Two cores share one call sequence, so the same replay drives:
 
 * :class:`PolicyCache` -- the pure-Python twin of the manager's bookkeeping around any
   :mod:`encache.policy` policy (fast; used for the grid);
-* ``VllmManagerCache`` (``scripts/bench/policy_vllm.py``) -- a real vLLM manager class (vLLM's own
+* ``VllmManagerCache`` (``tests/policy_vllm.py``) -- a real vLLM manager class (vLLM's own
   ``EncoderCacheManager`` or ``encache.connectors.vllm.manager.PolicyEncoderCacheManager``)
   driven with fake requests.
 

@@ -61,13 +61,13 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.distributed.ec_transfer import ensure_ec_transfer_shutdown
 
-    from encache.cli.connector_config import build_config
-    from encache.connectors.corpus import non_media_reason, walk
+    from encache.connectors.vllm import transfer_config
+    from encache.jobs.corpus import non_media_reason, walk
 
     paths = [f.path for f in walk(corpus) if non_media_reason(f) is None]
     encoded = count_encoder_items()
     llm = LLM(model=model, **ENGINE_KW,
-              ec_transfer_config=build_config(store, "ec_consumer", {"counters_flush_s": 0.5}))
+              ec_transfer_config=transfer_config(store, "ec_consumer", {"counters_flush_s": 0.5}))
     t0 = time.perf_counter()
     llm.chat([conversation(p) for p in paths], SamplingParams(max_tokens=4, temperature=0),
              use_tqdm=False)

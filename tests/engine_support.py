@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from encache.connectors.vllm import CONNECTOR_MODULE
+from encache.connectors.vllm import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 
 ENGINE_KW = dict(enforce_eager=True, max_model_len=256, max_num_seqs=4,
                  max_num_batched_tokens=256, limit_mm_per_prompt={"image": 1},
@@ -60,9 +59,7 @@ def built_model(name: str, *args: str) -> str:
 
 
 def consumer_config(store: str, role: str = "ec_consumer", **extra) -> dict:
-    return {"ec_connector": "EncacheConnector", "ec_role": role,
-            "ec_connector_module_path": CONNECTOR_MODULE,
-            "ec_connector_extra_config": {"store": store, "counters_flush_s": 0.2, **extra}}
+    return transfer_config(store, role, {"counters_flush_s": 0.2, **extra})
 
 
 def make_llm(model: str, ec_transfer_config: dict | None = None, **kw):
@@ -324,7 +321,7 @@ def engine_module_fixtures(pages: int, seed: int):
 
     @pytest.fixture(scope="module")
     def corpus(tmp_path_factory):
-        from make_demo_corpus import make_corpus
+        from demo_corpus import make_corpus
         root = tmp_path_factory.mktemp("corpus")
         return {"root": str(root),
                 "pages": make_corpus(str(root / "docs"), pages=pages, seed=seed)}

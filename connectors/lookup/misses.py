@@ -5,7 +5,7 @@ config, a stale LoRA adapter's, written by a newer encache (``newer_format``), o
 rejected by the engine (wrong token count) — is
 skipped for ``REJECT_S`` (a miss without another read), and its reason is remembered so
 the connector can count ``misses_<reason>``. Anything else is ``absent`` (the connector's
-:class:`~encache.connectors.diagnosis.MissDiagnosis` refines that further).
+:class:`~encache.connectors.vllm.diagnosis.MissDiagnosis` refines that further).
 """
 
 from __future__ import annotations

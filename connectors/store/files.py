@@ -2,7 +2,7 @@
 
 :func:`atomic_write_json` — a JSON file replaced whole or not at all (temp file in the
 same directory, then ``os.replace``): a reader or a crash never sees half a file. Used for
-precompute manifests (:mod:`encache.connectors.corpus`) and the disk store's bookkeeping
+precompute manifests (:mod:`encache.jobs.corpus`) and the disk store's bookkeeping
 (config, counters, notes), which :func:`read_json_object` reads back (a damaged file as
 none). :func:`file_version` is what a served entry file's version is (verify-once, kept
 buffers, pinned files). And what every file-backed reader shares: entry files opened

@@ -19,7 +19,7 @@ ECConnectorBase method to it:
   so a worker load never does I/O and can never fail;
 * :class:`~.worker.EncacheWorkerConnector` turns those bytes into tensors (no copy on
   CPU) and, for producers, hands encoder outputs to a background writer
-  (:mod:`encache.connectors.writer`).
+  (:mod:`encache.connectors.vllm.writer`).
 
 A corrupt, truncated, wrong-shape or vanished entry is therefore a miss: the engine
 re-encodes and one warning is logged per interval.
@@ -139,7 +139,7 @@ class EncacheConnector(ECConnectorBase):
 
     @property
     def writer(self):
-        """The worker's :class:`~encache.connectors.writer.EntryWriter` (producers)."""
+        """The worker's :class:`~encache.connectors.vllm.writer.EntryWriter` (producers)."""
         return self.worker.writer if self.worker is not None else None
 
     def wait_for_saves(self, timeout: float | None = None) -> bool:

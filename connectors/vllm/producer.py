@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..store.redis.cluster import REDIRECT_WAIT_S
-from . import CONNECTOR_MODULE
+from . import transfer_config
 
 log = logging.getLogger("encache.producer")
 
@@ -69,19 +69,14 @@ class ProducerEngine:
         # and on a Redis Cluster they wait out a failover (a serving engine does not)
         # every identifier is computed here from the item's bytes (or hashed by the engine
         # from them): entries say so and consumers need not digest their inputs
-        extra_config = {"store": opts.store, "save_wait_s": 0, "content_keyed": True,
-                        "redirect_wait": REDIRECT_WAIT_S, **(opts.store_options or {})}
+        extra_config = {"save_wait_s": 0, "redirect_wait": REDIRECT_WAIT_S, "content_keyed": True,
+                        **(opts.store_options or {})}
         kwargs = dict(
             model=opts.model,
             # one item per prompt; video only when asked for (a model without video
             # support then rejects video items one by one, never the image items)
             limit_mm_per_prompt={kind: 1 for kind in ("image", *opts.modalities)},
-            ec_transfer_config={
-                "ec_connector": "EncacheConnector",
-                "ec_role": "ec_producer",
-                "ec_connector_module_path": CONNECTOR_MODULE,
-                "ec_connector_extra_config": extra_config,
-            },
+            ec_transfer_config=transfer_config(opts.store, "ec_producer", extra_config),
         )
         for key in ("max_model_len", "dtype", "max_num_seqs"):
             if getattr(opts, key) is not None:

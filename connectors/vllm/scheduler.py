@@ -45,7 +45,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..diagnosis import MissDiagnosis
+from .diagnosis import MissDiagnosis
 from ..encoder_config import holds
 from ..lookup import EntryLookup, State
 from ..store.lora_stamp import adapter_digest

@@ -8,7 +8,7 @@ accelerator one pass into page-locked staging and an asynchronous device copy
 entry's sake.
 
 A producer's worker hands each encoder output to a background writer
-(:class:`~encache.connectors.writer.EntryWriter`) with the stamps that make it a valid
+(:class:`~encache.connectors.vllm.writer.EntryWriter`) with the stamps that make it a valid
 entry for consumers (model id, vLLM version, hash algorithm, encoder config, LoRA
 adapter digest learned from the scheduler's metadata). The writes of one step run in
 parallel while the step goes on; at the step's end (vLLM calls ``get_finished`` before
@@ -29,7 +29,7 @@ import torch
 
 from ..store.entry import KEYED_BY_CONTENT
 from ..store.keys import split_lora
-from ..writer import EntryWriter
+from .writer import EntryWriter
 from .config import ConnectorConfig
 from .device_copy import DeviceCopier
 from .metadata import EncacheConnectorMetadata

@@ -8,6 +8,7 @@ Its face is the public API (docs/api.md); the parts, one idea each:
   what the store holds under it;
 * :mod:`.encode` -- encode what is missing: ``LocalStage`` (an in-process producer
   engine, the room budget, the store-full stop);
+* :mod:`.capacity` -- the room budget of ``--over-capacity skip``, the capacity note;
 * :mod:`.job` -- the flow: :func:`precompute_corpus` / :func:`precompute_files`, the
   finish (store checked, evictions, manifest).
 
@@ -17,12 +18,13 @@ The Ray stage is :mod:`encache.jobs.ray_precompute`.
 from .encode import Encoded, LocalStage, engine_store_url, media_item, nothing_fits, room_budget
 from .identify import classify
 from .job import Stage, precompute_corpus, precompute_files
-from .options import (PrecomputeOptions, Summary, check_request_kwargs, engine_encoder_config,
-                      hashing_settings, parse_engine_args, validate_args)
+from .options import (PrecomputeOptions, ProducerSettings, Summary, check_request_kwargs,
+                      engine_encoder_config, hashing_settings, parse_engine_args,
+                      validate_args)
 
 __all__ = [
-    "Encoded", "LocalStage", "PrecomputeOptions", "Stage", "Summary", "check_request_kwargs",
-    "classify", "engine_encoder_config", "engine_store_url", "hashing_settings", "media_item",
-    "nothing_fits", "parse_engine_args", "precompute_corpus", "precompute_files",
-    "room_budget", "validate_args",
+    "Encoded", "LocalStage", "PrecomputeOptions", "ProducerSettings", "Stage", "Summary",
+    "check_request_kwargs", "classify", "engine_encoder_config", "engine_store_url",
+    "hashing_settings", "media_item", "nothing_fits", "parse_engine_args",
+    "precompute_corpus", "precompute_files", "room_budget", "validate_args",
 ]

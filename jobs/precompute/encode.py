@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ...connectors.errors import EXIT_ENGINE, EXIT_STORE, EncacheError
+from ..errors import EXIT_ENGINE, EXIT_STORE, EncacheError
 from ...connectors.store.units import batched
 from .identify import classify
 from .options import PrecomputeOptions, Summary
@@ -123,11 +123,11 @@ def engine_error(model: str, e: BaseException) -> EncacheError:
 
 def room_budget(store, options: PrecomputeOptions):
     """``--over-capacity skip`` on a store with a capacity: its
-    :class:`~encache.connectors.capacity.RoomBudget` (the entry size from what the store
+    :class:`~encache.jobs.precompute.capacity.RoomBudget` (the entry size from what the store
     holds, None while it holds nothing); None for any other run."""
     if options.over_capacity != "skip" or not store.max_bytes:
         return None
-    from ...connectors.capacity import RoomBudget, mean_entry_bytes
+    from .capacity import RoomBudget, mean_entry_bytes
 
     return RoomBudget(store, store.max_bytes, store.low_watermark,
                       mean_entry_bytes(store, store.identifiers()))
@@ -310,7 +310,7 @@ class LocalStage:
         returns the items of a media kind the engine does not accept, untouched.
         ``on_error`` stops what feeds ``items`` when this fails (an engine error, Ctrl-C):
         the reader may be waiting for the next batch to be identified."""
-        from ...connectors.capacity import mean_entry_bytes
+        from .capacity import mean_entry_bytes
 
         accepted = {"image", *engine.opts.modalities}
         later: list = []

@@ -33,7 +33,7 @@ def identify_or_mark(f, model: str, *, lora: str | None, hash_algo: str,
     error (a decompression bomb, truncated data, …): one file never stops a run. Common
     single-frame image formats are identified from their header (``header_only``): the
     engine decodes them anyway, and a file corrupt past its header fails there."""
-    from ...connectors.corpus import non_media_reason
+    from ..corpus import non_media_reason
     from ...connectors.media import unreadable_reason
 
     reason = non_media_reason(f)

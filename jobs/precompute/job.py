@@ -29,9 +29,10 @@ Both run the same three phases, written once here:
    and the capacity note counted, then (corpus only) prune and save the manifest.
 
 Why: one implementation of the job for the CLI, ``warm`` and Ray; each parses its own
-options and calls this. Errors are :class:`~encache.connectors.errors.EncacheError` with the CLI's
+options and calls this. Errors are :class:`~encache.jobs.errors.EncacheError` with the CLI's
 exit codes (usage 2, store 7, engine 8); no printing here: ``progress`` is an optional
-object with ``start(phase, total)`` / ``advance(n, failed=None, phase=None)``.
+:class:`encache.jobs.progress.Progress` (``start(phase, total)`` /
+``advance(n, failed=None, phase=None)``).
 
 The package's other modules: :mod:`.options` (``PrecomputeOptions``, ``Summary``,
 argument checks), :mod:`.identify` (``classify``, ``account``), :mod:`.encode`
@@ -105,7 +106,7 @@ def refill_removed(store, removed: Mapping[str, str], result: Encoded,
 
 def check_capacity(store, summary: Summary, wanted: int, cap: int | None) -> None:
     """Compare what the corpus needs with the capacity ``cap``; note it once (numbers)."""
-    from ...connectors.capacity import capacity_note, mean_entry_bytes
+    from .capacity import capacity_note, mean_entry_bytes
 
     if not cap or not wanted:
         return
@@ -161,7 +162,7 @@ def _open(options: PrecomputeOptions, stage: Stage, *, dry_run: bool = False):
 
 
 def _as_corpus_files(files) -> list:
-    from ...connectors.corpus import CorpusFile
+    from ..corpus import CorpusFile
 
     out = []
     for f in files:
@@ -212,7 +213,7 @@ def precompute_corpus(corpus: str, options: PrecomputeOptions, *, shard: str | N
     given, and encode what the store lacks. The manifest (kept in the store) remembers each
     file's identifier so unchanged files are not read again; ``prune_missing`` deletes
     entries whose files left the corpus; ``dry_run`` identifies and counts only."""
-    from ...connectors.corpus import Manifest, walk
+    from ..corpus import Manifest, walk
     from ...connectors.store.ops.transfer import shard_of
 
     shard_spec = validate_args(corpus, options.batch, options.lora, options.lora_path, shard)

@@ -1,11 +1,12 @@
 """Precompute's options, its ``Summary`` and the argument checks (no vLLM, no store).
 
-What: :class:`PrecomputeOptions` (everything that decides what a precompute writes and
+What: :class:`ProducerSettings` (how a producer engine runs: shared with warm),
+:class:`PrecomputeOptions` (everything that decides what a precompute writes and
 how its engine runs), :class:`Summary` (what a run did: the ``--json`` fields), and the
 helpers that derive what the server hashes with (:func:`hashing_settings`), the
 encoder-config stamp (:func:`engine_encoder_config`) and the manifest's key
 (:func:`manifest_key`). Why apart: the CLI, warm and Ray build and check options without
-importing the job. Usage errors are :class:`~encache.connectors.errors.EncacheError`, exit 2.
+importing the job. Usage errors are :class:`~encache.jobs.errors.EncacheError`, exit 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ...connectors.errors import EXIT_USAGE, EncacheError
+from ..errors import EXIT_USAGE, EncacheError
 
 
 @dataclass
@@ -59,28 +60,42 @@ class Summary:
         return self.encoded / self.encode_seconds if self.encode_seconds > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class PrecomputeOptions:
-    """Everything that decides what a precompute writes, and how the engine runs.
+@dataclass(frozen=True, kw_only=True)
+class ProducerSettings:
+    """How a producer engine runs and what it stamps: the settings every job that encodes
+    shares (:class:`PrecomputeOptions`, ``WarmOptions`` of :mod:`encache.jobs.warm`),
+    written once. ``engine_args`` are extra ``vllm.LLM`` arguments; the server settings
+    among them (``media_io_kwargs``, ``mm_hasher_algorithm``, ``mm_processor_kwargs``,
+    ``revision``) are hash or encoder-config factors, as on the server."""
 
-    ``model`` is the id exactly as given to ``vllm serve --model``; ``store`` the store URL
-    or path (the real URL: the engine's connector opens it itself). ``engine_args`` are
-    extra ``vllm.LLM`` arguments; the server settings among them (``media_io_kwargs``,
-    ``mm_hasher_algorithm``, ``mm_processor_kwargs``, ``revision``) are hash or
-    encoder-config factors, as on the server. ``request_mm_processor_kwargs``: the
-    per-request kwargs the served requests carry (hashed into each identifier)."""
-
-    model: str
-    store: str
     lora: str | None = None
     lora_path: str | None = None
-    batch: int = 16
     max_model_len: int | None = None
     dtype: str | None = None
     engine_args: Mapping = field(default_factory=dict)
+    tag: str | None = None
+
+    @property
+    def encoder_config(self) -> str:
+        """The encoder-config digest the producer connector stamps."""
+        return engine_encoder_config(self.engine_args, self.tag)
+
+
+@dataclass(frozen=True)
+class PrecomputeOptions(ProducerSettings):
+    """Everything that decides what a precompute writes, and how the engine runs: the
+    :class:`ProducerSettings` and these.
+
+    ``model`` is the id exactly as given to ``vllm serve --model``; ``store`` the store URL
+    or path (the real URL: the engine's connector opens it itself).
+    ``request_mm_processor_kwargs``: the per-request kwargs the served requests carry
+    (hashed into each identifier)."""
+
+    model: str
+    store: str
+    batch: int = 16
     max_bytes: int | None = None
     hash_algo: str = "blake3"
-    tag: str | None = None
     over_capacity: str = "keep-served"  # or "skip": encode only into free room
     request_mm_processor_kwargs: Mapping | None = None
     #: encode again what a policy removed (capacity eviction, ``purge --older-than``);
@@ -89,7 +104,7 @@ class PrecomputeOptions:
 
     def check(self) -> None:
         """Usage checks (exit 2), before anything is opened or started."""
-        from ...connectors.capacity import OVER_CAPACITY
+        from .capacity import OVER_CAPACITY
 
         check_common(self.batch, self.lora, self.lora_path)
         if self.over_capacity not in OVER_CAPACITY:
@@ -115,10 +130,6 @@ class PrecomputeOptions:
     @property
     def request_kwargs(self) -> dict | None:
         return dict(self.request_mm_processor_kwargs) if self.request_mm_processor_kwargs else None
-
-    @property
-    def encoder_config(self) -> str:
-        return engine_encoder_config(self.engine_args, self.tag)
 
     def store_options(self) -> dict | None:
         """What the engine's connector is given besides the URL."""

@@ -49,7 +49,7 @@ PRODUCER = r"""
 import os, sys, time
 import numpy as np
 from encache.connectors.store.disk.store import DiskStore
-from encache.connectors.writer import EntryWriter
+from encache.connectors.vllm.writer import EntryWriter
 
 def say(*words):  # one write per line: atomic on a pipe, whichever thread says it
     os.write(1, (" ".join(map(str, words)) + "\n").encode())

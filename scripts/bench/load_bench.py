@@ -170,7 +170,7 @@ def run(rounds: int = 7, target_mb: int = 64, out: str = "load", plot: bool = Tr
     from encache.connectors.store.entry import checksum as checksum_of
     from encache.connectors.vllm.loads import LoadItem, tensor_over
     from encache.connectors.vllm.worker import EncacheWorkerConnector
-    from encache.connectors.writer import EntryWriter
+    from encache.connectors.vllm.writer import EntryWriter
 
     torch.set_num_threads(1)
     busy = GilHog()

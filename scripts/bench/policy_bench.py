@@ -36,14 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # policy_vllm, when run as a script
+# policy_vllm (the driver of vLLM's manager classes) is shared with the tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from encache.policy.online_bound import online_bound  # noqa: E402
 from encache.policy.registry import POLICIES, make_policy  # noqa: E402
+from encache.policy.scenarios import (POLICY_ORDER, QUICK_SCALE, SCENARIOS,  # noqa: E402
+                                      capacity)
 from encache.policy.simulate import L2Tier, access_sequence, simulate, space_time_bound  # noqa: E402
 from encache.policy.workload import RagWorkload, read_trace, trace_summary  # noqa: E402
 
-POLICY_ORDER = ["vllm", "lru", "s3fifo", "wtinylfu", "dlfu", "static", "belady"]
 ONLINE_REFERENCES = ["vllm", "s3fifo", "wtinylfu"]
 ALPHAS = (0.6, 0.8, 1.0, 1.2)
 CAP_FRACS = (0.01, 0.02, 0.05, 0.10, 0.20)
@@ -60,47 +62,8 @@ POLICY_LABELS = {
     "belady": "Belady MIN",
 }
 
-RAG_DOCS = dict(num_docs=3000, num_queries=12000, docs_per_query=3, max_pages=4,
-                token_choices=(256, 576, 1024, 2304), token_weights=(0.25, 0.4, 0.2, 0.15),
-                arrival_rate=20.0, mean_duration=0.4)
-
-#: name -> (workload parameters without alpha/seed, replay parameters, stationary?)
-SCENARIOS: dict[str, dict[str, Any]] = {
-    "zipf": {
-        "title": "unit size, stationary (issue setup)",
-        "workload": dict(num_docs=20000, num_queries=30000, docs_per_query=4, max_pages=1,
-                         token_choices=(1,)),
-        "replay": dict(concurrency=8),
-        "stationary": True,
-    },
-    "rag": {
-        "title": "RAG pages, variable tokens, stationary",
-        "workload": dict(RAG_DOCS),
-        "replay": dict(hold_seconds="trace"),
-        "stationary": True,
-    },
-    "rag-drift": {
-        "title": "RAG pages, variable tokens, popularity drift",
-        "workload": dict(RAG_DOCS, drift_interval=250, drift_swaps=25, hot_ranks=300),
-        "replay": dict(hold_seconds="trace"),
-        "stationary": False,
-    },
-}
-
-QUICK_SCALE = dict(zipf=dict(num_docs=2000, num_queries=3000),
-                   rag=dict(num_docs=400, num_queries=1500),
-                   **{"rag-drift": dict(num_docs=400, num_queries=1500, hot_ranks=40,
-                                        drift_interval=100, drift_swaps=10)})
-
-
 def _l2_tiers(capacity: int) -> list[L2Tier]:
     return [L2Tier("disk", None, "compute"), L2Tier("redis-10x", 10 * capacity, "compute")]
-
-
-def _capacity(frac: float, base: int, summary: dict) -> int:
-    """``frac`` of ``base`` tokens, but at least twice the largest request (so that
-    concurrent requests can make progress)."""
-    return max(int(round(frac * base)), 2 * summary["max_request_tokens"])
 
 
 def run_group(task: dict) -> dict:
@@ -120,7 +83,7 @@ def run_group(task: dict) -> dict:
     acc = access_sequence(trace)
     mean_size = summ["token_refs"] / max(1, summ["item_refs"])
     rows, bounds = [], []
-    caps = [_capacity(frac, base, summ) for frac in task["cap_fracs"]]
+    caps = [capacity(frac, base, summ) for frac in task["cap_fracs"]]
     online = [None] * len(caps)
     if task.get("stationary") and popularity is not None:
         online = [o["token_hit_ratio"]

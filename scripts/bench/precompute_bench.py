@@ -13,7 +13,7 @@ chat prompt, one generated token, batches of ``--batch`` conversations:
              reader thread reads and decodes batch k+1 while the engine encodes batch k
              -- wait for the background writes) into an empty store
 
-The corpus is scripts/make_demo_corpus.py's pages in its six formats: 96x128 by default,
+The corpus is tests/demo_corpus.py's pages in its six formats: 96x128 by default,
 ``--page-size 1240x1754`` for real-sized document pages (A4 at 150 dpi), where decoding
 an image costs what a scan costs and the overlap of decoding with the encoder shows.
 
@@ -50,8 +50,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "scripts"))
-from make_demo_corpus import DEFAULT_SIZE, parse_size  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # demo_corpus: the corpus the tests build too
+from demo_corpus import DEFAULT_SIZE, parse_size  # noqa: E402
 from serving_common import BENCH_DIR, code_state, loadavg, machine, table, write_json  # noqa: E402
 
 MODEL = ROOT / ".models" / "siglip-base-llava"
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
                         "--image-size", "224", "--patch", "16", "--vision-hidden", "768",
                         "--vision-layers", "12", str(MODEL)], check=True,
                        env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     tmp = Path(tempfile.mkdtemp(prefix="encache-bench-precompute-"))
     corpus = tmp / "corpus"

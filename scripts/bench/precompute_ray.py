@@ -7,7 +7,7 @@ fresh store, each the ``encache`` command in a fresh process:
 * ``single-omp1``: the same with ``OMP_NUM_THREADS=1``, the thread count Ray gives a
   one-CPU actor (on an oversubscribed machine, fewer OpenMP threads can be much faster);
 * ``ray-1`` / ``ray-2``: ``encache precompute --ray`` on a local one-node Ray cluster
-  (scripts/ray_local_cluster.py, 2 logical CPUs) with 1 and 2 engine actors.
+  (tests/ray_local_cluster.py, 2 logical CPUs) with 1 and 2 engine actors.
 
 Reported per configuration: wall seconds of the command (Ray start-up of workers, hashing,
 engine start, encoding), encode-stage images/s (encoded / encode seconds, as the summary
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))  # demo_corpus, ray_local_cluster (shared with the tests)
 MODEL = str(ROOT / ".models" / "tiny-llava")
 ENGINE = ["--max-model-len", "256", "--dtype", "float32",
           "--engine-arg", "enforce_eager=true", "--engine-arg", "max_num_seqs=4",
@@ -57,7 +57,7 @@ def run(args: list[str], environ: dict) -> tuple[float, dict]:
 
 
 def read_hash_rate(corpus: Path) -> float:
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.vllm.hashing import identify_file
     files = walk(corpus)
     identify_file(files[0].path, MODEL)  # import vLLM's hasher outside the timing
@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--images", type=int, default=48)
     ap.add_argument("--batch", type=int, default=4)
     a = ap.parse_args()
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     from ray_local_cluster import LocalRayCluster
 
     results: dict = {"images": a.images, "batch": a.batch, "cpus": os.cpu_count(),

@@ -185,7 +185,7 @@ def bench_lookup(urls: dict, entries: int, rounds: int) -> dict:
 def bench_stats(urls: dict, entries: int, repeats: int) -> dict:
     import numpy as np
 
-    from encache.cli.stats import build_stats
+    from encache.connectors.store.ops.report import build_stats
     from encache.connectors.store import open_store
     from encache.connectors.store.entry import encode_parts
 

@@ -56,7 +56,7 @@ def main() -> int:
         print(f"corpus: {a.images} images in {time.perf_counter() - t:.1f}s", file=sys.stderr)
         # fill the store under the served identifiers (what a first precompute leaves)
         import numpy as np
-        from encache.connectors.corpus import walk
+        from encache.jobs.corpus import walk
         from encache.connectors.store import encode, open_store
         from encache.connectors.vllm.hashing import identify_file
         s = open_store(str(store))

@@ -128,8 +128,8 @@ def instrument_steps(llm) -> None:
 # -- the workload ------------------------------------------------------------------------------
 
 def make_images(root: Path, count: int, seed: int) -> list[str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from make_demo_corpus import page
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from demo_corpus import page
     root.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(count):

@@ -66,10 +66,9 @@ def main(argv=None) -> int:
         return 0
     os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
-    sys.path.insert(0, str(ROOT / "scripts"))
     sys.path.insert(0, str(ROOT / "tests"))
+    from demo_corpus import make_corpus
     from engine_support import PRECOMPUTE_KW
-    from make_demo_corpus import make_corpus
 
     tmp = Path(tempfile.mkdtemp(prefix="encache-tp-engine-"))
     make_corpus(str(tmp / "corpus"), pages=6, seed=7)

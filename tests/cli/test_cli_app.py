@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.cli.app import DEBUG_HINT, guard
 from encache.connectors.store import StoreError
 from encache.connectors.store.disk.store import DiskStore

@@ -14,7 +14,7 @@ import pytest
 
 from encache.cli import precompute as precompute_cli
 from encache.cli import render
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.entry import encode_parts
 from cli_support import ALL_IDS, H, invoke, one_line_error

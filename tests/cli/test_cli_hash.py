@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke
 from entries import put_entry

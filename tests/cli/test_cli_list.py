@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from encache.connectors import errors
+from encache.cli import errors
 from cli_support import ALL_IDS, H, OLD, file_sizes, invoke, one_line_error
 
 ENTRY_KEYS = {"identifier", "lora", "model", "shape", "dtype", "size", "created", "accessed",
@@ -151,7 +151,8 @@ def test_json_document_is_the_generic_encoding_byte_for_byte(store):
     text must be exactly json.dumps of the dict records, for every kind of entry."""
     from msgspec.structs import replace
 
-    from encache.cli.list import build_list, entry_dicts, json_document
+    from encache.cli.list import json_document
+    from encache.connectors.store.ops.report import build_list, entry_dicts
     from encache.cli.render import json_text
     from encache.connectors.store.base import EntryInfo
 

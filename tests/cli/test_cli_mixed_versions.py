@@ -25,7 +25,7 @@ import pytest
 import xxhash
 from blake3 import blake3
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store import NewerFormat, open_store
 from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke
@@ -299,7 +299,7 @@ def test_a_newer_counter_file_of_a_dead_process_is_left_for_its_encache(tmp_path
 
 
 def test_a_newer_corpus_manifest_is_read_as_empty_and_never_overwritten(tmp_path):
-    from encache.connectors.corpus import MANIFEST_VERSION, Manifest, walk
+    from encache.jobs.corpus import MANIFEST_VERSION, Manifest, walk
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.png").write_bytes(b"x")
     f = next(iter(walk(str(tmp_path / "c"))))

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from cli_support import ALL_IDS, H, file_sizes, invoke, one_line_error
 from entries import put_entry
 

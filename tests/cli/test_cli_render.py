@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.cli.render import PhaseProgress, confirm, emit_json, json_text
 
 

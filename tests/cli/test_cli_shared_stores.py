@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk.store import DiskStore
 from redis_fixture import free_port

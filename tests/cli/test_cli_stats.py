@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.ops.scanning import EntryFilter, summarize
 from cli_support import H, file_sizes, invoke, one_line_error

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store.disk.store import DiskStore
 from cli_support import H, file_sizes, invoke, one_line_error, populated, rewrite_header
 from entries import put_entry

@@ -10,8 +10,7 @@ import uuid
 
 import pytest
 
-import engine_support  # noqa: F401  (puts scripts/ on sys.path for make_demo_corpus)
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store import decode, open_store
 from encache.connectors.store.disk.store import DiskStore
 from cli_support import invoke, one_line_error
@@ -144,7 +143,7 @@ def test_corrupt_source_entry_reported_and_not_copied(src, rurl):
 # -- images (vLLM's hasher, no engine) -------------------------------------------------
 
 def test_images_hashed_with_model(src, rurl, tmp_path):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     from encache.connectors.vllm.hashing import identify_file
 
@@ -185,7 +184,7 @@ def test_images_hashed_with_model(src, rurl, tmp_path):
 def test_images_hashed_with_the_servers_media_io_kwargs(src, rurl, tmp_path):
     """--engine-arg media_io_kwargs (the server's) change the identifiers warm looks for,
     as precompute's; all present here, so no engine starts."""
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     from encache.connectors.vllm.hashing import identify_file
 
@@ -205,7 +204,7 @@ def test_images_hashed_with_the_servers_media_io_kwargs(src, rurl, tmp_path):
 def test_compute_missing_counts_other_configs_entries_as_missing(src, rurl, tmp_path):
     """With --tag, an entry stamped otherwise is not usable: warm sets out to encode it
     (the fake model's engine cannot start: exit 8); one with its stamp is copied."""
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     from encache.connectors.encoder_config import encoder_config_digest
     from encache.connectors.vllm.hashing import identify_file

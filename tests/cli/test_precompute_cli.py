@@ -25,15 +25,14 @@ MODEL = "org/some-model"  # any id string: nothing is loaded when every entry is
 
 @pytest.fixture
 def corpus(tmp_path):
-    from engine_support import ROOT  # noqa: F401  (puts scripts/ on sys.path)
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     make_corpus(str(tmp_path / "corpus"), pages=5, seed=3)
     return tmp_path / "corpus"
 
 
 def fill(store_url, corpus, model=MODEL, encoder_config=None):
     """Put a (fake but valid) entry under each file's served identifier."""
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.vllm.hashing import identify_file
     store = open_store(str(store_url))
     ids = {}
@@ -282,7 +281,7 @@ def test_usage_errors(tmp_path, corpus, args, code):
 def test_request_mm_processor_kwargs_are_hashed_like_the_server(tmp_path, corpus):
     """Requests carrying their own mm_processor_kwargs compute other identifiers: entries
     for plain requests are not "present" for them, entries made for them are."""
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.vllm.hashing import identify_file
     kw = {"max_pixels": 50176}
     fill(tmp_path / "s", corpus)  # entries for requests without kwargs

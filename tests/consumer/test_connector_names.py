@@ -37,6 +37,38 @@ def test_connector_config_and_plugin_use_it(tmp_path):
     assert plugin.MODULE == CONNECTOR_MODULE and cfg["ec_connector"] in plugin.CONNECTOR_NAMES
 
 
+def test_one_builder_of_the_transfer_config(tmp_path, monkeypatch):
+    """connector-config prints what :func:`transfer_config` builds, the producer engine
+    and the demo call the same function: a key is spelled in one place."""
+    import ast
+    from pathlib import Path
+
+    import pytest
+
+    from encache.connectors.vllm import CONNECTOR_CLASS, CONNECTOR_MODULE, transfer_config
+
+    monkeypatch.chdir(tmp_path)
+    built = transfer_config("rel/store", "ec_both", {"max_bytes": 5})
+    assert built == {"ec_connector": CONNECTOR_CLASS, "ec_role": "ec_both",
+                     "ec_connector_module_path": CONNECTOR_MODULE,
+                     "ec_connector_extra_config": {"store": str(tmp_path / "rel" / "store"),
+                                                   "max_bytes": 5}}
+    assert transfer_config("redis://h:1/0", "ec_consumer")["ec_connector_extra_config"] == \
+        {"store": "redis://h:1/0"}  # a URL as given; a local path made absolute
+    with pytest.raises(ValueError, match="--role must be one of"):
+        transfer_config("s", "ec_sideways")
+    cli = json.loads(invoke("connector-config", "-s", "rel/store", "--role", "ec_both",
+                            "--max-bytes", "5").stdout)
+    assert cli == built
+    root = Path(__file__).resolve().parents[2]
+    for module in ("cli/connector_config.py", "connectors/vllm/producer.py"):
+        tree = ast.parse((root / module).read_text())
+        literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        calls = {n.func.id for n in ast.walk(tree)
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert "transfer_config" in calls and not {"ec_role", "ec_connector"} & literals, module
+
+
 def test_every_setting_is_documented_with_its_default():
     """docs/connector.md's settings table names every ConnectorConfig field, and each
     default as the dataclass declares it (the one place defaults are declared)."""
@@ -75,7 +107,7 @@ def test_the_parts_default_to_the_connector_settings():
     from encache.connectors.lookup import EntryLookup
     from encache.connectors.lookup.metrics import LookupMetrics
     from encache.connectors.vllm.config import ConnectorConfig
-    from encache.connectors.writer import EntryWriter
+    from encache.connectors.vllm.writer import EntryWriter
 
     cfg = ConnectorConfig(store="x")
     defaults = {f.name: getattr(cfg, f.name) for f in fields(ConnectorConfig)}

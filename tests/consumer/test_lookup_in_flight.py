@@ -25,7 +25,7 @@ import pytest
 from encache.connectors.lookup.loader import State
 from encache.connectors.store.disk.store import DiskStore
 from encache.connectors.store.files import TEMP_PREFIX
-from encache.connectors.writer import EntryWriter
+from encache.connectors.vllm.writer import EntryWriter
 from cli_support import invoke
 from lookup_support import make, tensor_bytes
 
@@ -207,7 +207,7 @@ def test_a_landed_entrys_commit_is_held_while_the_answer_goes_out(tmp_path, monk
     the commit is held (``COMMIT_HOLD_S``; long here, so no timing decides the test): a
     reader takes the bytes meanwhile. A write that finds no idle thread ends the hold at
     once, and so does ``flush``. With the real hold, a lone write commits by itself."""
-    import encache.connectors.writer as writer_module
+    import encache.connectors.vllm.writer as writer_module
 
     store = DiskStore(tmp_path, fsync=fsync)
     monkeypatch.setattr(writer_module, "COMMIT_HOLD_S", 60.0)

@@ -307,7 +307,7 @@ def test_entries_a_producer_on_this_host_encoded_need_no_checksum(tmp_path, coun
     in that process) records what it wrote in the store's verified log: a consumer on the
     same host loads those versions without hashing them. Bytes stored by a plain ``put``
     (a copy from elsewhere: ``warm``, ``rsync``) are hashed; so is a later version."""
-    from encache.connectors.writer import EntryWriter
+    from encache.connectors.vllm.writer import EntryWriter
     store = DiskStore(tmp_path)
     arr = np.random.default_rng(7).standard_normal((4096, 16)).astype(np.float16)
     writer = EntryWriter(store)
@@ -338,7 +338,7 @@ PRODUCER = """
 import sys
 import numpy as np
 from encache.connectors.store.disk.store import DiskStore
-from encache.connectors.writer import EntryWriter
+from encache.connectors.vllm.writer import EntryWriter
 store = DiskStore(sys.argv[1])
 writer = EntryWriter(store)
 for n, ident in enumerate(sys.argv[2:]):

@@ -41,7 +41,7 @@ def chat(llm, items, max_tokens: int = 6) -> list[str]:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     return make_corpus(str(tmp_path_factory.mktemp("binding")), pages=3, seed=60)
 
 

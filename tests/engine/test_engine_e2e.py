@@ -23,7 +23,7 @@ FAULTS = ("bitflip", "truncated", "wrong-shape", "vanished", "garbage")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     root = tmp_path_factory.mktemp("corpus")
     pages = make_corpus(str(root / "docs"), pages=8, seed=1)
     faults = make_corpus(str(root / "faults"), pages=len(FAULTS), seed=2)

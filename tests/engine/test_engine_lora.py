@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def setup(tiny_lora_model, tmp_path_factory):
     from vllm.lora.request import LoRARequest
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     model, adapter = tiny_lora_model
     root = tmp_path_factory.mktemp("lora")
     paths = make_corpus(str(root / "corpus"), pages=3, seed=11)

@@ -42,8 +42,8 @@ def texts(llm, paths, lora=None):
 def test_a_language_model_lora_is_served_from_the_base_entries(arch, tiny_family, tmp_path):
     from vllm.lora.request import LoRARequest
 
-    from build_tiny_model import build_text_lora
-    from make_demo_corpus import make_corpus
+    from lora_adapters import build_text_lora
+    from demo_corpus import make_corpus
 
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
@@ -80,8 +80,8 @@ def test_a_language_model_lora_is_served_from_the_base_entries(arch, tiny_family
 
 
 def test_lora_that_cannot_reach_the_encoder_is_stored_and_explained(tiny_family, tmp_path):
-    from build_tiny_model import build_text_lora
-    from make_demo_corpus import make_corpus
+    from lora_adapters import build_text_lora
+    from demo_corpus import make_corpus
 
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 

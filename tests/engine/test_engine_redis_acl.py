@@ -37,7 +37,7 @@ def _user(server, name: str, args: list[str], password: str) -> str:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     return make_corpus(str(tmp_path_factory.mktemp("acl")), pages=3, seed=61)
 
 

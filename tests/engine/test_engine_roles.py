@@ -21,7 +21,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     return make_corpus(str(tmp_path_factory.mktemp("roles")), pages=4, seed=21)
 
 

@@ -29,7 +29,7 @@ KW = dict(PRECOMPUTE_KW, engine_args=dict(PRECOMPUTE_KW["engine_args"], max_lora
 
 @pytest.fixture(scope="module")
 def two_adapters(tiny_lora_model, tmp_path_factory):
-    from build_tiny_model import build_lora
+    from lora_adapters import build_lora
     model, adapter_a = tiny_lora_model
     root = tmp_path_factory.mktemp("stale")
     adapter_b = build_lora(model, str(root / "adapter-b"), seed=2)  # "retrained"
@@ -40,7 +40,7 @@ def test_retrained_adapter_under_the_old_name(two_adapters):
     from vllm.lora.request import LoRARequest
 
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     model, adapter_a, adapter_b, root = two_adapters
     da, db = adapter_digest(adapter_a), adapter_digest(adapter_b)
     assert da and db and da != db

@@ -34,7 +34,7 @@ class Lines(logging.Handler):
 
 def test_relative_model_path_misses_are_diagnosed(tiny_model, tmp_path):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=31)
     store = str(tmp_path / "store")
@@ -71,7 +71,7 @@ def test_relative_model_path_misses_are_diagnosed(tiny_model, tmp_path):
 
 def test_unknown_images_for_the_right_model_are_absent(tmp_path):
     """Unit level (no engine): the engine's model is in the store -> plain 'absent'."""
-    from encache.connectors.diagnosis import MissDiagnosis
+    from encache.connectors.vllm.diagnosis import MissDiagnosis
     from encache.connectors.store.entry import encode
 
     st = open_store(str(tmp_path / "s"))

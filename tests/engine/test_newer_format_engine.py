@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 
 def test_a_consumer_encodes_what_a_newer_encache_wrote_and_keeps_it(tiny_model, tmp_path):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=41)
     store = str(tmp_path / "store")

@@ -27,7 +27,7 @@ CAP = 50_000
 
 def test_corpus_larger_than_capacity(tiny_model, tmp_path):
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
     store_path = str(tmp_path / "store")
@@ -83,7 +83,7 @@ def test_skip_fills_free_room_and_evicts_nothing(tiny_model, tmp_path):
     """--over-capacity skip from an empty store: encodes batch by batch while there is
     room under the low watermark, then skips the rest; the store never evicts."""
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=24, seed=4)
     store_path = str(tmp_path / "store")
@@ -106,7 +106,7 @@ def test_purged_by_age_is_not_re_encoded_unless_asked_for(tiny_model, tmp_path):
     records are dropped."""
     import time
 
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
     store_path = str(tmp_path / "store")

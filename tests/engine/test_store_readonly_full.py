@@ -39,7 +39,7 @@ def readonly_store(request, tiny_model, tmp_path):
     """A precomputed store bind-mounted read-only: synced without its .encache/ (the case
     that used to kill the engine), and as it was written."""
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=3, seed=21)
     src = tmp_path / "src"
@@ -101,7 +101,7 @@ def test_read_only_cli_commands_on_readonly_store(readonly_store):
 
 
 def test_precompute_into_a_full_tmpfs(tiny_model, tmp_path):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     from encache.connectors.store import open_store
     make_corpus(str(tmp_path / "corpus"), pages=12, seed=3)

@@ -42,7 +42,7 @@ def test_a_model_without_a_vision_tower_is_a_one_line_engine_error(text_only_mod
     naming the architecture and vLLM's reason -- not pydantic's "1 validation error for
     VllmConfig" header -- and the engine exit code; nothing is written."""
     from cli_support import invoke
-    from encache.connectors import errors
+    from encache.cli import errors
 
     model = text_only_model
     draw_images(tmp_path / "corpus", {"wide": (1000, 400)}, seed=3)

@@ -29,8 +29,7 @@ def test_every_entry_point_has_an_example():
 
 def test_examples_run(tmp_path, tiny_model, redis_factory):
     redis_server = redis_factory()  # private: the example writes un-namespaced keys
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
     swaps = {'"llava-hf/llava-1.5-7b-hf"': repr(tiny_model),

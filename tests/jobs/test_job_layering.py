@@ -1,6 +1,7 @@
 """Jobs are library code: nothing under jobs/ or connectors/ imports the CLI layer (the
-exit codes and error type live in connectors/errors.py), so a Python user or a Ray worker
-never runs CLI code; and the CLI modules of precompute and warm hold no job logic."""
+error type and the codes it carries live in jobs/errors.py), so a Python user or a Ray
+worker never runs CLI code; and the CLI modules of precompute and warm hold no job
+logic."""
 
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def test_cli_precompute_and_warm_only_parse_and_render():
         assert not defs & {"precompute_corpus", "precompute_files", "_hash_phase",
                            "_encode_missing", "_check_capacity", "compute_missing",
                            "_drop_manifest", "_RichProgress", "_clean_error"}, (name, defs)
+
+
+def test_cli_list_stats_and_size_only_render():
+    """Their data is built in the library (encache.connectors.store.ops.report)."""
+    for name in ("list.py", "stats.py", "size.py"):
+        tree = ast.parse((ROOT / "cli" / name).read_text())
+        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defs & {"build_list", "build_stats", "build_size", "entry_dict",
+                           "entry_dicts", "tier_stats", "parse_sort"}, (name, defs)
 
 
 def test_every_package_folder_is_installed():

@@ -1,7 +1,7 @@
 """Images decoded in precompute's reader thread give byte-identical entries.
 
 Real engine (the tiny LLaVA, in-process), real files: one corpus -- every format
-``scripts/make_demo_corpus.py`` writes plus RGBA with transparent pixels, LA,
+``tests/demo_corpus.py`` writes plus RGBA with transparent pixels, LA,
 P-with-transparency (tRNS), CMYK JPEG, 16-bit greyscale PNG, 1-bit, an EXIF-rotated JPEG
 and a TIFF -- is precomputed twice: images decoded in the reader with the engine's own
 loader (``image_pil`` parts), and every image sent as a data URL that the engine decodes
@@ -65,7 +65,7 @@ def _odd_images(root) -> list[str]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> list[str]:
-    from make_demo_corpus import FORMATS, make_corpus
+    from demo_corpus import FORMATS, make_corpus
 
     root = tmp_path_factory.mktemp("decode-corpus")
     files = make_corpus(str(root / "demo"), pages=len(FORMATS), seed=3)
@@ -75,13 +75,13 @@ def corpus(tmp_path_factory) -> list[str]:
 
 
 def test_demo_corpus_page_size(tmp_path):
-    """scripts/make_demo_corpus.py --size: every format at the size asked for; bad sizes
+    """demo_corpus --size: every format at the size asked for; bad sizes
     are usage errors."""
     import argparse
 
     from PIL import Image
 
-    from make_demo_corpus import FORMATS, make_corpus, parse_size
+    from demo_corpus import FORMATS, make_corpus, parse_size
 
     files = make_corpus(str(tmp_path), pages=len(FORMATS), size=parse_size("620x877"))
     assert {Image.open(f).format for f in files} == {fmt for _, fmt, _ in FORMATS}

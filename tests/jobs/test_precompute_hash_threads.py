@@ -8,13 +8,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import engine_support  # noqa: F401 (puts scripts/ on sys.path: make_demo_corpus)
 from encache.jobs.precompute.identify import _ordered
 from media_files import hostile_corpus
 
 
 def _rows(corpus, store_dir, threads: int) -> list:
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.store import open_store
     from encache.jobs.precompute import LocalStage, PrecomputeOptions, Summary
 
@@ -29,7 +28,7 @@ def _rows(corpus, store_dir, threads: int) -> list:
 
 
 def test_threads_give_the_rows_of_one_thread(tmp_path):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "c" / "docs"), pages=12, seed=3)
     hostile_corpus(tmp_path / "c" / "hostile")

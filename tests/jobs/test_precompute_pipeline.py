@@ -42,8 +42,8 @@ def _tensors(store_dir) -> dict:
 
 
 def test_reads_overlap_encodes_and_output_is_the_same(tiny_model, tmp_path):
-    from encache.connectors.corpus import walk
-    from make_demo_corpus import make_corpus
+    from encache.jobs.corpus import walk
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=PAGES, seed=11)
     files = [f.path for f in walk(str(tmp_path / "corpus"))]
@@ -79,11 +79,11 @@ def test_the_engine_encodes_while_the_rest_is_still_being_hashed(tiny_model, tmp
     identifiers hashing alone gives."""
     import threading
 
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
     from encache.connectors.store import open_store
     from encache.connectors.vllm.hashing import identify_file
     from encache.jobs.precompute import PrecomputeOptions, precompute_files
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     make_corpus(str(tmp_path / "corpus"), pages=PAGES, seed=5)
     files = [f.path for f in walk(str(tmp_path / "corpus"))]

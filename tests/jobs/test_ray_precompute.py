@@ -1,6 +1,6 @@
 """`encache precompute --ray` on a real two-node Ray cluster on this machine.
 
-The cluster (scripts/ray_local_cluster.py) is `ray start --head` plus a second
+The cluster (tests/ray_local_cluster.py) is `ray start --head` plus a second
 `ray start --address` node, each with 2 logical CPUs and its own custom resource, on
 127.0.0.1, with token authentication; started and stopped (by process group) here. Engines
 ask for 1.5 CPUs each, so two engines land one per node. One scenario, in order:
@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from engine_support import ROOT  # noqa: E402  (puts scripts/ on sys.path)
+from engine_support import ROOT  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -56,7 +56,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     root = tmp_path_factory.mktemp("raycorpus") / "corpus"
     make_corpus(str(root), pages=PAGES, seed=5)
     (root / "README.txt").write_text("not media: skipped and listed, never a failure\n")
@@ -117,7 +117,7 @@ def test_no_ray_import_on_the_single_host_path(tmp_path):
             "sys.argv[2], '--dry-run', '-q'])\n"
             "assert r.exit_code == 0, r.output\n"
             "print('ray' in sys.modules)\n")
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     make_corpus(str(tmp_path / "c"), pages=2, seed=1)
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c"), str(tmp_path / "s")],
                          capture_output=True, text=True, env=_env(), timeout=300)
@@ -291,7 +291,7 @@ def test_ray_hashes_request_mm_processor_kwargs_as_single_host(cluster, corpus, 
     requests are "present" and plain ones are not."""
     import numpy as np
 
-    from encache.connectors.corpus import non_media_reason, walk
+    from encache.jobs.corpus import non_media_reason, walk
     from encache.connectors.store import encode, open_store
     from encache.connectors.vllm.hashing import identify_file
 

@@ -228,7 +228,7 @@ def test_video_processor_is_read_from_a_local_model(tmp_path, clips):
 
 
 def test_corpus_walk_is_all_regular_files_and_sniffs_lazily(tmp_path, monkeypatch):
-    from encache.connectors import corpus
+    from encache.jobs import corpus
     (tmp_path / "a.png").write_bytes(png_bytes())
     (tmp_path / "b").write_bytes(png_bytes())
     (tmp_path / "c.txt").write_text("hello")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from encache.connectors import errors
+from encache.cli import errors
 from encache.connectors.store.disk.store import DiskStore
 from media_files import BAD, NON_MEDIA, hostile_corpus, make_bomb, make_video
 from cli_support import invoke

@@ -18,8 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
-from policy_vllm import FakeRequest  # noqa: E402  (the benchmark's driver of vLLM's manager)
+from policy_vllm import FakeRequest  # noqa: E402  (the driver of vLLM's manager, tests/)
 
 vllm_ecm = pytest.importorskip("vllm.v1.core.encoder_cache_manager")
 from encache.connectors.vllm.compat import CHECKED_VERSIONS  # noqa: E402

@@ -25,8 +25,6 @@ from encache.policy.workload import (Item, RagWorkload, Request, read_trace, tra
                                      write_trace)
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "scripts" / "bench"   # policy_bench.py (the grid), policy_vllm.py (vLLM's manager)
-sys.path.insert(0, str(BENCH))
 ONLINE = ["fifo", "lru", "s3fifo", "wtinylfu", "dlfu"]
 
 
@@ -323,23 +321,35 @@ def test_import_does_not_pull_in_vllm():
     mods = sorted(p.stem for p in (ROOT / "policy").glob("*.py") if p.stem != "__init__")
     assert {"registry", "dlfu", "simulate"} <= set(mods)
     code = ("import sys, encache.policy, " + ", ".join(f"encache.policy.{m}" for m in mods)
-            + f"; sys.path.insert(0, {str(BENCH)!r}); import policy_vllm, policy_bench; "
-            "print('vllm' in sys.modules)")
+            + "; import policy_vllm; print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])})
     assert out.stdout.strip() == "False"
+    # the benchmark script itself, run: every module it imports, none of them vLLM's
+    bench = subprocess.run([sys.executable, "-X", "importtime",
+                            str(ROOT / "scripts" / "bench" / "policy_bench.py"), "--help"],
+                           capture_output=True, text=True, check=True)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in bench.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "encache.policy.scenarios" in imported
+    assert not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
 
 
 # -- the benchmark entry point -------------------------------------------------------------
 
 def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
+    from encache.policy import scenarios as bench
+
     script = ROOT / "scripts" / "bench" / "policy"
     assert os.access(script, os.X_OK)
-    import policy_bench as bench
     out, png = tmp_path / "p.json", tmp_path / "p.png"
-    assert bench.main(["--quick", "--scenarios", "zipf,rag-drift", "--alphas", "0.8",
-                       "--capacities", "0.05,0.2", "--jobs", "1", "--query-factor", "0.5",
-                       "--out", str(out), "--plot", str(png)]) == 0
+    run = subprocess.run([str(script), "--quick", "--scenarios", "zipf,rag-drift",
+                          "--alphas", "0.8", "--capacities", "0.05,0.2", "--jobs", "1",
+                          "--query-factor", "0.5", "--out", str(out), "--plot", str(png)],
+                         capture_output=True, text=True, env={**os.environ,
+                                                              "PYTHON": sys.executable})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     data = json.loads(out.read_text())
     for name in ("zipf", "rag-drift"):   # --query-factor scales every scenario's queries
         assert data["scenarios"][name]["traces"]["0.8"]["requests"] == \
@@ -369,7 +379,10 @@ def test_bench_script_writes_json_and_png(tmp_path, vllm_adapter):
             assert row["dlfu"] <= row["online"] + 0.01
             assert row["dlfu/online"] == pytest.approx(row["dlfu"] / row["online"], abs=1e-3)
     png.unlink()
-    assert bench.main(["--replot", "--out", str(out), "--plot", str(png)]) == 0
+    replot = subprocess.run([str(script), "--replot", "--out", str(out), "--plot", str(png)],
+                            capture_output=True, text=True,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert replot.returncode == 0, replot.stderr[-2000:]
     assert png.stat().st_size > 10_000
 
 
@@ -554,11 +567,11 @@ def test_online_bound_caps_online_policies_but_not_the_oracles(scenario):
 def test_dlfu_capped_short_levels_win_the_drift_cell_of_the_issue():
     """The benchmark cell dlfu used to lose (rag-drift, alpha 1.0, 10%): with the capped
     short levels it beats S3-FIFO; without the cap it does not (about 4 s)."""
-    from policy_bench import SCENARIOS, _capacity
+    from encache.policy.scenarios import SCENARIOS, capacity
     spec = SCENARIOS["rag-drift"]
     w = RagWorkload(**spec["workload"], alpha=1.0, seed=0)
     tr = w.generate()
-    cap = _capacity(0.10, w.catalog_tokens, trace_summary(tr))
+    cap = capacity(0.10, w.catalog_tokens, trace_summary(tr))
 
     def run(name, **kw):
         return simulate(tr, cap, _registry.make_policy(name, cap, **kw),

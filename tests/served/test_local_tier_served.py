@@ -24,7 +24,7 @@ import urllib.request
 
 import pytest
 
-from encache.cli.connector_config import build_config
+from encache.connectors.vllm import transfer_config
 from engine_support import PRECOMPUTE_KW
 from served_support import draw_images, start_server, wide_model
 
@@ -75,7 +75,7 @@ def test_local_tier_through_vllm_serve_and_a_redis_outage(tmp_path, redis_factor
                                 PrecomputeOptions(model=model, store=redis.url, **pre))
     assert summary.encoded == 3
     tier = tmp_path / "tier"
-    config = build_config(redis.url, "ec_consumer", {
+    config = transfer_config(redis.url, "ec_consumer", {
         "local_tier": str(tier), "staging_bytes": 1, "index_refresh_s": 0.5,
         "counters_flush_s": 0.2, "store_stats_s": 0.5, "load_timeout_s": 2.0})
     server = start_server(model, config, tmp_path, max_model_len=MAX_LEN, probe="tier")

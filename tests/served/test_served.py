@@ -29,9 +29,9 @@ MEDIA = {"image": {"rgba_background_color": [0, 0, 0]}}
 
 @pytest.fixture(scope="module")
 def served(tiny_model, tmp_path_factory):
-    from encache.cli.connector_config import build_config
+    from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     root = tmp_path_factory.mktemp("served")
     files = make_corpus(str(root / "corpus"), pages=6, seed=7)
@@ -51,9 +51,9 @@ def served(tiny_model, tmp_path_factory):
     # by plugin name, no module path: the vllm.general_plugins entry point must register it
     # in every server process (API server, engine core, workers)
     # load_mode mmap: the scheduler maps every entry and ships its bytes to the worker process
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
-                                                 "store_stats_s": 0.5, "max_bytes": 1 << 30,
-                                                 "tag": "served"})
+    config = transfer_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_mode": "mmap",
+                                                    "store_stats_s": 0.5, "max_bytes": 1 << 30,
+                                                    "tag": "served"})
     config["ec_connector"] = "EncacheDisk"
     del config["ec_connector_module_path"]
     with api_server(tiny_model, config, root, "--mm-processor-kwargs", json.dumps(kw),
@@ -68,7 +68,7 @@ def test_every_format_hits_through_vllm_serve(served):
 
 
 def test_unknown_image_is_a_miss_not_an_error(served, tmp_path):
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
     [fresh] = make_corpus(str(tmp_path), pages=1, seed=99)
     before = open_store(served["store"]).read_counters()
     reply = chat(served["base"], served["model"], fresh)

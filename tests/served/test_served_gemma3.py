@@ -46,7 +46,7 @@ MULTI = {"m_wide": (1000, 450), "m_square": (500, 500), "m_tall": (350, 800),
 
 @pytest.fixture(scope="module")
 def gemma(tiny_gemma3, tmp_path_factory):
-    from encache.cli.connector_config import build_config
+    from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     root = tmp_path_factory.mktemp("gemma3")
@@ -55,7 +55,7 @@ def gemma(tiny_gemma3, tmp_path_factory):
               "off": draw_images(root / "off", OFF, seed=2),
               "fresh": draw_images(root / "fresh", FRESH, seed=3),
               "multi": draw_images(root / "on" / "multi", MULTI, seed=4)}
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2})
+    config = transfer_config(store, "ec_consumer", {"counters_flush_s": 0.2})
     common = dict(max_model_len=LEN, images=4, probe=None, executor="uni")
     servers = {}
     try:

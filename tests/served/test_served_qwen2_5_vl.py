@@ -49,7 +49,7 @@ FRESH = {"fresh1": (720, 480), "fresh2": (333, 333)}
 
 @pytest.fixture(scope="module")
 def qwen(tiny_qwen2_5_vl, tmp_path_factory):
-    from encache.cli.connector_config import build_config
+    from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
 
     model = tiny_qwen2_5_vl
@@ -59,7 +59,7 @@ def qwen(tiny_qwen2_5_vl, tmp_path_factory):
               "multi": draw_images(root / "main" / "multi", MULTI, seed=12),
               "req": draw_images(root / "req", REQ, seed=13),
               "fresh": draw_images(root / "fresh", FRESH, seed=14)}
-    config = build_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_timeout_s": 2.0})
+    config = transfer_config(store, "ec_consumer", {"counters_flush_s": 0.2, "load_timeout_s": 2.0})
     # a request may carry its own mm_processor_kwargs only where the server trusts them
     server_args = ("--trust-request-mm-kwargs", "--mm-processor-kwargs", json.dumps(SERVER))
     servers = {}

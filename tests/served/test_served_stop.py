@@ -54,9 +54,9 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     of versions verified this boot): its loads hash nothing."""
     import shutil
 
-    from encache.cli.connector_config import build_config
+    from encache.connectors.vllm import transfer_config
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
-    from make_demo_corpus import make_corpus
+    from demo_corpus import make_corpus
 
     files = make_corpus(str(tmp_path / "corpus"), pages=4, seed=5)
     store = str(tmp_path / "store")
@@ -65,7 +65,7 @@ def test_hits_survive_sigterm_to_the_server(tiny_model, tmp_path):
     assert summary.encoded == 4
     # as after a reboot: the precompute's record of what it wrote is gone
     shutil.rmtree(Path(store, ".encache", "verified"))
-    config = build_config(store, "ec_consumer", {})  # the defaults users run
+    config = transfer_config(store, "ec_consumer", {})  # the defaults users run
     _serve_then_sigterm(tiny_model, config, files, tmp_path)
     s = stats_json(store)
     assert (s["hits"], s["misses"]) == (4, 0), s

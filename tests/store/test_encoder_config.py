@@ -18,7 +18,7 @@ from encache.connectors.encoder_config import (DEFAULT_DIGEST, encoder_config_di
 from encache.connectors.lookup import EntryLookup
 from encache.connectors.store import decode, encode, open_store
 from encache.connectors.vllm.config import ConnectorConfig
-from encache.connectors.writer import EntryWriter
+from encache.connectors.vllm.writer import EntryWriter
 from entries import put_entry
 
 ARR = np.arange(256, dtype=np.float16).reshape(16, 16)

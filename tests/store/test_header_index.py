@@ -224,7 +224,7 @@ def test_stats_and_size_of_an_unchanged_store_list_no_entry(store, monkeypatch):
     """The summary kept under the store's generation: an unchanged store's stats and size
     are answered without listing a single entry (O(1) at any size); a put, a delete, a
     new entry directory or an old summary send them back to the scan."""
-    from encache.cli.size import build_size
+    from encache.connectors.store.ops.report import build_size
     from encache.connectors.store.disk.store import DiskStore
 
     full = summarize(store)  # builds the index and the summary under the generation

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from encache.connectors.capacity import RoomBudget
+from encache.jobs.precompute.capacity import RoomBudget
 from encache.connectors.store.disk.store import DiskStore
 from entries import put_entry
 

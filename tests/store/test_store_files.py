@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from encache.connectors.corpus import Manifest
+from encache.jobs.corpus import Manifest
 from encache.connectors.store.files import atomic_write_json
 
 
@@ -23,7 +23,7 @@ def test_atomic_write_json_replaces_whole_and_cleans_up(tmp_path):
 
 
 def test_manifest_save_and_load(tmp_path):
-    from encache.connectors.corpus import walk
+    from encache.jobs.corpus import walk
 
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.png").write_bytes(b"x")

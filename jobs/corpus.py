@@ -26,8 +26,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .media import sniff, suffix_kind
-from .store.files import atomic_write_json
+from ..connectors.media import sniff, suffix_kind
+from ..connectors.store.files import atomic_write_json
 
 MANIFEST_VERSION = 1
 

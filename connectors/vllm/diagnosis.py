@@ -28,7 +28,7 @@ import os
 import threading
 import time
 
-from .ratelimit import RateLimitedLog
+from ..ratelimit import RateLimitedLog
 
 __all__ = ["MissDiagnosis", "same_model", "MISS_REASONS"]
 

@@ -14,8 +14,9 @@ Why: the simulator's baseline must be vLLM's behaviour, not our reading of it, a
 same adapter replays a trace through ``PolicyEncoderCacheManager`` to show that the
 engine-side manager makes the same decisions as the simulator's pure-Python core.
 
-It lives with the benchmark, not in ``encache.policy``, which never imports vLLM; vLLM is
-imported only when a class is loaded.
+It lives in tests/ (the policy tests and ``scripts/bench/policy_bench.py`` share it), not
+in ``encache.policy``, which never imports vLLM; vLLM is imported only when a class is
+loaded.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .store.units import human_bytes
-from .store.throttle import ScanThrottle
+from ...connectors.store.units import human_bytes
+from ...connectors.store.throttle import ScanThrottle
 
 __all__ = ["OVER_CAPACITY", "mean_entry_bytes", "capacity_note", "RoomBudget"]
 

@@ -28,11 +28,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
-from .encoder_config import holds
-from .ratelimit import RateLimitedLog
-from .store.base import Store
-from .store.counters import open_live_counters
-from .store.entry import encode_parts
+from ..encoder_config import holds
+from ..ratelimit import RateLimitedLog
+from ..store.base import Store
+from ..store.counters import open_live_counters
+from ..store.entry import encode_parts
 
 log = logging.getLogger("encache.writer")
 
