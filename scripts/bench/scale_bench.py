@@ -172,6 +172,20 @@ def build_verify_store(root: Path, gib: float, reuse: bool) -> dict:
 MODEL_V = "google/gemma-3-27b-it"
 
 
+VERIFY_IN_PROCESS = r"""
+import json, sys, time
+from encache.connectors.store import open_store
+from encache.connectors.store.ops.verify import verify_store
+st = open_store(sys.argv[1], create=False)
+verify_store(st)
+best = None
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); rep = verify_store(st); dt = time.perf_counter() - t
+    best = dt if best is None else min(best, dt)
+print(json.dumps({"seconds": best, "bytes": rep.bytes_checked, "clean": rep.clean}))
+"""
+
+
 def verify_vs_cat(root: Path, repeats: int) -> dict:
     files = f"find {root} -name '*.safetensors' -print0 | xargs -0 cat > /dev/null"
     du = int(subprocess.run(["du", "-sb", "--apparent-size", str(root)], capture_output=True,
@@ -182,8 +196,18 @@ def verify_vs_cat(root: Path, repeats: int) -> dict:
               "argv": files}]
     rows = run_cases(cases, repeats)
     v, c = rows["encache verify"]["min_s"], rows["baseline: cat of the same files"]["min_s"]
-    return {"bytes": du, "results": rows, "verify_gb_s": round(du / v / 1e9, 3),
-            "cat_gb_s": round(du / c / 1e9, 3), "verify_vs_cat": round(c / v, 3)}
+    p = subprocess.run([sys.executable, "-c", VERIFY_IN_PROCESS, str(root), str(repeats)],
+                       capture_output=True, text=True, check=True)
+    lib = json.loads(p.stdout)
+    assert lib["clean"]
+    return {"bytes": du, "results": rows,
+            "verify_gb_s": round(du / v / 1e9, 3), "cat_gb_s": round(du / c / 1e9, 3),
+            "verify_vs_cat": round(c / v, 3),
+            "verify_read_gb_s": round(lib["bytes"] / lib["seconds"] / 1e9, 3),
+            "verify_read_vs_cat": round(lib["bytes"] / lib["seconds"] / (du / c), 3),
+            "note": "verify_vs_cat: the command end to end (interpreter start-up included: "
+                    "~0.3 s); verify_read_*: the reading and checking itself "
+                    "(ops.verify.verify_store in a warm process), against cat's bytes/s"}
 
 
 # -- Redis / Cluster ---------------------------------------------------------------------
@@ -451,7 +475,10 @@ def main(argv: list[str] | None = None) -> None:
         if "disk" in result["backends"]:
             s = result["backends"]["disk"]["summary"]
             s["verify_vs_cat"] = result["verify"]["verify_vs_cat"]
+            s["verify_read_vs_cat"] = result["verify"]["verify_read_vs_cat"]
             s["targets_met"]["verify_vs_cat"] = s["verify_vs_cat"] >= TARGETS["verify_vs_cat"]
+            s["targets_met"]["verify_read_vs_cat"] = (s["verify_read_vs_cat"]
+                                                      >= TARGETS["verify_vs_cat"])
     from redis_fixture import RedisServer  # (tests/: the suite's real servers)
     if "redis" not in skip:
         server = RedisServer(config={"save": "", "appendonly": "no"})

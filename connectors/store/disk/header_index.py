@@ -127,9 +127,15 @@ def load_records(meta_dir: Path, token=None, max_age: float = 0.0,
 def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
     """``(name -> file_version, summary state)`` without building the records."""
     data = _read(meta_dir)
-    if data is None or not isinstance(data.get("versions"), dict):
+    if data is None:
         return {}, None
-    return data["versions"], data.get("summary")
+    try:
+        versions = _Unpickler(io.BytesIO(data["versions"])).load()
+    except Exception:
+        return {}, None
+    if not isinstance(versions, dict):
+        return {}, None
+    return versions, data.get("summary")
 
 
 def save(meta_dir: Path, records: dict, token=None, started: float | None = None) -> bool:
@@ -143,7 +149,10 @@ def save(meta_dir: Path, records: dict, token=None, started: float | None = None
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-    versions = {name: rec[0] for name, rec in records.items()}
+    # (its own blob, as the records: a scan of an unchanged store reads neither's
+    # counterpart -- a million versions cost a second to unpickle)
+    versions = pickle.dumps({name: rec[0] for name, rec in records.items()},
+                            protocol=pickle.HIGHEST_PROTOCOL)
     try:
         meta_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
