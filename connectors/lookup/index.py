@@ -6,6 +6,13 @@ lookup's background thread (skipped while the store's ``index_version()`` is unc
 and while listing again would take more than ``LIST_SHARE`` of the thread's time: a
 million-entry disk store costs seconds to list, and a producer writing to it moves the
 version at every put).
+Where the store keeps a change journal (``changes_since``), a refresh after a change
+reads the journal from its cursor and looks up only the identifiers it names (a
+``stat`` each on disk, an ``EXISTS`` on Redis): O(changes), not a listing of a million
+entries. It lists the store whole when the journal cannot tell (no cursor yet, trimmed
+past it, a part down), when the version moved with nothing journaled (a change by a
+program other than encache), and, for a journal that can miss a change
+(``journal_complete`` False), at least every ``JOURNAL_FULL_CHECK_S`` (paced as above).
 An identifier not in the set may have been written since the last listing (an encoder
 instance wrote it a moment ago, EPD): a local disk store checks it with one ``stat``, and
 for a remote store (Redis) it is worth one background read (``holds`` says yes; the read
@@ -19,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..store.base import Store, StoreError
+from ..store.base import JOURNAL_FULL_CHECK_S, Store, StoreError
 from ..store.throttle import ScanThrottle
 
 ABSENT_MAX = 100_000  # negative-cache size; cleared wholesale when exceeded
@@ -41,6 +48,10 @@ class StoreIndex:
         self.down: dict[str, str] = {}
         self._ready = threading.Event()
         self.listing = ScanThrottle(LIST_SHARE)  # paces listings after the first
+        self._cursor = None  # the store's change journal, read up to here (None: list)
+        self._listed_at = 0.0  # when the last whole listing ended (monotonic)
+        #: refreshes answered from the journal (tests, benchmarks)
+        self.journal_refreshes = 0
 
     def refresh(self) -> set[str]:
         """Re-list the store if its index version moved; the identifiers that appeared.
@@ -61,15 +72,58 @@ class StoreIndex:
         self.changed = version is None or version != self._last_version
         if not self.changed:
             return set()
+        if not down and self._cursor is not None:
+            new = self._from_journal()
+            if new is not None:
+                self._last_version = version
+                return new
         if not self.listing.due():
             return set()  # later; a local store's holds() stats an unknown identifier meanwhile
+        cursor = self._journal_end()  # before the listing: a change during it is read next
         parts: list = []
         ids = self.listing.run(lambda: set(self.store.identifiers(unreachable=parts)))
+        self._listed_at = time.monotonic()
         down.update(parts)
         with self._lock:
             old, self._ids = self._ids, ids
         self._last_version = None if down else version  # (partial: list again)
+        self._cursor = None if down else cursor
         return ids - old
+
+    def _journal_end(self):
+        """A journal cursor at its current end, or None (no journal, or it cannot say)."""
+        if not self.store.supports_change_journal:
+            return None
+        try:
+            return self.store.changes_since(None)[0]
+        except StoreError:
+            return None
+
+    def _from_journal(self) -> set[str] | None:
+        """Apply the changes the journal names since the cursor (each identifier looked up
+        once: present, added; absent, dropped); the identifiers that appeared, or None
+        where a whole listing is needed instead (see the module docstring)."""
+        store = self.store
+        if (not store.journal_complete
+                and time.monotonic() - self._listed_at >= JOURNAL_FULL_CHECK_S):
+            return None
+        try:
+            cursor, changed = store.changes_since(self._cursor)
+        except StoreError:
+            return None
+        if changed is None or (not changed and not store.journal_complete):
+            return None  # cannot tell; or the version moved for a change not journaled
+        present = {i for i in changed if store.contains(i)}
+        with self._lock:  # in place: each add / discard is atomic for a lock-free holds()
+            ids = self._ids
+            new = present - ids
+            ids |= present
+            ids -= changed - present
+            for i in present:
+                self._absent.pop(i, None)
+        self._cursor = cursor
+        self.journal_refreshes += 1
+        return new
 
     @property
     def versioned(self) -> bool:

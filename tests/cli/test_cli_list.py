@@ -178,3 +178,17 @@ def test_json_document_is_the_generic_encoding_byte_for_byte(store):
         assert json_document(url, entries, down) == json_text(
             {"store": url, "count": len(entries), "bytes": sum(e.size for e in entries),
              "unreachable": down, "entries": entry_dicts(entries)})
+
+
+def test_json_is_written_as_rendered_and_is_the_same_document(store, capsys):
+    """``list --json`` writes its records a few thousand at a time (render_json): the
+    text is json_document's byte for byte, across chunk boundaries and when empty."""
+    from encache.cli.list import build_list, json_document, render_json
+    from encache.connectors.store.base import EntryInfo
+
+    one = build_list(store)
+    entries = [EntryInfo(f"{i:064x}", e.size + i, e.meta, e.created, e.accessed, e.error)
+               for i in range(3 * 4096 + 5) for e in (one[i % len(one)],)]
+    for es, down in ((entries, []), ([], []), (one, [{"part": "p", "error": "e"}])):
+        render_json(str(store.root), es, down)
+        assert capsys.readouterr().out == json_document(str(store.root), es, down) + "\n"

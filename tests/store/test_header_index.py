@@ -99,10 +99,72 @@ def test_index_is_built_used_and_incremental(store, monkeypatch):
 
 def test_access_tracking_keeps_the_index_valid(store, monkeypatch):
     assert_agrees(store)
-    time.sleep(0.01)
-    os.utime(store.entry_path(ident(1)), ns=(time.time_ns(), os.stat(store.entry_path(ident(1))).st_mtime_ns))
+    path = store.entry_path(ident(1))
+    os.utime(path, ns=(time.time_ns() - 3600 * 10**9, os.stat(path).st_mtime_ns))
+    assert store.read_entry(ident(1)) is not None  # a load: a fresh atime, and its stamp
     full = assert_agrees(store)
-    assert full[ident(1)][3] == os.stat(store.entry_path(ident(1))).st_atime  # fresh atime
+    assert full[ident(1)][3] == os.stat(path).st_atime  # fresh atime
+
+
+def count_listings(monkeypatch, store):
+    calls = []
+    real = store._entry_dirs
+    monkeypatch.setattr(store, "_entry_dirs", lambda: calls.append(1) or real())
+    return calls
+
+
+def test_an_unchanged_store_is_scanned_from_the_index_alone(store, monkeypatch):
+    full = assert_agrees(store)  # the first indexed scan saves the index under the token
+    listings = count_listings(monkeypatch, store)
+    assert snapshot(store, True) == full and listings == []  # no listing, no stat
+    # a load since the index was saved (its access stamp): listed and stat'ed again
+    path = store.entry_path(ident(3))
+    os.utime(path, ns=(time.time_ns() - 3600 * 10**9, os.stat(path).st_mtime_ns))
+    assert store.read_entry(ident(3)) is not None
+    got = snapshot(store, True)
+    assert listings == [1] and got[ident(3)][3] == os.stat(path).st_atime
+    # saved again by a scan begun more than ACCESS_STAMP_S after the stamp: current again
+    monkeypatch.setattr(header_index, "ACCESS_STAMP_S", -1.0)
+    snapshot(store, True)
+    assert snapshot(store, True) == snapshot(store, False) and listings == [1, 1]
+    # any change (put, delete, a directory made by another program): listed again
+    put(store, ident(300), seed=3)
+    store.delete(ident(6))
+    got = snapshot(store, True)
+    assert listings == [1, 1, 1] and ident(300) in got and ident(6) not in got
+    assert got == snapshot(store, False)
+    # an index older than SUMMARY_MAX_AGE_S is not taken as the store
+    snapshot(store, True)
+    monkeypatch.setattr(DiskStore, "SUMMARY_MAX_AGE_S", 0.0)
+    snapshot(store, True)
+    assert listings == [1, 1, 1, 1, 1]
+
+
+def test_a_scan_beside_writers_agrees_and_ends_current(tmp_path):
+    s = DiskStore(tmp_path / "w", fsync=False)
+    for i in range(40):
+        put(s, ident(i), seed=i)
+    stop = threading.Event()
+
+    def write():
+        w = DiskStore(tmp_path / "w", fsync=False)
+        k = 0
+        while not stop.is_set():
+            put(w, ident(1000 + k % 50), seed=k)
+            if k % 3 == 0:
+                w.delete(ident(1000 + (k // 3) % 50))
+            k += 1
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        for _ in range(20):
+            snapshot(s, True)  # an index saved meanwhile is never taken as current
+    finally:
+        stop.set()
+        t.join()
+    assert_agrees(s)
+    assert snapshot(s, True) == snapshot(s, False)
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "foreign-format", "evil-pickle"])
@@ -196,8 +258,8 @@ def test_stats_summary_comes_from_the_index_only_when_nothing_changed(store, mon
     assert summarize(store) == full  # first: builds the index
     assert store.summary_if_unchanged() == full
     calls = []
-    real = header_index.load
-    monkeypatch.setattr(header_index, "load", lambda d: calls.append(d) or real(d))
+    real = header_index.load_records
+    monkeypatch.setattr(header_index, "load_records", lambda d, *a: calls.append(d) or real(d, *a))
     assert summarize(store) == full and calls == []  # fast path: no records loaded
     # a load moves atime (and ctime) only: still the fast path, with the new last access
     path = store.entry_path(ident(2))

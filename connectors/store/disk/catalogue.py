@@ -27,7 +27,12 @@ from .layout import (ENTRY_FILE, META_DIR, GENERATION_MAX, ACCESSED_FILE, LOCAL_
 def _indexed(rec, version: tuple) -> bool:
     """Whether the header index's record ``rec`` holds the header of this ``version`` of
     the file (a damaged index's record never does: the header is read again)."""
-    if type(rec) is not tuple or len(rec) != 2 or rec[0] != version:
+    return type(rec) is tuple and len(rec) == 2 and rec[0] == version and _well_formed(rec)
+
+
+def _well_formed(rec) -> bool:
+    """A header index record as the index writes it: ``(version, EntryInfo)``."""
+    if type(rec) is not tuple or len(rec) != 2 or type(rec[0]) is not tuple:
         return False
     info = rec[1]
     return (type(info) is EntryInfo and type(info.size) is int
@@ -132,7 +137,14 @@ class DiskCatalogue:
             return
         meta_dir = self.root / META_DIR
         token = self.index_version()  # before any entry is read: a change moves it
-        known = header_index.load(meta_dir)
+        started = time.time()
+        known, current = header_index.load_records(
+            meta_dir, token, self.SUMMARY_MAX_AGE_S, self._last_access_stamp())
+        if current and all(map(_well_formed, known.values())):
+            # the store has not changed since: no listing, no stat per entry
+            for rec in known.values():
+                yield rec[1]
+            return
         fresh: dict = {}
         changed = False
         stat, tail = os.stat, "/" + ENTRY_FILE
@@ -167,10 +179,16 @@ class DiskCatalogue:
                 yield info
         finally:
             os.close(root_fd)
-        if changed or len(fresh) != len(known):
-            header_index.save(meta_dir, fresh,
-                              token if token is not None and self.index_version() == token
-                              else None)
+        steady = token is not None and self.index_version() == token
+        if changed or len(fresh) != len(known) or (steady and fresh):  # (current from now)
+            header_index.save(meta_dir, fresh, token if steady else None, started)
+
+    def _last_access_stamp(self) -> float:
+        """The mtime of ``.encache/accessed`` (:meth:`_stamp_access`); 0.0 if none."""
+        try:
+            return os.stat(os.path.join(self._root_str, META_DIR, ACCESSED_FILE)).st_mtime
+        except OSError:
+            return 0.0
 
     #: the summary kept under the store's generation (``summary_if_unchanged`` in O(1))
     #: is trusted this long at most: a change the generation cannot see (another

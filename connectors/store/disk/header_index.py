@@ -9,10 +9,18 @@ serving lookup trusts to skip re-hashing (:mod:`..lookup`): a replacement is a n
 tracking keeps mtime exactly. It also keeps the store's summary (``encache stats``) as of
 that index, used only when every entry still has its recorded version.
 
-It is a cache, never the source of truth: every scan still lists the directories and
-stats every entry file, and uses a record only when the file's version matches it — so a
-concurrent writer, a purge or an eviction between two index updates can never make a scan
-wrong (a replaced file does not match and is re-read; a removed one is not listed). A
+It is a cache, never the source of truth: a scan lists the directories and stats every
+entry file, and uses a record only when the file's version matches it — so a concurrent
+writer, a purge or an eviction between two index updates can never make a scan wrong (a
+replaced file does not match and is re-read; a removed one is not listed). One
+exception, the summary's trust model: an index saved under the store's generation token
+(``DiskStore.index_version``) that has not moved since, younger than ``DiskStore.
+SUMMARY_MAX_AGE_S``, and saved by a scan begun after the store's last access stamp, is
+the store: a scan yields its records without a listing or a ``stat`` (``list``,
+``purge`` plans and ``verify`` over a million unchanged entries: no million ``stat``
+calls). What it cannot see is what the summary cannot: another program rewriting an
+entry file in place, or reading it (the access time the kernel moves), for at most
+``SUMMARY_MAX_AGE_S``. A
 missing, unreadable or foreign-version index file is simply rebuilt by the next full scan,
 and so is one written by an encache that reads other entry formats or checksums
 (:data:`READS`): its verdicts (``newer-format`` for an entry this build reads) are not
@@ -40,12 +48,17 @@ import io
 import os
 import pickle
 import tempfile
+import time
 from pathlib import Path
 
 from ..entry import CHECKSUM_ALGOS, READ_FORMATS
 
 INDEX_FILE = "header-index.pickle"
-FORMAT = 6
+FORMAT = 7
+#: the disk store stamps its last access (``.encache/accessed``) at most this often per
+#: process: an index saved by a scan that began later than this after the stamp holds
+#: every access time encache recorded
+ACCESS_STAMP_S = 1.0
 
 #: the entry formats and checksum algorithms of the encache that wrote an index
 READS = [sorted(READ_FORMATS), list(CHECKSUM_ALGOS)]
@@ -84,41 +97,70 @@ def _read(meta_dir: Path) -> dict | None:
 def load(meta_dir: Path) -> dict:
     """``name -> (file_version, EntryInfo)``; {} when absent, unreadable or written by
     another format."""
+    return load_records(meta_dir)[0]
+
+
+def load_records(meta_dir: Path, token=None, max_age: float = 0.0,
+                 accessed: float = 0.0) -> tuple[dict, bool]:
+    """``(records as load() gives them, current)``. ``current``: the records are the
+    whole store as it is now, no entry needs a ``stat`` -- the index was saved under the
+    generation ``token`` (not None) by a scan that started less than ``max_age`` seconds
+    ago and more than ``ACCESS_STAMP_S`` after ``accessed`` (the store's last access
+    stamp: a load since then could have moved an entry's access time unrecorded)."""
     data = _read(meta_dir)
     if data is None:
-        return {}
+        return {}, False
     try:
         records = _Unpickler(io.BytesIO(data["records"])).load()
     except Exception:
-        return {}
-    return records if isinstance(records, dict) else {}
+        return {}, False
+    if not isinstance(records, dict):
+        return {}, False
+    started = data.get("started")
+    current = (token is not None and data.get("token") == token
+               and isinstance(started, float)
+               and 0 <= time.time() - started < max_age
+               and accessed < started - ACCESS_STAMP_S)
+    return records, current
 
 
 def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
     """``(name -> file_version, summary state)`` without building the records."""
     data = _read(meta_dir)
-    if data is None or not isinstance(data.get("versions"), dict):
+    if data is None:
         return {}, None
-    return data["versions"], data.get("summary")
+    try:
+        versions = _Unpickler(io.BytesIO(data["versions"])).load()
+    except Exception:
+        return {}, None
+    if not isinstance(versions, dict):
+        return {}, None
+    return versions, data.get("summary")
 
 
-def save(meta_dir: Path, records: dict, token=None) -> bool:
+def save(meta_dir: Path, records: dict, token=None, started: float | None = None) -> bool:
     """Write the index atomically (records, versions, summary); False (and nothing
     changed) if the store's metadata directory is not writable. ``token``: the store's
     generation the records are current under (taken before they were read, and still
-    the same after): the summary is also saved under it (:func:`save_current`)."""
+    the same after): the summary is also saved under it (:func:`save_current`), and a
+    scan may then take the records as the store (:func:`load_records`). ``started``:
+    when the scan that read them began (``time.time()``)."""
     from ..summary import summarize_entries
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-    versions = {name: rec[0] for name, rec in records.items()}
+    # (its own blob, as the records: a scan of an unchanged store reads neither's
+    # counterpart -- a million versions cost a second to unpickle)
+    versions = pickle.dumps({name: rec[0] for name, rec in records.items()},
+                            protocol=pickle.HIGHEST_PROTOCOL)
     try:
         meta_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
         return False
     if not _write(meta_dir, INDEX_FILE, {"format": FORMAT, "reads": READS,
                                          "versions": versions, "summary": state,
-                                         "records": blob}):
+                                         "records": blob, "token": token,
+                                         "started": started}):
         return False
     if token is not None:
         save_current(meta_dir, token, state)
@@ -148,8 +190,6 @@ SUMMARY_FILE = "summary.pickle"
 def save_current(meta_dir: Path, token, state: dict) -> bool:
     """Write the summary ``state`` keyed by the generation ``token`` it was made under
     (atomically; False if the metadata directory is not writable)."""
-    import time
-
     return _write(meta_dir, SUMMARY_FILE, {"format": FORMAT, "token": token,
                                            "saved": time.time(), "summary": state})
 
