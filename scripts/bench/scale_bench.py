@@ -483,35 +483,29 @@ def main(argv: list[str] | None = None) -> None:
             s["targets_met"]["verify_read_vs_cat"] = (s["verify_read_vs_cat"]
                                                       >= TARGETS["verify_vs_cat"])
     from redis_fixture import RedisServer  # (tests/: the suite's real servers)
-    if "redis" not in skip:
-        server = RedisServer(config={"save": "", "appendonly": "no"})
+    from redis_cluster_fixture import LocalCluster
+    servers = {
+        "redis": (rn, "redis-server, one process",
+                  lambda: RedisServer(config={"save": "", "appendonly": "no"})),
+        "cluster": (cn, "Redis Cluster, 3 primaries, no replicas",
+                    lambda: LocalCluster(primaries=3, replicas=0,
+                                         config={"save": "", "appendonly": "no"})),
+    }
+    for kind, (n, what, start) in servers.items():
+        if kind in skip:
+            continue
+        server = start()
         try:
-            print(f"redis: filling {rn:,} small entries", file=sys.stderr)
-            fill = fill_redis(server.url, rn)
-            b = {"entries": rn, "fill_s": fill, "entry": "16 x 64 F16 (2 KiB)",
-                 "server": "redis-server, one process"}
+            print(f"{kind}: filling {n:,} small entries", file=sys.stderr)
+            fill = fill_redis(server.url, n)
+            b = {"entries": n, "fill_s": fill, "entry": "16 x 64 F16 (2 KiB)", "server": what}
             b["cli"] = run_cases(cli_cases(server.url, lora, None), args.repeats)
             if "consumer" not in skip:
-                b["consumer"] = consumer(server.url, changes_for(rn))
+                b["consumer"] = consumer(server.url, changes_for(n))
             b["summary"] = summarize(b, lora)
-            result["backends"]["redis"] = b
+            result["backends"][kind] = b
         finally:
             server.stop()
-    if "cluster" not in skip:
-        from redis_cluster_fixture import LocalCluster
-        cluster = LocalCluster(primaries=3, replicas=0, config={"save": "", "appendonly": "no"})
-        try:
-            print(f"cluster: filling {cn:,} small entries", file=sys.stderr)
-            fill = fill_redis(cluster.url, cn)
-            b = {"entries": cn, "fill_s": fill, "entry": "16 x 64 F16 (2 KiB)",
-                 "server": "Redis Cluster, 3 primaries, no replicas"}
-            b["cli"] = run_cases(cli_cases(cluster.url, lora, None), args.repeats)
-            if "consumer" not in skip:
-                b["consumer"] = consumer(cluster.url, changes_for(cn))
-            b["summary"] = summarize(b, lora)
-            result["backends"]["cluster"] = b
-        finally:
-            cluster.stop()
     if args.fit_from and "disk" in result["backends"]:
         small = json.loads(args.fit_from.read_text())["backends"]["disk"]["summary"]
         big = result["backends"]["disk"]["summary"]
