@@ -17,12 +17,13 @@ what the model's HF processor made of the media in the API server; the same medi
 and processor settings give the same tensors in any process (tested across processes for
 LLaVA, Qwen2-VL, InternVL and Gemma 3, single images, several images and video).
 
-An entry whose writer computed its identifier from the item's own bytes (precompute:
+An entry whose identifier was computed from the item's own bytes (precompute's, and an
+online producer's content hashes where client uuids are namespaced apart, :mod:`.uuids`:
 header ``keyed_by: content``) is bound by that identifier: a consumer compares nothing
 (:func:`binding_to_check`), so its first load costs no digest.
 
-Cost: one blake3 pass over the inputs per request item that meets an entry another
-writer made, on every core from :data:`PARALLEL_BYTES` (a repeat whose inputs vLLM's
+Cost: one blake3 pass over the inputs per request item that meets an entry under a
+client uuid (or unbound), on every core from :data:`PARALLEL_BYTES` (a repeat whose inputs vLLM's
 processor cache hands back is remembered); docs/performance.md gives the measured figures.
 """
 

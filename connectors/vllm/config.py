@@ -95,8 +95,8 @@ class ConnectorConfig:
     skip_existing: bool = True
     # producer: every identifier this engine is given was computed from the item's own
     # bytes (encache precompute and warm set it): entries say so (``keyed_by``) and a
-    # consumer serves them without digesting its inputs (docs/security.md). Never on a
-    # server that takes client requests: it cannot tell a client's uuid from a hash
+    # consumer serves them without digesting its inputs (docs/security.md); the uuids it
+    # is given are not namespaced (.uuids). Never on a server that takes client requests
     content_keyed: bool = False
 
     ALIASES = ("store", "path", "shared_storage_path", "url")

@@ -4,7 +4,8 @@ Installed as the ``vllm.general_plugins`` entry point ``encache``; vLLM calls
 :func:`register` in every process it starts (API server, engine core, workers), so a
 config can say ``"ec_connector": "EncacheConnector"`` without a module path.
 ``EncacheDisk`` and ``EncacheRedis`` are aliases of the same class: the store URL in
-``ec_connector_extra_config`` picks the backend.
+``ec_connector_extra_config`` picks the backend. It also puts client uuids in a namespace
+of their own (:mod:`.uuids`: acts only for engines that use an encache connector).
 """
 
 from __future__ import annotations
@@ -22,3 +23,6 @@ def register() -> None:
             ECConnectorFactory.register_connector(name, MODULE, CONNECTOR_CLASS)
         except ValueError:  # already registered: vLLM may load plugins more than once
             pass
+    from . import uuids
+
+    uuids.install()

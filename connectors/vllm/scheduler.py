@@ -21,11 +21,12 @@ precomputed, or encoded by another encoder instance, is not encoded again.
 Entries are bound to their inputs (:mod:`.binding`, docs/security.md): a producer's
 scheduler digests the processed inputs of each item it encodes and ships the digest to
 its worker, which stamps it into the entry; a consumer's ``has_cache_item`` digests the
-inputs a request carries for a staged entry and refuses one bound to other inputs (a
-client-chosen ``uuid`` naming another image: the request encodes its own pixels, counted
-``binding_mismatches`` / ``misses_binding``). A miss costs no digest, nor does an entry
-whose writer keyed it by its content (``keyed_by``: precompute computes each identifier
-from the item's bytes, so the identifier binds it). An encoder-only producer skips only
+inputs a request carries for a staged entry and refuses one bound to other inputs
+(another client's pixels under the same client ``uuid``: the request encodes its own
+pixels, counted ``binding_mismatches`` / ``misses_binding``). A miss costs no digest, nor
+does an entry whose writer keyed it by its content (``keyed_by``: precompute computes
+each identifier from the item's bytes; an online producer's vLLM hashed it from them,
+client uuids being namespaced apart, :mod:`.uuids`). An encoder-only producer skips only
 an item whose entry is bound to its own inputs.
 
 A consumer item that arrives *metadata-only* (vLLM's EPD proxy rewrites media into
@@ -53,6 +54,7 @@ from ..ratelimit import RateLimitedLog
 from ..store import memfd
 from ..store.keys import split_lora
 from .binding import binding_to_check, item_binding
+from .uuids import applies, is_content_hash
 from .config import ConnectorConfig
 from .device_copy import HostStaging
 from .metadata import EncacheConnectorMetadata
@@ -127,6 +129,8 @@ class EncacheSchedulerConnector:
         self._encoded_bindings: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._binding_warned: set[str] = set()
         self._refused: set[str] = set()  # refused this step (a miss of reason "binding")
+        # client uuids are namespaced here (.uuids): producers key content hashes by content
+        self._content_hashes_keyed = applies(vllm_config)
         self._check_capacity()
 
     def _check_capacity(self) -> None:
@@ -270,10 +274,12 @@ class EncacheSchedulerConnector:
         self._note_inputs(request)
         pending = self._start_loads(request, num_computed_tokens)
         if pending and self._inline_budget > 0:
-            # an EPD encoder's write in flight (not stored yet: not precompute's, keyed
-            # by content): digest the inputs its entry will be compared with meanwhile
+            # an EPD encoder's write in flight under a client uuid (not stored yet, and
+            # not a content hash its producer keys by content): digest the inputs its
+            # entry will be compared with meanwhile
             for identifier in pending:
-                if not self.lookup.probably_stored(identifier):
+                if not (self.lookup.probably_stored(identifier)
+                        or (self._content_hashes_keyed and is_content_hash(identifier))):
                     self._binding_for(identifier)
             # Most loads take well under a millisecond: wait for them here (a bounded
             # budget per scheduler step) rather than deferring the request by a whole step.

@@ -29,6 +29,7 @@ import torch
 
 from ..store.entry import KEYED_BY_CONTENT
 from ..store.keys import split_lora
+from .uuids import content_keying, is_content_hash
 from .writer import EntryWriter
 from .config import ConnectorConfig
 from .device_copy import DeviceCopier
@@ -54,8 +55,12 @@ class EncacheWorkerConnector:
         self.encoder_config = encoder_config
         self.writer: EntryWriter | None = None
         self.save_wait_s = config.save_wait_s
-        #: stamped into every entry written here (``content``: precompute's own identifiers)
-        self.keyed_by = KEYED_BY_CONTENT if config.content_keyed else ""
+        #: every entry written here is keyed by its content (precompute's own identifiers)
+        self.content_keyed = config.content_keyed
+        #: ... or those whose identifier vLLM hashed from the item's bytes, where client
+        #: uuids are namespaced (.uuids: decided here as in the API server, no message)
+        self.content_hashes_keyed = (is_producer and not config.content_keyed
+                                     and content_keying(vllm_config))
         self.counters_flush_s = config.counters_flush_s
         self._flushed_at = time.monotonic()
         self._step_saves: list = []  # (identifier, future) of this step's writes
@@ -162,9 +167,16 @@ class EncacheWorkerConnector:
             model=self.model_id, vllm_version=vllm_version, hash_algo=self.hash_algo,
             encoder_config=self.encoder_config,
             lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "",
-            binding=self._bindings.pop(mm_hash, ""), keyed_by=self.keyed_by)
+            binding=self._bindings.pop(mm_hash, ""), keyed_by=self.keyed_by(mm_hash))
         if self.save_wait_s > 0:
             self._step_saves.append((mm_hash, future))
+
+    def keyed_by(self, identifier: str) -> str:
+        """The entry's ``keyed_by``: ``content`` when its identifier was computed from the
+        item's bytes (by precompute, or by vLLM where client uuids cannot pass for one)."""
+        if self.content_keyed or (self.content_hashes_keyed and is_content_hash(identifier)):
+            return KEYED_BY_CONTENT
+        return ""
 
     def end_step(self) -> None:
         """The step's end (vLLM's ``get_finished``): wait until this step's writes are in

@@ -1,11 +1,15 @@
 """Entries bound to their inputs, on real engines: a client-chosen uuid cannot poison the store.
 
 The attack: a client sends image A to a producer with ``uuid`` set to image B's identifier
-(anyone who has B can compute it), so A's encoder output is stored under B's key. A later
-request for B (no uuid) on a consumer must be answered from B's own pixels: the entry's
-binding (a digest of the inputs the producer's tower consumed, :mod:`encache.connectors.
-vllm.binding`) is not B's, so the consumer refuses it, encodes B, and counts the refusal.
-An honest uuid (the same pixels under a client's own uuid) and precompute still hit.
+(anyone who has B can compute it). Client uuids live in a namespace of their own
+(:mod:`encache.connectors.vllm.uuids`): A's output lands under ``uuid=…``, never under B's
+identifier, and a later request for B (no uuid) on a consumer is answered from B's own
+pixels. Two clients that pick one uuid for different pixels meet the binding (a digest
+of the inputs the producer's tower consumed, :mod:`encache.connectors.vllm.binding`): the
+consumer refuses the entry, encodes its own pixels and counts the refusal. An honest uuid
+(the same pixels under a client's own uuid) and precompute still hit; an online
+producer's entry for an item it hashed itself is keyed by content, so a consumer's first
+load of it digests nothing.
 
 Engines run in-process and one at a time (a reference, the producer, the consumer).
 """
@@ -18,6 +22,7 @@ import pytest
 
 from encache.connectors.store import open_store
 from encache.connectors.vllm.hashing import identify_file
+from encache.connectors.vllm.uuids import uuid_identifier
 from engine_support import (PRECOMPUTE_KW, EncoderCounter, TowerTap, consumer_config,
                             data_url, make_llm, shutdown)
 
@@ -63,72 +68,92 @@ def _wait_counter(store: str, name: str, want: float, timeout: float = 10) -> di
         time.sleep(0.1)
 
 
-def test_planted_entry_is_refused_and_honest_uuid_hits(tiny_model, pages, reference, tmp_path):
+def _saved(producer) -> None:
+    from vllm.distributed.ec_transfer import get_ec_transfer
+    assert get_ec_transfer().wait_for_saves(30)
+
+
+def _count_digests(monkeypatch) -> list:
+    """Every input digest the consumer's scheduler computes from now on (one per call)."""
+    from encache.connectors.vllm import scheduler as scheduler_mod
+    digests: list = []
+    real = scheduler_mod.item_binding
+    monkeypatch.setattr(scheduler_mod, "item_binding",
+                        lambda data: digests.append(1) or real(data))
+    return digests
+
+
+def test_a_client_uuid_never_names_content_and_honest_uuids_hit(tiny_model, pages, reference,
+                                                                 tmp_path):
     a, b, c = pages
     assert reference[a] != reference[b], "the tiny model must tell the two pages apart"
     store = str(tmp_path / "store")
     b_id = identify_file(b, tiny_model).identifier
+    honest = "client-chosen-id-for-c"
 
     producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
     try:
         # the attack: A's pixels under B's identifier; an honest client's own uuid for C
-        chat(producer, [(a, b_id), (c, "client-chosen-id-for-c")])
-        from vllm.distributed.ec_transfer import get_ec_transfer
-        assert get_ec_transfer().wait_for_saves(30)
+        chat(producer, [(a, b_id), (c, honest)])
+        _saved(producer)
     finally:
         shutdown(producer)
-    planted = open_store(store).stat(b_id).meta
-    assert planted.binding.startswith("blake3:")
+    s = open_store(store)
+    assert not s.contains(b_id), "a client uuid named a content hash"
+    planted = s.stat(uuid_identifier(b_id)).meta
+    assert planted.binding.startswith("blake3:") and planted.keyed_by == ""
+    assert s.stat(uuid_identifier(honest)).meta.keyed_by == ""
+    assert uuid_identifier(honest).startswith("uuid=") and ":" not in uuid_identifier(honest)
 
     counter = EncoderCounter()
     consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
     try:
         counter.reset()
         # an honest client uuid: the same pixels under it -- a hit
-        assert chat(consumer, [(c, "client-chosen-id-for-c")]) == [reference[c]]
+        assert chat(consumer, [(c, honest)]) == [reference[c]]
         assert counter.items == 0
-        # B asked about without a uuid: answered from B's own pixels, not A's output
+        # B asked about without a uuid: nothing stored under B's identifier, B encoded
         assert chat(consumer, [(b, None)]) == [reference[b]]
         assert counter.items == 1
+        # B sent under the attacker's uuid: the entry there is A's, bound to A: refused
+        assert chat(consumer, [(b, b_id)]) == [reference[b]]
+        assert counter.items == 2
         counters = _wait_counter(store, "misses_binding", 1)
         assert counters.get("binding_mismatches") == 1 and counters.get("misses_binding") == 1
         assert counters.get("hits") == 1
     finally:
         shutdown(consumer)
     # the planted entry was served to nobody and is still there (a consumer writes nothing)
-    assert open_store(store).stat(b_id).meta.binding == planted.binding
+    assert open_store(store).stat(uuid_identifier(b_id)).meta.binding == planted.binding
 
 
-def test_encoder_reencodes_a_planted_entry_and_replaces_it(tiny_model, pages, reference,
-                                                          tmp_path):
-    """An encoder-only producer (EPD) does not skip an item whose stored entry is bound to
-    other pixels: it encodes the request's own and overwrites the entry, so a PD instance
-    that loads it next (with or without the pixels) gets B's output."""
+def test_encoder_reencodes_an_entry_bound_to_other_pixels_and_replaces_it(
+        tiny_model, pages, reference, tmp_path):
+    """Two clients pick one uuid for different pixels: an encoder-only producer (EPD) does
+    not skip the second client's item for the first one's entry: it encodes the
+    request's own pixels and overwrites the entry, so a PD instance that loads it next
+    gets the second client's output."""
     a, b, _ = pages
     store = str(tmp_path / "store")
-    b_id = identify_file(b, tiny_model).identifier
+    shared = "a-uuid-two-clients-picked"
+    uuid_id = uuid_identifier(shared)
     tap = TowerTap(tiny_model)
     producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
     try:
-        from vllm.distributed.ec_transfer import get_ec_transfer
-        chat(producer, [(a, b_id)])
-        assert get_ec_transfer().wait_for_saves(30)
-        planted = open_store(store).stat(b_id).meta.binding
-        # a second encoder instance would find the entry; this one's own encoder cache holds
-        # the planted output under b_id too, so the honest request goes to a fresh engine
+        chat(producer, [(a, shared)])
+        _saved(producer)
+        first = open_store(store).stat(uuid_id).meta.binding
+        # this engine's own encoder cache now holds A under the uuid: a fresh one follows
     finally:
         shutdown(producer)
     producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
     try:
-        from vllm.distributed.ec_transfer import get_ec_transfer
         tap.on = True
-        chat(producer, [(b, None)])
-        assert len(tap.items) == 1, "the encoder skipped B for the planted entry"
-        assert get_ec_transfer().wait_for_saves(30)
-        honest = open_store(store).stat(b_id).meta.binding
-        assert honest and honest != planted
-        tap.items.clear()
-        chat(producer, [(b, None)])  # a second request for B: vLLM's own encoder cache
+        chat(producer, [(b, shared)])
+        assert len(tap.items) == 1, "the encoder skipped B for the other client's entry"
+        _saved(producer)
+        second = open_store(store).stat(uuid_id).meta.binding
+        assert second and second != first
     finally:
         tap.close()
         shutdown(producer)
@@ -136,20 +161,46 @@ def test_encoder_reencodes_a_planted_entry_and_replaces_it(tiny_model, pages, re
     counter = EncoderCounter()
     try:
         counter.reset()
-        assert chat(consumer, [(b, None)]) == [reference[b]]
+        assert chat(consumer, [(b, shared)]) == [reference[b]]
         assert counter.items == 0  # the replaced entry is B's: a hit
     finally:
         shutdown(consumer)
 
 
-def test_precomputed_entries_load_without_a_digest_and_a_plant_over_one_is_refused(
+def test_an_online_producers_content_hashed_entry_loads_without_a_digest(
         tiny_model, pages, reference, tmp_path, monkeypatch):
-    """Precompute computes each identifier from the item's bytes, so its entries say so
-    (``keyed_by: content``) and a consumer serves them without digesting the request's
-    inputs (a first load pays no binding). An online producer cannot tell a client's uuid
-    from a hash: its entries are not keyed by content, so a plant over a precomputed
-    entry is digested and refused as any other."""
-    from encache.connectors.vllm import scheduler as scheduler_mod
+    """A request without a uuid: vLLM hashes the item's bytes, client uuids cannot reach
+    that identifier, so the online producer stamps the entry ``keyed_by: content`` and a
+    consumer's first load of it digests nothing."""
+    a, b, _ = pages
+    store = str(tmp_path / "store")
+    producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
+    try:
+        chat(producer, [(a, None), (b, None)])
+        _saved(producer)
+    finally:
+        shutdown(producer)
+    for p in (a, b):
+        meta = open_store(store).stat(identify_file(p, tiny_model).identifier).meta
+        assert meta.keyed_by == "content" and meta.binding.startswith("blake3:")
+    digests = _count_digests(monkeypatch)
+    counter = EncoderCounter()
+    consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
+    try:
+        counter.reset()
+        assert chat(consumer, [(a, None), (b, None)]) == [reference[a], reference[b]]
+        assert counter.items == 0 and digests == []  # hits, and no input digested
+    finally:
+        shutdown(consumer)
+
+
+def test_precomputed_entries_load_without_a_digest_and_a_client_uuid_cannot_replace_one(
+        tiny_model, pages, reference, tmp_path, monkeypatch):
+    """Precompute computes each identifier from the item's bytes and passes it as the
+    item's uuid, unmapped (``content_keyed``): its entries land where a request without a
+    uuid looks, say so (``keyed_by: content``), and a consumer serves them without
+    digesting the request's inputs. A client that sends A under B's identifier writes to
+    the uuid namespace: the precomputed entry for B is untouched and still hits."""
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     a, b, _ = pages
     root = tmp_path / "corpus"
@@ -164,11 +215,18 @@ def test_precomputed_entries_load_without_a_digest_and_a_plant_over_one_is_refus
     for p in pages:
         meta = open_store(store).stat(identify_file(p, tiny_model).identifier).meta
         assert meta.keyed_by == "content" and meta.binding.startswith("blake3:")
+    assert not any(e.startswith("uuid=") for e in _identifiers(store))
 
-    digests = []
-    real = scheduler_mod.item_binding
-    monkeypatch.setattr(scheduler_mod, "item_binding",
-                        lambda data: digests.append(1) or real(data))
+    producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
+    try:
+        chat(producer, [(a, b_id)])  # A's pixels under the precomputed B's identifier
+        _saved(producer)
+    finally:
+        shutdown(producer)
+    assert open_store(store).stat(b_id).meta.keyed_by == "content"
+    assert open_store(store).contains(uuid_identifier(b_id))
+
+    digests = _count_digests(monkeypatch)
     counter = EncoderCounter()
     consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
     try:
@@ -178,21 +236,6 @@ def test_precomputed_entries_load_without_a_digest_and_a_plant_over_one_is_refus
     finally:
         shutdown(consumer)
 
-    producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
-    try:
-        chat(producer, [(a, b_id)])  # A's pixels over the precomputed entry for B
-        from vllm.distributed.ec_transfer import get_ec_transfer
-        assert get_ec_transfer().wait_for_saves(30)
-    finally:
-        shutdown(producer)
-    planted = open_store(store).stat(b_id).meta
-    assert planted.keyed_by == "" and planted.binding.startswith("blake3:")
-    consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
-    try:
-        counter.reset()
-        assert chat(consumer, [(b, None)]) == [reference[b]]
-        assert counter.items == 1 and digests  # digested, refused, B encoded
-        counters = _wait_counter(store, "misses_binding", 1)
-        assert counters.get("binding_mismatches") == 1
-    finally:
-        shutdown(consumer)
+
+def _identifiers(store: str) -> list[str]:
+    return list(open_store(store).identifiers())

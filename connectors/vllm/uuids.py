@@ -1,0 +1,210 @@
+"""Client uuids in a namespace of their own, so a content hash names only content.
+
+vLLM lets a client name an item (a chat part's ``"uuid"``, ``multi_modal_uuids``): the
+item's identifier is then that string, not a hash of the pixels, and the engine core
+cannot tell the two apart. encache maps every client uuid, in the API server, to
+:func:`uuid_identifier` -- ``"uuid="`` followed by 64 hex digits of blake3 over the
+uuid's UTF-8 bytes -- before vLLM uses it. Such an identifier is never hex (vLLM's
+content hashes are), holds no ``:`` (vLLM prefixes ``"{lora_name}:"`` after this, in
+``InputProcessor._get_mm_identifier``), and is a file name the disk store keeps verbatim.
+The same uuid maps to the same identifier on every server (EPD: the proxy sends one uuid
+to the encoder and to prefill/decode), a uuid-only reference (a uuid with no data:
+vLLM's cache reference) maps as the item it refers to did, and an identifier already in
+the namespace maps to itself (a proxy may send PD the encoder's reported identifier).
+
+Where vLLM hashes a given uuid again (request ``mm_processor_kwargs`` /
+``media_io_kwargs`` hash factors, a model's own ``_get_mm_hashes`` such as H2OVL's), the
+result is hex: it is mapped to ``"uuid="`` + that digest, so an item a client named stays
+in the namespace whatever vLLM did with the name.
+
+So an identifier outside the namespace (:func:`is_content_hash`) was computed by vLLM
+from the item's bytes, and an online producer stamps its entry ``keyed_by: content``
+(:func:`content_keying`): a consumer serves it without digesting its inputs. Entries
+under the namespace keep the binding check (two clients may pick one uuid for different
+pixels).
+
+The patch wraps ``BaseRenderer._process_multimodal`` (``vllm/renderers/base.py``, the
+same in vLLM 0.32 and 0.34: every chat, completion and ``LLM`` request's media go
+through it, with the request's uuids and the engine's ``VllmConfig``). It is installed by
+the general plugin in every process and acts only for a renderer whose engine uses an
+encache connector that is not ``content_keyed`` (encache's own precompute and warm pass
+identifiers they computed from the bytes: those must land where a request without a uuid
+looks). A vLLM without that function (:func:`patch_target`) is left alone, said once, and
+content keying is not claimed.
+
+How the engine core knows: it runs the same installed vLLM and encache, with the same
+``VLLM_PLUGINS``, as the API server that launched it, and the check (:func:`applies`) is
+a pure function of those and of the engine's config; so the worker evaluates it itself.
+Not covered: vLLM's scale-out token endpoints (``--enable-scale-out``) take item hashes
+from the client as given; docs/security.md says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import re
+
+from blake3 import blake3
+
+from ..store.keys import split_lora
+from . import CONNECTOR_MODULE
+from .plugin import CONNECTOR_NAMES
+
+log = logging.getLogger("encache.connector")
+
+#: every client-named item's identifier starts with this (before any LoRA prefix)
+UUID_PREFIX = "uuid="
+#: vLLM's content hashes: hex digests (blake3 / sha256: 64 digits, sha512: 128)
+_CONTENT_HASH = re.compile(r"[0-9a-f]{64}|[0-9a-f]{128}")
+_PLUGIN = "encache"  # the general-plugin entry point's name (pyproject.toml)
+
+
+def uuid_identifier(uuid: str) -> str:
+    """The identifier an item a client names ``uuid`` is stored under, on every server.
+    A uuid already in the namespace is kept: a proxy may hand PD the identifier the
+    encoder reported (``ec_transfer_params`` keys) rather than the uuid it sent."""
+    if in_namespace(uuid):
+        return uuid
+    return UUID_PREFIX + blake3(uuid.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def in_namespace(mm_hash: str) -> bool:
+    """Whether a (LoRA-less) item hash is in the client-uuid namespace."""
+    return mm_hash.startswith(UUID_PREFIX) and _CONTENT_HASH.fullmatch(
+        mm_hash[len(UUID_PREFIX):]) is not None
+
+
+def is_content_hash(identifier: str) -> bool:
+    """Whether ``identifier`` (LoRA prefix allowed) is one vLLM computed from the item's
+    bytes: hex of a digest's length. A client uuid is never one where :func:`applies`;
+    vLLM's request-local names (both caches off: ``renderer0-mm-1-image-0``) are not."""
+    return _CONTENT_HASH.fullmatch(split_lora(identifier)[1]) is not None
+
+
+def namespaces(ec_transfer_config) -> bool:
+    """Whether an engine with this ``ec_transfer_config`` maps client uuids: it uses an
+    encache connector (any role) that was not told its identifiers are content hashes."""
+    if ec_transfer_config is None:
+        return False
+    name = getattr(ec_transfer_config, "ec_connector", None)
+    module = getattr(ec_transfer_config, "ec_connector_module_path", None)
+    if name not in CONNECTOR_NAMES and module != CONNECTOR_MODULE:
+        return False
+    extra = getattr(ec_transfer_config, "ec_connector_extra_config", None) or {}
+    return extra.get("content_keyed") is not True
+
+
+def plugin_enabled() -> bool:
+    """Whether vLLM loads encache's general plugin in this environment (``VLLM_PLUGINS``
+    unset, or naming it), as it does in the API server that started this engine."""
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return allowed is None or _PLUGIN in [p.strip() for p in allowed.split(",")]
+
+
+@functools.lru_cache(maxsize=1)
+def patch_target():
+    """vLLM's ``BaseRenderer`` when its ``_process_multimodal`` takes ``mm_uuids`` and
+    returns the item hashes (what the patch wraps), else None."""
+    try:
+        from vllm.renderers.base import BaseRenderer
+    except Exception:  # noqa: BLE001 - another vLLM layout
+        return None
+    fn = getattr(BaseRenderer, "_process_multimodal", None)
+    if fn is None:
+        return None
+    fn = getattr(fn, "__wrapped__", fn)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    return BaseRenderer if "mm_uuids" in params else None
+
+
+def applies(vllm_config) -> bool:
+    """Whether client uuids are namespaced for this engine's requests: its connector asks
+    for it (:func:`namespaces`), the plugin is loaded, and this vLLM has the function the
+    patch wraps. Deterministic for one installation, environment and config: the API
+    server's renderer and the engine core's worker agree without talking."""
+    return (namespaces(getattr(vllm_config, "ec_transfer_config", None))
+            and plugin_enabled() and patch_target() is not None)
+
+
+def content_keying(vllm_config) -> bool:
+    """Whether an online producer may stamp an entry whose identifier is a content hash
+    ``keyed_by: content`` (:func:`applies`). An encache engine on a vLLM the patch does
+    not know says so in one line: its entries keep the binding check."""
+    if applies(vllm_config):
+        return True
+    if namespaces(getattr(vllm_config, "ec_transfer_config", None)) and plugin_enabled():
+        log.warning("encache: this vLLM has no BaseRenderer._process_multimodal(mm_uuids=...) "
+                    "to namespace client uuids in: every entry written here is checked "
+                    "against a request's inputs when loaded")
+    return False
+
+
+def install() -> None:
+    """Wrap ``BaseRenderer._process_multimodal`` (once per process; nothing on a vLLM
+    without it: :func:`content_keying` says so for an encache engine)."""
+    target = patch_target()
+    if target is None:
+        return
+    original = target._process_multimodal
+    if getattr(original, "_encache_uuids", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _process_multimodal(self, *args, **kwargs):
+        on = getattr(self, "_encache_uuids_on", None)
+        if on is None:
+            on = applies(getattr(self, "config", None))
+            self._encache_uuids_on = on
+        if not on:
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        given = bound.arguments.get("mm_uuids")
+        if not given:
+            return original(self, *args, **kwargs)
+        bound.arguments["mm_uuids"] = _mapped(given)
+        out = original(*bound.args, **bound.kwargs)
+        _keep_in_namespace(out, given)
+        return out
+
+    _process_multimodal._encache_uuids = True
+    target._process_multimodal = _process_multimodal
+
+
+def _mapped(mm_uuids: dict) -> dict:
+    """``multi_modal_uuids`` with every given uuid mapped by :func:`uuid_identifier`."""
+    out = {}
+    for modality, uuids in mm_uuids.items():
+        if isinstance(uuids, str):
+            out[modality] = uuid_identifier(uuids)
+        elif uuids is None:
+            out[modality] = None
+        else:
+            out[modality] = [None if u is None else uuid_identifier(u) for u in uuids]
+    return out
+
+
+def _keep_in_namespace(mm_input, given: dict) -> None:
+    """Put back in the namespace each hash of an item a client named that vLLM hashed
+    again (hash factors, a model's own ``_get_mm_hashes``). Where the hashes' modalities
+    do not line up with the uuids' (a model's unified modality), every hash of the
+    request goes in: such items then keep the binding check."""
+    hashes = mm_input.get("mm_hashes") if isinstance(mm_input, dict) else None
+    if not hashes:
+        return
+    named = {m: ([u] if isinstance(u, str) else list(u or ())) for m, u in given.items()}
+    aligned = all(m in hashes and len(hashes[m]) == len(u) for m, u in named.items() if u)
+    for modality, items in list(hashes.items()):
+        uuids = named.get(modality) if aligned else None
+        kept = list(items)
+        for i, mm_hash in enumerate(kept):
+            named_here = uuids is not None and i < len(uuids) and uuids[i] is not None
+            if (named_here or not aligned) and not in_namespace(mm_hash):
+                kept[i] = UUID_PREFIX + mm_hash
+        hashes[modality] = kept
