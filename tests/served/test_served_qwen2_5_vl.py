@@ -21,6 +21,7 @@ import pytest
 from encache.connectors.encoder_config import encoder_config_digest
 from encache.connectors.store import open_store
 from encache.connectors.vllm.hashing import identify_file
+from encache.connectors.vllm.uuids import uuid_identifier
 from engine_support import PRECOMPUTE_KW
 from served_support import (
     Reference,
@@ -195,19 +196,19 @@ def test_metadata_only_items_load_from_the_store_or_fail_their_request_alone(qwe
     server, store = qwen["servers"]["ec"], qwen["store"]
     path = qwen["images"]["main"]["square_png"]
     grid = grid_thw(path)
-    # the encoder stored this image under the proxy's uuid (a copy of its entry)
+    # the encoder stored this image under the proxy's uuid's identifier (a copy of its entry)
     s = open_store(store)
     blob = s.get(identify_file(path, qwen["model"]).identifier)
     meta, off = validate_blob(blob)
     assert meta.shape[0] == grid[0] * grid[1] * grid[2] // 4, (meta.shape, grid)
     uuid = "proxy-uuid/page 1"
-    header, view = encode_parts(uuid, bytes(blob[off:off + meta.data_bytes]), meta.dtype,
+    header, view = encode_parts(uuid_identifier(uuid), bytes(blob[off:off + meta.data_bytes]), meta.dtype,
                                 meta.shape, model=meta.model, vllm_version=meta.vllm_version,
                                 hash_algo=meta.hash_algo, encoder_config=meta.encoder_config)
-    s.put(uuid, header + bytes(view))
+    s.put(uuid_identifier(uuid), header + bytes(view))
     corrupt = bytearray(header + bytes(view))
     corrupt[-7] ^= 0xFF
-    s.put("proxy-uuid/corrupt", bytes(corrupt))
+    s.put(uuid_identifier("proxy-uuid/corrupt"), bytes(corrupt))
 
     keys = ("hits", "misses", "unavailable", "unavailable_late", "unavailable_corrupt")
     before, items = s.read_counters(), server.encoder_log.count()

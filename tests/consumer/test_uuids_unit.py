@@ -1,0 +1,90 @@
+"""Client uuids in their own namespace (encache.connectors.vllm.uuids): the mapping, which
+engines it applies to, and the hashes vLLM computes again from a mapped uuid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from encache.connectors.vllm import transfer_config, uuids
+
+HEX64 = "0123456789abcdef" * 4
+
+
+def _config(role="ec_producer", **extra):
+    return SimpleNamespace(ec_transfer_config=SimpleNamespace(
+        **transfer_config("/tmp/store", role, extra or None)))
+
+
+def test_a_uuid_maps_to_one_identifier_everywhere_that_is_never_a_content_hash():
+    mapped = uuids.uuid_identifier("doc-7/page 3")
+    assert mapped.startswith("uuid=") and ":" not in mapped and len(mapped) == 69
+    assert not uuids.is_content_hash(mapped) and uuids.in_namespace(mapped)
+    from encache.connectors.store.keys import is_verbatim
+    assert is_verbatim(mapped)  # its own file name in a disk store
+    there = subprocess.run(
+        [sys.executable, "-c", "from encache.connectors.vllm.uuids import uuid_identifier;"
+                               "print(uuid_identifier('doc-7/page 3'))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    assert there == mapped  # the same on every server
+    # a content hash given as a uuid is mapped like any uuid; an identifier already in
+    # the namespace (the encoder's reported key, handed back by a proxy) maps to itself
+    assert uuids.uuid_identifier(HEX64) != HEX64
+    assert uuids.uuid_identifier(mapped) == mapped
+    assert uuids.uuid_identifier("uuid=not-hex").startswith("uuid=")
+    assert uuids.uuid_identifier("uuid=not-hex") != "uuid=not-hex"
+
+
+@pytest.mark.parametrize("identifier,content", [
+    (HEX64, True), ("lora-a:" + HEX64, True), (HEX64 * 2, True),
+    ("uuid=" + HEX64, False), ("lora-a:uuid=" + HEX64, False),
+    ("renderer0-mm-1-image-0", False), (HEX64[:-1], False), (HEX64.upper(), False)])
+def test_content_hashes_are_hex_digests_with_or_without_a_lora_prefix(identifier, content):
+    assert uuids.is_content_hash(identifier) is content
+
+
+def test_only_engines_with_an_encache_connector_that_is_not_content_keyed_map_uuids():
+    assert uuids.namespaces(_config().ec_transfer_config)
+    assert uuids.namespaces(_config("ec_consumer").ec_transfer_config)
+    assert not uuids.namespaces(_config(content_keyed=True).ec_transfer_config)
+    assert not uuids.namespaces(None)
+    other = SimpleNamespace(ec_connector="ECExampleConnector", ec_connector_module_path=None,
+                            ec_connector_extra_config={})
+    assert not uuids.namespaces(other)
+    alias = SimpleNamespace(ec_connector="EncacheRedis", ec_connector_module_path=None,
+                            ec_connector_extra_config={"store": "redis://x"})
+    assert uuids.namespaces(alias)
+    assert uuids.patch_target() is not None  # this vLLM has the function the patch wraps
+    assert uuids.applies(_config()) and uuids.content_keying(_config())
+    assert not uuids.applies(SimpleNamespace(ec_transfer_config=None))
+
+
+def test_without_the_plugin_or_the_patch_target_nothing_is_claimed(monkeypatch, caplog):
+    monkeypatch.setenv("VLLM_PLUGINS", "someone-else")
+    assert not uuids.applies(_config())
+    monkeypatch.setenv("VLLM_PLUGINS", "someone-else, encache")
+    assert uuids.applies(_config())
+    monkeypatch.delenv("VLLM_PLUGINS")
+    monkeypatch.setattr(uuids, "patch_target", lambda: None)
+    with caplog.at_level("WARNING", logger="encache.connector"):
+        assert not uuids.content_keying(_config())
+    assert [r for r in caplog.records if "namespace client uuids" in r.getMessage()]
+
+
+def test_the_request_uuids_are_mapped_and_what_vllm_hashed_again_stays_in_the_namespace():
+    given = {"image": ["mine", None], "video": "clip"}
+    mapped = uuids._mapped(given)
+    assert mapped == {"image": [uuids.uuid_identifier("mine"), None],
+                      "video": uuids.uuid_identifier("clip")}
+    # hash factors: vLLM hashed the mapped uuid again (hex); the item without one is content
+    out = {"mm_hashes": {"image": [HEX64, "f" * 64], "video": [uuids.uuid_identifier("clip")]}}
+    uuids._keep_in_namespace(out, given)
+    assert out["mm_hashes"] == {"image": ["uuid=" + HEX64, "f" * 64],
+                                "video": [uuids.uuid_identifier("clip")]}
+    # modalities that do not line up (a model's unified modality): every hash goes in
+    out = {"mm_hashes": {"vision_chunk": [HEX64, "f" * 64]}}
+    uuids._keep_in_namespace(out, {"image": ["mine"]})
+    assert out["mm_hashes"] == {"vision_chunk": ["uuid=" + HEX64, "uuid=" + "f" * 64]}
