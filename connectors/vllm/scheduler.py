@@ -199,6 +199,7 @@ class EncacheSchedulerConnector:
         key, data = noted
         if key not in self._request_bindings:
             self._request_bindings[key] = item_binding(data)
+            self.lookup.count("inputs_digested")
         return self._request_bindings[key]
 
     def _bindings_of(self, request: Request) -> None:

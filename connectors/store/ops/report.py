@@ -178,6 +178,8 @@ def build_stats(store, url: str, *, workers: int = 1, open_url: str | None = Non
         "lora_stale": c("lora_stale"),
         # entries computed from other inputs than a request's (not served: docs/security.md)
         "binding_mismatches": c("binding_mismatches"),
+        # consumers' digests of a request's inputs (entries under client uuids, unbound)
+        "inputs_digested": c("inputs_digested"),
         # consumers' checksum passes, and first loads that skipped one (verified this boot)
         "checksums": c("checksums"),
         "checksums_skipped": c("checksums_skipped"),
