@@ -22,10 +22,11 @@ writes and reads — with encache's bookkeeping in the safetensors ``__metadata_
                     item (:mod:`encache.connectors.vllm.binding`): a consumer holding the
                     item's inputs serves the entry only if they digest the same; absent
                     when the producer had no inputs to digest
-    keyed_by        ``content`` when the writer computed the identifier from the item's
-                    own bytes (``encache precompute``, ``warm``): the identifier is then
-                    itself a binding of the media; absent for an identifier the writer was
-                    given (a client ``uuid`` or vLLM's hash: it cannot tell them apart)
+    keyed_by        ``content`` when the identifier was computed from the item's own
+                    bytes (``encache precompute``, ``warm``; a server's vLLM hash where
+                    client uuids are namespaced apart, :mod:`encache.connectors.vllm.uuids`):
+                    the identifier is then itself a binding of the media; absent for a
+                    client uuid's identifier, or where the writer cannot tell
 
 A file without ``encache_format`` is a *legacy* entry (written by ECExampleConnector):
 still listable and loadable, but without an integrity check.

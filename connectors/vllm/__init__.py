@@ -10,6 +10,8 @@ of the CLI never pay for it.
 CONNECTOR_MODULE = "encache.connectors.vllm.connector"
 #: the class in that module (also registered under aliases by :mod:`.plugin`)
 CONNECTOR_CLASS = "EncacheConnector"
+#: the names an ``ec_connector`` may give it (the store URL picks the backend)
+CONNECTOR_NAMES = (CONNECTOR_CLASS, "EncacheDisk", "EncacheRedis")
 #: the roles an encache connector takes (``ec_role``)
 ROLES = ("ec_consumer", "ec_producer", "ec_both")
 

@@ -10,9 +10,7 @@ of their own (:mod:`.uuids`: acts only for engines that use an encache connector
 
 from __future__ import annotations
 
-from . import CONNECTOR_CLASS, CONNECTOR_MODULE as MODULE
-
-CONNECTOR_NAMES = (CONNECTOR_CLASS, "EncacheDisk", "EncacheRedis")
+from . import CONNECTOR_CLASS, CONNECTOR_MODULE as MODULE, CONNECTOR_NAMES
 
 
 def register() -> None:

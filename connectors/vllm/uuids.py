@@ -50,8 +50,7 @@ import re
 from blake3 import blake3
 
 from ..store.keys import split_lora
-from . import CONNECTOR_MODULE
-from .plugin import CONNECTOR_NAMES
+from . import CONNECTOR_MODULE, CONNECTOR_NAMES
 
 log = logging.getLogger("encache.connector")
 

@@ -20,13 +20,19 @@ back is remembered. Timed here, interleaved (one of each per step, in a new rand
   binding.repeat    the binding of inputs already digested (the processor cache's object)
   check.precomputed a consumer's whole check of an entry precompute wrote (``keyed_by:
                     content``; binding.binding_to_check) for a new Gemma 3 image: no digest
-  check.online      the same for an entry an online producer wrote: the Gemma 3 digest
+  check.online      the same for an entry an online producer (``ec_producer`` server, EPD
+                    encoder) wrote for an item vLLM hashed (its worker's ``keyed_by``: a
+                    content hash, client uuids namespaced apart): no digest
+  check.client_uuid the same for an entry under a client uuid (``uuid=…``): the Gemma 3
+                    digest
+  uuid.map          the API server's mapping of one client uuid (uuids.uuid_identifier)
 
 Without the binding a write and a load cost what load.first / load.repeat / write do here
 (the binding adds one header field); with it a producer adds one binding.<model> per item
-written, a consumer one per item of a request that carries its inputs (a repeat: almost
-nothing), an EPD request one on the encoder and one on PD. Short by default (the machine
-is shared): ``--rounds 5``. Writes ``benchmarks/binding.json``.
+written, a consumer one per item of a request that carries its inputs and meets an entry
+under a client uuid (check.client_uuid; a repeat: almost nothing), nothing for an entry
+keyed by content (check.precomputed, check.online), and an EPD request one on the encoder.
+Short by default (the machine is shared): ``--rounds 5``. Writes ``benchmarks/binding.json``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import tempfile
 import time
 import uuid
 from collections import UserDict
+from types import SimpleNamespace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +71,8 @@ def run(rounds: int, entries: int) -> dict:
     from encache.connectors.vllm import binding as binding_mod
     from encache.connectors.store.entry import EntryMeta
     from encache.connectors.vllm.binding import binding_to_check, item_binding
+    from encache.connectors.vllm.uuids import uuid_identifier
+    from encache.connectors.vllm.worker import EncacheWorkerConnector
 
     def one_core(data):
         """item_binding with every input hashed on one core."""
@@ -101,10 +110,16 @@ def run(rounds: int, entries: int) -> dict:
         kept = {m: UserDict(inputs(m)) for m in INPUTS}
         fresh = {m: [inputs(m) for _ in range(4)] for m in INPUTS}
         item_binding(kept["llava"])  # remembered: the repeat row's object
-        # the headers a consumer checks: an entry precompute wrote, one a server wrote
+        # the headers a consumer checks: an entry precompute wrote, and what an online
+        # producer's worker stamps for a content hash and for a client uuid's identifier
+        online = SimpleNamespace(content_keyed=False, content_hashes_keyed=True)
+        keyed = {"precomputed": "content",
+                 "online": EncacheWorkerConnector.keyed_by(online, ids[0]),
+                 "client_uuid": EncacheWorkerConnector.keyed_by(online, uuid_identifier("c"))}
+        assert keyed == {"precomputed": "content", "online": "content", "client_uuid": ""}
         metas = {k: EntryMeta(identifier="x", dtype="F16", shape=SHAPE, data_bytes=nbytes,
-                              binding="blake3:" + "0" * 64, keyed_by=k)
-                 for k in ("content", "")}
+                              binding="blake3:" + "0" * 64, keyed_by=v)
+                 for k, v in keyed.items()}
         times: dict[str, list[float]] = {}
         written = tmp / "written"
         for r in range(rounds):
@@ -121,10 +136,10 @@ def run(rounds: int, entries: int) -> dict:
                                                      "F16", SHAPE, model="bench",
                                                      binding="blake3:" + "1" * 64))),
                     "binding.repeat": lambda: item_binding(kept["llava"]),
-                    "check.precomputed": lambda: binding_to_check(
-                        metas["content"], lambda: item_binding(dict(fresh["gemma3"][step % 4]))),
-                    "check.online": lambda: binding_to_check(
-                        metas[""], lambda: item_binding(dict(fresh["gemma3"][step % 4]))),
+                    **{f"check.{k}": (lambda k=k: binding_to_check(
+                        metas[k], lambda: item_binding(dict(fresh["gemma3"][step % 4]))))
+                       for k in metas},
+                    "uuid.map": lambda: uuid_identifier(f"client-{r}-{step}"),
                     # a new mapping each time (not remembered), as a new request's
                     **{f"binding.{m}": (lambda m=m: item_binding(dict(fresh[m][step % 4])))
                        for m in INPUTS},
@@ -155,7 +170,7 @@ def run(rounds: int, entries: int) -> dict:
             for name, xs in sorted(times.items())}
     first = rows["load.first"]["p50_ms"]
     for name, row in rows.items():
-        if name.startswith(("binding.", "check.")):
+        if name.startswith(("binding.", "check.", "uuid.")):
             row["vs_first_load"] = round(row["p50_ms"] / first, 3)
     return {"benchmark": "the binding's cost beside a 2.75 MB entry's load and write",
             "machine": info, "loadavg": [load0, loadavg()],
