@@ -29,8 +29,9 @@ from engine_support import (PRECOMPUTE_KW, EncoderCounter, TowerTap, consumer_co
 pytestmark = pytest.mark.engine
 
 
-def chat(llm, items, max_tokens: int = 6) -> list[str]:
-    """Greedy replies to one single-image chat per ``(path, uuid or None)``."""
+def chat(llm, items, max_tokens: int = 6, **kw) -> list[str]:
+    """Greedy replies to one single-image chat per ``(path, uuid or None)`` (``kw``: more
+    ``LLM.chat`` arguments)."""
     from vllm import SamplingParams
     convs = []
     for path, uuid in items:
@@ -40,7 +41,7 @@ def chat(llm, items, max_tokens: int = 6) -> list[str]:
         convs.append([{"role": "user", "content": [part, {"type": "text",
                                                           "text": "What is on this page?"}]}])
     outs = llm.chat(convs, SamplingParams(max_tokens=max_tokens, temperature=0),
-                    use_tqdm=False)
+                    use_tqdm=False, **kw)
     return [o.outputs[0].text for o in outs]
 
 
@@ -171,18 +172,27 @@ def test_an_online_producers_content_hashed_entry_loads_without_a_digest(
         tiny_model, pages, reference, tmp_path, monkeypatch):
     """A request without a uuid: vLLM hashes the item's bytes, client uuids cannot reach
     that identifier, so the online producer stamps the entry ``keyed_by: content`` and a
-    consumer's first load of it digests nothing."""
-    a, b, _ = pages
+    consumer's first load of it digests nothing. A uuid that vLLM hashes again with the
+    request's ``mm_processor_kwargs`` stays in the uuid namespace, not keyed by content."""
+    from encache.connectors.vllm.uuids import in_namespace, is_content_hash
+    a, b, c = pages
     store = str(tmp_path / "store")
     producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
     try:
         chat(producer, [(a, None), (b, None)])
+        _saved(producer)
+        known = set(_identifiers(store))
+        chat(producer, [(c, "uuid-with-kwargs")], mm_processor_kwargs={"do_normalize": False})
         _saved(producer)
     finally:
         shutdown(producer)
     for p in (a, b):
         meta = open_store(store).stat(identify_file(p, tiny_model).identifier).meta
         assert meta.keyed_by == "content" and meta.binding.startswith("blake3:")
+    (hashed_again,) = set(_identifiers(store)) - known
+    assert in_namespace(hashed_again) and not is_content_hash(hashed_again)
+    assert hashed_again != uuid_identifier("uuid-with-kwargs")  # (the kwargs are a factor)
+    assert open_store(store).stat(hashed_again).meta.keyed_by == ""
     digests = _count_digests(monkeypatch)
     counter = EncoderCounter()
     consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
