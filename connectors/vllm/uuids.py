@@ -25,7 +25,9 @@ pixels).
 
 The patch wraps ``BaseRenderer._process_multimodal`` (``vllm/renderers/base.py``, the
 same in vLLM 0.32 and 0.34: every chat, completion and ``LLM`` request's media go
-through it, with the request's uuids and the engine's ``VllmConfig``). It is installed by
+through it, with the request's uuids and the engine's ``VllmConfig``), and that
+renderer's processor's ``_get_mm_hashes`` (so the processor cache is keyed by the hash
+the item ends up with: vLLM 0.34 invalidates it by that hash). It is installed by
 the general plugin in every process and acts only for a renderer whose engine uses an
 encache connector that is not ``content_keyed`` (encache's own precompute and warm pass
 identifiers they computed from the bytes: those must land where a request without a uuid
@@ -105,14 +107,16 @@ def plugin_enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def patch_target():
-    """vLLM's ``BaseRenderer`` when its ``_process_multimodal`` takes ``mm_uuids`` and
-    returns the item hashes (what the patch wraps), else None."""
+    """vLLM's ``BaseRenderer`` when its ``_process_multimodal`` takes ``mm_uuids`` and its
+    processors compute item hashes in ``_get_mm_hashes`` (what the patch wraps), else
+    None."""
     try:
+        from vllm.multimodal.processing.processor import BaseMultiModalProcessor
         from vllm.renderers.base import BaseRenderer
     except Exception:  # noqa: BLE001 - another vLLM layout
         return None
     fn = getattr(BaseRenderer, "_process_multimodal", None)
-    if fn is None:
+    if fn is None or not callable(getattr(BaseMultiModalProcessor, "_get_mm_hashes", None)):
         return None
     fn = getattr(fn, "__wrapped__", fn)
     try:
@@ -124,7 +128,7 @@ def patch_target():
 
 def applies(vllm_config) -> bool:
     """Whether client uuids are namespaced for this engine's requests: its connector asks
-    for it (:func:`namespaces`), the plugin is loaded, and this vLLM has the function the
+    for it (:func:`namespaces`), the plugin is loaded, and this vLLM has the functions the
     patch wraps. Deterministic for one installation, environment and config: the API
     server's renderer and the engine core's worker agree without talking."""
     return (namespaces(getattr(vllm_config, "ec_transfer_config", None))
@@ -167,13 +171,35 @@ def install() -> None:
         given = bound.arguments.get("mm_uuids")
         if not given:
             return original(self, *args, **kwargs)
-        bound.arguments["mm_uuids"] = _mapped(given)
+        mapped = bound.arguments["mm_uuids"] = _mapped(given)
+        _hook_processor(self.get_mm_processor())
         out = original(*bound.args, **bound.kwargs)
-        _keep_in_namespace(out, given)
+        # (a processor that bypasses _get_mm_hashes: its output is put right here)
+        hashes = out.get("mm_hashes") if isinstance(out, dict) else None
+        if hashes:
+            out["mm_hashes"] = _kept_in_namespace(hashes, mapped)
         return out
 
     _process_multimodal._encache_uuids = True
     target._process_multimodal = _process_multimodal
+
+
+def _hook_processor(processor) -> None:
+    """Wrap this processor's ``_get_mm_hashes`` (the model's own, if it has one) so that a
+    hash vLLM computed again from a mapped uuid stays in the namespace *before* the
+    processor cache is keyed by it: the sender cache, the engine core's receiver cache
+    and vLLM 0.34's cache invalidations then all name an item alike."""
+    if getattr(processor, "_encache_uuids", False):
+        return
+    original = processor._get_mm_hashes
+
+    def _get_mm_hashes(inputs):
+        hashes = original(inputs)
+        named = getattr(inputs, "mm_uuid_items", None)
+        return _kept_in_namespace(hashes, named) if named else hashes
+
+    processor._get_mm_hashes = _get_mm_hashes
+    processor._encache_uuids = True
 
 
 def _mapped(mm_uuids: dict) -> dict:
@@ -189,21 +215,27 @@ def _mapped(mm_uuids: dict) -> dict:
     return out
 
 
-def _keep_in_namespace(mm_input, given: dict) -> None:
-    """Put back in the namespace each hash of an item a client named that vLLM hashed
-    again (hash factors, a model's own ``_get_mm_hashes``). Where the hashes' modalities
-    do not line up with the uuids' (a model's unified modality), every hash of the
-    request goes in: such items then keep the binding check."""
-    hashes = mm_input.get("mm_hashes") if isinstance(mm_input, dict) else None
-    if not hashes:
-        return
-    named = {m: ([u] if isinstance(u, str) else list(u or ())) for m, u in given.items()}
-    aligned = all(m in hashes and len(hashes[m]) == len(u) for m, u in named.items() if u)
-    for modality, items in list(hashes.items()):
+def _kept_in_namespace(hashes, given) -> dict:
+    """``hashes`` (modality -> item hashes) with each hash of an item named by a mapped
+    uuid put back in the namespace where vLLM hashed it again (hash factors, a model's
+    own ``_get_mm_hashes``). Where the hashes' modalities do not line up with the uuids'
+    (a model's unified modality), every hash of the request goes in: such items then keep
+    the binding check. Items named by anything else (a raw uuid: an engine the patch does
+    not act for) are left as they are."""
+    named = {m: [u if isinstance(u, str) and in_namespace(u) else None
+                 for u in ([u] if isinstance(u, str) else list(u or ()))]
+             for m, u in given.items()}
+    named = {m: u for m, u in named.items() if any(u)}
+    if not named:
+        return hashes
+    aligned = all(m in hashes and len(hashes[m]) == len(u) for m, u in named.items())
+    out = dict(hashes)
+    for modality, items in hashes.items():
         uuids = named.get(modality) if aligned else None
         kept = list(items)
         for i, mm_hash in enumerate(kept):
             named_here = uuids is not None and i < len(uuids) and uuids[i] is not None
             if (named_here or not aligned) and not in_namespace(mm_hash):
                 kept[i] = UUID_PREFIX + mm_hash
-        hashes[modality] = kept
+        out[modality] = kept
+    return out

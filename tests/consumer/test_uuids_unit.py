@@ -80,11 +80,12 @@ def test_the_request_uuids_are_mapped_and_what_vllm_hashed_again_stays_in_the_na
     assert mapped == {"image": [uuids.uuid_identifier("mine"), None],
                       "video": uuids.uuid_identifier("clip")}
     # hash factors: vLLM hashed the mapped uuid again (hex); the item without one is content
-    out = {"mm_hashes": {"image": [HEX64, "f" * 64], "video": [uuids.uuid_identifier("clip")]}}
-    uuids._keep_in_namespace(out, given)
-    assert out["mm_hashes"] == {"image": ["uuid=" + HEX64, "f" * 64],
-                                "video": [uuids.uuid_identifier("clip")]}
+    hashes = {"image": [HEX64, "f" * 64], "video": [uuids.uuid_identifier("clip")]}
+    assert uuids._kept_in_namespace(hashes, mapped) == {
+        "image": ["uuid=" + HEX64, "f" * 64], "video": [uuids.uuid_identifier("clip")]}
     # modalities that do not line up (a model's unified modality): every hash goes in
-    out = {"mm_hashes": {"vision_chunk": [HEX64, "f" * 64]}}
-    uuids._keep_in_namespace(out, {"image": ["mine"]})
-    assert out["mm_hashes"] == {"vision_chunk": ["uuid=" + HEX64, "uuid=" + "f" * 64]}
+    assert uuids._kept_in_namespace({"vision_chunk": [HEX64, "f" * 64]},
+                                    {"image": [uuids.uuid_identifier("mine")]}) == {
+        "vision_chunk": ["uuid=" + HEX64, "uuid=" + "f" * 64]}
+    # uuids the patch did not map (an engine it does not act for): left as they are
+    assert uuids._kept_in_namespace({"image": [HEX64]}, {"image": [HEX64]}) == {"image": [HEX64]}

@@ -184,12 +184,15 @@ def test_an_online_producers_content_hashed_entry_loads_without_a_digest(
         known = set(_identifiers(store))
         chat(producer, [(c, "uuid-with-kwargs")], mm_processor_kwargs={"do_normalize": False})
         _saved(producer)
+        (hashed_again,) = set(_identifiers(store)) - known
+        # vLLM's processor cache knows the item by the identifier it ended up with
+        cache = producer.llm_engine.renderer.mm_processor_cache
+        assert cache is not None and cache.is_cached_item(hashed_again)
     finally:
         shutdown(producer)
     for p in (a, b):
         meta = open_store(store).stat(identify_file(p, tiny_model).identifier).meta
         assert meta.keyed_by == "content" and meta.binding.startswith("blake3:")
-    (hashed_again,) = set(_identifiers(store)) - known
     assert in_namespace(hashed_again) and not is_content_hash(hashed_again)
     assert hashed_again != uuid_identifier("uuid-with-kwargs")  # (the kwargs are a factor)
     assert open_store(store).stat(hashed_again).meta.keyed_by == ""
