@@ -58,7 +58,7 @@ class EncacheWorkerConnector:
         #: every entry written here is keyed by its content (precompute's own identifiers)
         self.content_keyed = config.content_keyed
         #: ... or those whose identifier vLLM hashed from the item's bytes, where client
-        #: uuids are namespaced (.uuids: decided here as in the API server, no message)
+        #: uuids are namespaced apart (.uuids: decided here as in the API server)
         self.content_hashes_keyed = (is_producer and not config.content_keyed
                                      and content_keying(vllm_config))
         self.counters_flush_s = config.counters_flush_s
