@@ -132,7 +132,15 @@ SOURCES = {
     "manager": "v1/core/encoder_cache_manager.py",
     "manager_config": "config/ec_manager_config.py",
     "features": "multimodal/inputs.py",
+    # where client uuids become item identifiers (encache.connectors.vllm.uuids patches)
+    "renderer": "renderers/base.py",
+    "processor": "multimodal/processing/processor.py",
+    "input_processor": "v1/engine/input_processor.py",
 }
+#: ``Class.method`` -> the SOURCES file of the functions :mod:`.uuids` wraps or relies on
+UUID_HOOKS = {"BaseRenderer._process_multimodal": "renderer",
+              "BaseMultiModalProcessor._get_mm_hashes": "processor",
+              "InputProcessor._get_mm_identifier": "input_processor"}
 #: files whose uses of the connector (``….ec_connector.X``) are recorded
 #: (the V2 GPU runner's ``self.ec_connector`` outside gpu/ec_connector.py is its wrapper)
 CALLERS = ("v1/core/sched/scheduler.py", "v1/worker/ec_connector_model_runner_mixin.py",
@@ -143,7 +151,9 @@ def source_api(root) -> dict:
     """A vLLM release's facts read from its source without importing it (``root``: the
     folder holding ``vllm/``, e.g. an unzipped wheel): :data:`SPEC`'s sections, plus the
     encoder-cache manager's methods and state, its config's fields, the multimodal
-    feature's fields, and the connector members vLLM's scheduler and workers use."""
+    feature's fields, the connector members vLLM's scheduler and workers use, and the
+    parameters of the functions client uuids pass through (:data:`UUID_HOOKS`; None for
+    one the release lacks)."""
     import ast
     from pathlib import Path
 
@@ -202,6 +212,14 @@ def source_api(root) -> dict:
                     last = recv.attr if isinstance(recv, ast.Attribute) else getattr(recv, "id", "")
                     if last in ("ec_connector", "_ec_connector"):
                         used.add(node.attr)
+    hooks = {}
+    for qualname, source in UUID_HOOKS.items():
+        owner, name = qualname.split(".")
+        try:
+            found = methods(cls(SOURCES[source], owner)).get(name)
+        except (LookupError, OSError):
+            found = None
+        hooks[qualname] = found
     return {
         "base_methods": methods(base),
         "abstract": sorted(fn.name for fn in base.body if isinstance(fn, ast.FunctionDef)
@@ -221,4 +239,5 @@ def source_api(root) -> dict:
                                             "EncoderCacheManagerConfig")),
         "feature_fields": fields(cls(SOURCES["features"], "MultiModalFeatureSpec")),
         "connector_members_used": sorted(used),
+        "uuid_hooks": hooks,
     }

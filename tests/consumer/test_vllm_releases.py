@@ -142,3 +142,15 @@ def test_nothing_uses_what_vllm_034_removed():
         text = path.read_text()
         assert not any(name in text for name in removed), path
     assert "get_manager_metadata" not in recorded("0.34.0")["manager_methods"]
+
+
+@pytest.mark.parametrize("version", compat.CHECKED_VERSIONS)
+def test_each_checked_release_has_the_functions_client_uuids_are_mapped_in(version):
+    """encache.connectors.vllm.uuids wraps the renderer's ``_process_multimodal`` (it takes
+    the request's ``mm_uuids``) and the processor's ``_get_mm_hashes(inputs)``, and relies
+    on vLLM adding the LoRA prefix afterwards (``_get_mm_identifier``): every checked
+    release has all three, so servers of any of them map a client uuid alike."""
+    hooks = recorded(version)["uuid_hooks"]
+    assert "mm_uuids" in (hooks["BaseRenderer._process_multimodal"] or []), hooks
+    assert hooks["BaseMultiModalProcessor._get_mm_hashes"] == ["self", "inputs"], hooks
+    assert hooks["InputProcessor._get_mm_identifier"] == ["self", "mm_hash", "lora_request"]
