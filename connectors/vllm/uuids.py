@@ -34,9 +34,12 @@ identifiers they computed from the bytes: those must land where a request withou
 looks). A vLLM without that function (:func:`patch_target`) is left alone, said once, and
 content keying is not claimed.
 
-How the engine core knows: it runs the same installed vLLM and encache, with the same
-``VLLM_PLUGINS``, as the API server that launched it, and the check (:func:`applies`) is
-a pure function of those and of the engine's config; so the worker evaluates it itself.
+How the engine core knows: vLLM loads the general plugins in the API server (before it
+builds the renderer) and in the engine core and each worker (before their connector
+starts), from the same installation and environment (``VLLM_PLUGINS``). So the patch is
+in place in the worker exactly when it is in the API server that launched it, and the
+worker checks that directly (:func:`installed`) together with its config
+(:func:`applies`).
 Not covered: vLLM's scale-out token endpoints (``--enable-scale-out``) take item hashes
 from the client as given; docs/security.md says so.
 """
@@ -46,7 +49,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import re
 
 from blake3 import blake3
@@ -60,7 +62,6 @@ log = logging.getLogger("encache.connector")
 UUID_PREFIX = "uuid="
 #: vLLM's content hashes: hex digests (blake3 / sha256: 64 digits, sha512: 128)
 _CONTENT_HASH = re.compile(r"[0-9a-f]{64}|[0-9a-f]{128}")
-_PLUGIN = "encache"  # the general-plugin entry point's name (pyproject.toml)
 
 
 def uuid_identifier(uuid: str) -> str:
@@ -98,11 +99,14 @@ def namespaces(ec_transfer_config) -> bool:
     return extra.get("content_keyed") is not True
 
 
-def plugin_enabled() -> bool:
-    """Whether vLLM loads encache's general plugin in this environment (``VLLM_PLUGINS``
-    unset, or naming it), as it does in the API server that started this engine."""
-    allowed = os.environ.get("VLLM_PLUGINS")
-    return allowed is None or _PLUGIN in [p.strip() for p in allowed.split(",")]
+def installed() -> bool:
+    """Whether the patch is in place in this process: vLLM ran encache's general plugin
+    here (it does in the API server before it builds the renderer, and in the engine core
+    and every worker before their connector starts), on a vLLM that has the functions it
+    wraps. Not where ``VLLM_PLUGINS`` leaves the plugin out, or where encache is imported
+    without its entry point (a connector named by module path alone)."""
+    target = patch_target()
+    return target is not None and getattr(target._process_multimodal, "_encache_uuids", False)
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,11 +132,10 @@ def patch_target():
 
 def applies(vllm_config) -> bool:
     """Whether client uuids are namespaced for this engine's requests: its connector asks
-    for it (:func:`namespaces`), the plugin is loaded, and this vLLM has the functions the
-    patch wraps. Deterministic for one installation, environment and config: the API
-    server's renderer and the engine core's worker agree without talking."""
-    return (namespaces(getattr(vllm_config, "ec_transfer_config", None))
-            and plugin_enabled() and patch_target() is not None)
+    for it (:func:`namespaces`) and the patch is in place (:func:`installed`). The same
+    answer in the API server and in the engine core's processes: one installation, one
+    environment, one config; so they agree without talking."""
+    return namespaces(getattr(vllm_config, "ec_transfer_config", None)) and installed()
 
 
 def content_keying(vllm_config) -> bool:
@@ -141,10 +144,13 @@ def content_keying(vllm_config) -> bool:
     not know says so in one line: its entries keep the binding check."""
     if applies(vllm_config):
         return True
-    if namespaces(getattr(vllm_config, "ec_transfer_config", None)) and plugin_enabled():
-        log.warning("encache: this vLLM has no BaseRenderer._process_multimodal(mm_uuids=...) "
-                    "to namespace client uuids in: every entry written here is checked "
-                    "against a request's inputs when loaded")
+    if namespaces(getattr(vllm_config, "ec_transfer_config", None)):
+        why = ("this vLLM has no BaseRenderer._process_multimodal(mm_uuids=...) to namespace "
+               "client uuids in" if patch_target() is None else
+               "vLLM did not load encache's general plugin (VLLM_PLUGINS, or encache "
+               "installed without its entry point): client uuids are not namespaced")
+        log.warning("encache: %s; every entry written here is checked against a request's "
+                    "inputs when loaded", why)
     return False
 
 

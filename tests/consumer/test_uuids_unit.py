@@ -57,21 +57,27 @@ def test_only_engines_with_an_encache_connector_that_is_not_content_keyed_map_uu
     alias = SimpleNamespace(ec_connector="EncacheRedis", ec_connector_module_path=None,
                             ec_connector_extra_config={"store": "redis://x"})
     assert uuids.namespaces(alias)
-    assert uuids.patch_target() is not None  # this vLLM has the function the patch wraps
+    assert uuids.patch_target() is not None  # this vLLM has the functions the patch wraps
+    uuids.install()  # (what vLLM's loading of the general plugin does in each process)
+    uuids.install()  # once
+    assert uuids.installed()
     assert uuids.applies(_config()) and uuids.content_keying(_config())
     assert not uuids.applies(SimpleNamespace(ec_transfer_config=None))
 
 
-def test_without_the_plugin_or_the_patch_target_nothing_is_claimed(monkeypatch, caplog):
-    monkeypatch.setenv("VLLM_PLUGINS", "someone-else")
-    assert not uuids.applies(_config())
-    monkeypatch.setenv("VLLM_PLUGINS", "someone-else, encache")
-    assert uuids.applies(_config())
-    monkeypatch.delenv("VLLM_PLUGINS")
+def test_where_the_patch_is_not_in_place_nothing_is_claimed(monkeypatch, caplog):
+    """A process where vLLM did not run the plugin (``VLLM_PLUGINS`` leaves it out), or a
+    vLLM without the functions it wraps: the worker stamps nothing ``keyed_by: content``
+    and says why in one line."""
+    monkeypatch.setattr(uuids, "installed", lambda: False)
+    with caplog.at_level("WARNING", logger="encache.connector"):
+        assert not uuids.applies(_config()) and not uuids.content_keying(_config())
+    assert [r for r in caplog.records if "did not load encache's general plugin" in r.getMessage()]
     monkeypatch.setattr(uuids, "patch_target", lambda: None)
+    caplog.clear()
     with caplog.at_level("WARNING", logger="encache.connector"):
         assert not uuids.content_keying(_config())
-    assert [r for r in caplog.records if "namespace client uuids" in r.getMessage()]
+    assert [r for r in caplog.records if "namespace client uuids in" in r.getMessage()]
 
 
 def test_the_request_uuids_are_mapped_and_what_vllm_hashed_again_stays_in_the_namespace():
