@@ -174,9 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``encache``). Typer parses and runs the command; usage
     errors come back here and are printed as one line, as every other error is (Typer
     would draw a box around them under a usage block)."""
+    from encache.cli.common import keep_to_exit_in
+
     args = sys.argv[1:] if argv is None else list(argv)
+    run = lambda: app(args=args, prog_name="encache", standalone_mode=False)  # noqa: E731
+    kept = False
     try:
-        code = app(args=args, prog_name="encache", standalone_mode=False)
+        # the console script (no ``argv``) ends at once after a big listing; a caller
+        # that passes ``argv`` gets its process back
+        code, kept = keep_to_exit_in(run) if argv is None else (run(), False)
     except SystemExit:
         raise
     except KeyboardInterrupt:
@@ -194,7 +200,16 @@ def main(argv: list[str] | None = None) -> None:
         if _is_typer_control(e) or _debug():
             raise
         sys.exit(report(e))  # outside a command (an option callback, completion)
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if kept:  # a command's million entries: exit without freeing them one by one
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BrokenPipeError:
+            pass  # the usual exit reports it
+        else:
+            os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

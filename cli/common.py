@@ -23,6 +23,33 @@ def opened(url: str, *, create: bool = False) -> Iterator:
         store.close()
 
 
+#: objects a command leaves to the end of the process (:func:`keep_to_exit`); a list
+#: only while the console script runs a command (:func:`keep_to_exit_in`)
+_KEPT: list | None = None
+
+
+def keep_to_exit(obj) -> None:
+    """Leave ``obj`` (a million entries a command printed) to the end of the process:
+    freeing two million small objects one by one costs about a second, and the process
+    is about to exit. The console script then ends it at once, its output flushed
+    (``os._exit``: no interpreter teardown). Elsewhere (a test's ``CliRunner``, a library
+    caller) ``obj`` is freed as usual."""
+    if _KEPT is not None:
+        _KEPT.append(obj)
+
+
+def keep_to_exit_in(command) -> tuple[object, bool]:
+    """Run ``command()`` letting it :func:`keep_to_exit`: ``(its result, whether it kept
+    anything)``."""
+    global _KEPT
+    _KEPT = []
+    try:
+        return command(), bool(_KEPT)
+    finally:
+        if not _KEPT:
+            _KEPT = None
+
+
 @contextlib.contextmanager
 def no_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector around a big scan.

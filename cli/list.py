@@ -163,7 +163,8 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """List entries: identifier, LoRA, model, shape, dtype, size, created, accessed."""
-        from encache.cli.common import display_url, make_filter, no_gc, opened, usage
+        from encache.cli.common import (display_url, keep_to_exit, make_filter, no_gc,
+                                        opened, usage)
         from encache.cli.render import partial_exit, progress
         from encache.connectors.store.ops.scanning import parts_dicts
 
@@ -178,6 +179,7 @@ def register(app: typer.Typer) -> None:
                 with progress("Scanning", quiet=quiet or json_) as tick:
                     entries = build_list(st, flt, parse_sort(sort) if sort else None, tick,
                                          unreachable)
+            keep_to_exit(entries)
             found = len(entries)
             if limit is not None:
                 entries = entries[:limit]

@@ -54,7 +54,8 @@ class StoreIndex:
         self.journal_refreshes = 0
 
     def refresh(self) -> set[str]:
-        """Re-list the store if its index version moved; the identifiers that appeared.
+        """Re-list the store if its index version moved; the identifiers that appeared
+        (or, from the journal, were rewritten).
         Raises what the store raises (the caller trips the breaker and keeps the old set),
         but where the store's parts fail apart (a Redis Cluster's primaries) a part that
         does not answer is named in :attr:`down` (``{part: reason}``) and the others are
@@ -81,7 +82,9 @@ class StoreIndex:
             return set()  # later; a local store's holds() stats an unknown identifier meanwhile
         cursor = self._journal_end()  # before the listing: a change during it is read next
         parts: list = []
-        ids = self.listing.run(lambda: set(self.store.identifiers(unreachable=parts)))
+        # (a hint: the lookup reads an entry before anything is served from it)
+        ids = self.listing.run(lambda: set(self.store.identifiers(unreachable=parts,
+                                                                  hint=True)))
         self._listed_at = time.monotonic()
         down.update(parts)
         with self._lock:
@@ -101,8 +104,10 @@ class StoreIndex:
 
     def _from_journal(self) -> set[str] | None:
         """Apply the changes the journal names since the cursor (each identifier looked up
-        once: present, added; absent, dropped); the identifiers that appeared, or None
-        where a whole listing is needed instead (see the module docstring)."""
+        once: present, added; absent, dropped); the identifiers written since (new or
+        rewritten: a listing may have named one while its write was in flight, so
+        "not held yet" would miss it), or None where a whole listing is needed instead
+        (see the module docstring)."""
         store = self.store
         if (not store.journal_complete
                 and time.monotonic() - self._listed_at >= JOURNAL_FULL_CHECK_S):
@@ -116,14 +121,13 @@ class StoreIndex:
         present = {i for i in changed if store.contains(i)}
         with self._lock:  # in place: each add / discard is atomic for a lock-free holds()
             ids = self._ids
-            new = present - ids
             ids |= present
             ids -= changed - present
             for i in present:
                 self._absent.pop(i, None)
         self._cursor = cursor
         self.journal_refreshes += 1
-        return new
+        return present
 
     @property
     def versioned(self) -> bool:

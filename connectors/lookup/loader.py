@@ -209,6 +209,13 @@ class Loader:
                 wait()
         return None
 
+    def _being_written(self, identifier: str) -> bool:
+        try:
+            return (self.store.supports_in_flight and self.waits_for_commit(
+                identifier, time.monotonic()) and self.store.in_flight(identifier))
+        except Exception:  # noqa: BLE001 - cannot tell: the miss it was
+            return False
+
     # -- one load ------------------------------------------------------------------
     def load(self, identifier: str, register: bool = True, inline: bool = False,
              committing: bool = False):
@@ -225,6 +232,12 @@ class Loader:
                     got = self._first_load(identifier, inline)  # one pass: read and check
                 else:
                     got = self._load(identifier, inline)
+            if got is None and not committing and self._being_written(identifier):
+                # the index named it while its write was in flight (a disk store's
+                # listing is a hint: directories, no stat): take that write's bytes
+                if inline:
+                    return DEFER  # (a wait: not in the scheduler's thread)
+                got = self._in_flight_load(identifier) or self._load(identifier, inline)
             if got is DEFER:
                 return DEFER
             if got is None:

@@ -89,6 +89,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from .entry import CorruptEntry, EntryMeta
 from .loaded import Loaded
 
@@ -122,9 +124,12 @@ class LockBusy(StoreError):
     """Another process holds the lock asked for."""
 
 
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as a scan sees it: its header metadata (or why it is unreadable)."""
+class EntryInfo(msgspec.Struct, frozen=True):
+    """One entry as a scan sees it: its header metadata (or why it is unreadable).
+
+    A msgspec struct, as :class:`~.entry.EntryMeta`: a scan of a million entries builds
+    (or unpickles from the header index) a million of them, ~5x faster than a frozen
+    dataclass, and ``list`` / sorts read their fields at slot speed."""
 
     identifier: str
     size: int  # bytes of the whole stored blob
@@ -395,9 +400,13 @@ class Store(ABC):
         ...
 
     @abstractmethod
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+    def identifiers(self, *, unreachable: list | None = None,
+                    hint: bool = False) -> Iterator[str]:
         """Every identifier present (cheap: no entry is read); ``unreachable`` as for
-        :meth:`scan`."""
+        :meth:`scan`. ``hint``: for a reader's index, which reads an entry before it
+        serves it -- the store may then also name entries being written or just removed
+        (a read finds them absent: a miss) where that saves a check per entry (a disk
+        store lists its directory without a ``stat`` per entry)."""
 
     @abstractmethod
     def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:

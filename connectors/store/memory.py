@@ -93,7 +93,8 @@ class MemoryStore(Store):
     def contains(self, identifier: str) -> bool:
         return identifier in self._space.entries
 
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+    def identifiers(self, *, unreachable: list | None = None,
+                    hint: bool = False) -> Iterator[str]:
         with self._space.mutex:
             return iter(list(self._space.entries))
 

@@ -17,8 +17,9 @@ class SharedStoreAnswers:
     def contains(self, identifier: str) -> bool:
         return self.remote.contains(identifier)
 
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
-        return self.remote.identifiers(unreachable=unreachable)
+    def identifiers(self, *, unreachable: list | None = None,
+                    hint: bool = False) -> Iterator[str]:
+        return self.remote.identifiers(unreachable=unreachable, hint=hint)
 
     def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:
         return self.remote.scan(unreachable=unreachable)

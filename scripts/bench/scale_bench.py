@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--redis-entries", type=int, default=None, help="default: --entries")
     ap.add_argument("--cluster-entries", type=int, default=None, help="default: --redis-entries")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--verify-gib", type=float, default=2.0)
+    ap.add_argument("--verify-gib", type=float, default=6.0)
     ap.add_argument("--reuse", action="store_true",
                     help="reuse the disk stores of an earlier run where their spec matches")
     ap.add_argument("--skip", default="", help="comma-separated: disk,verify,redis,cluster,consumer")

@@ -34,7 +34,8 @@ that made it. While the token is unchanged and the file is young (``DiskStore.
 SUMMARY_MAX_AGE_S``), ``stats`` and ``size`` answer from it in O(1) -- no listing, no
 ``stat`` per entry -- and a store that changed costs the scan it cost before.
 
-File: ``{root}/.encache/header-index.pickle``, written mode 0600. It is read with a
+File: ``{root}/.encache/header-index.pickle``, written mode 0600, with a digest of each
+of its blobs (a damaged one is rebuilt, never trusted). It is read with a
 restricted unpickler that builds nothing but builtin values and the two record classes
 (:class:`~.base.EntryInfo`, :class:`~.entry.EntryMeta`), and only if the current user owns
 it — another user's index file of a shared store is ignored (this scan then reads every
@@ -54,7 +55,7 @@ from pathlib import Path
 from ..entry import CHECKSUM_ALGOS, READ_FORMATS
 
 INDEX_FILE = "header-index.pickle"
-FORMAT = 7
+FORMAT = 8
 #: the disk store stamps its last access (``.encache/accessed``) at most this often per
 #: process: an index saved by a scan that began later than this after the stamp holds
 #: every access time encache recorded
@@ -77,6 +78,29 @@ class _Unpickler(pickle.Unpickler):
             return allowed[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed here") from None
+
+
+def _digest(blob: bytes) -> str:
+    """What the index records of each blob it holds: a damaged blob (a torn write on a
+    filesystem without atomic rename, a bit flip, an edit) is then rebuilt rather than
+    trusted, and records that pass were written by :func:`save` -- well-formed, so a
+    scan of a million of them checks none one by one."""
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(blob)
+
+
+def _blob(data: dict, key: str):
+    """``data[key]`` unpickled, if its digest matches; else None."""
+    blob = data.get(key)
+    digests = data.get("digests")
+    if (type(blob) is not bytes or type(digests) is not dict
+            or digests.get(key) != _digest(blob)):
+        return None
+    try:
+        return _Unpickler(io.BytesIO(blob)).load()
+    except Exception:
+        return None
 
 
 def _read(meta_dir: Path) -> dict | None:
@@ -110,10 +134,7 @@ def load_records(meta_dir: Path, token=None, max_age: float = 0.0,
     data = _read(meta_dir)
     if data is None:
         return {}, False
-    try:
-        records = _Unpickler(io.BytesIO(data["records"])).load()
-    except Exception:
-        return {}, False
+    records = _blob(data, "records")
     if not isinstance(records, dict):
         return {}, False
     started = data.get("started")
@@ -129,10 +150,7 @@ def load_summary(meta_dir: Path) -> tuple[dict, dict | None]:
     data = _read(meta_dir)
     if data is None:
         return {}, None
-    try:
-        versions = _Unpickler(io.BytesIO(data["versions"])).load()
-    except Exception:
-        return {}, None
+    versions = _blob(data, "versions")
     if not isinstance(versions, dict):
         return {}, None
     return versions, data.get("summary")
@@ -148,6 +166,9 @@ def save(meta_dir: Path, records: dict, token=None, started: float | None = None
     from ..summary import summarize_entries
 
     state = summarize_entries(rec[1] for rec in records.values()).to_state()
+    # in name order: a listing sorted by identifier (``list``'s default) then finds
+    # them sorted, and sorts in one pass
+    records = dict(sorted(records.items()))
     blob = pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
     # (its own blob, as the records: a scan of an unchanged store reads neither's
     # counterpart -- a million versions cost a second to unpickle)
@@ -160,6 +181,8 @@ def save(meta_dir: Path, records: dict, token=None, started: float | None = None
     if not _write(meta_dir, INDEX_FILE, {"format": FORMAT, "reads": READS,
                                          "versions": versions, "summary": state,
                                          "records": blob, "token": token,
+                                         "digests": {"records": _digest(blob),
+                                                     "versions": _digest(versions)},
                                          "started": started}):
         return False
     if token is not None:

@@ -55,13 +55,15 @@ def build_list(store, flt=None, sort: tuple[str, bool] | None = None,
     """The entries to show, filtered and sorted (EntryInfo objects); the command cuts
     them to ``--limit`` itself, to say how many matched. ``unreachable``: a list for the
     parts of the store that did not answer (then the others' entries are listed)."""
+    from operator import attrgetter
+
     from .scanning import scan
 
     entries = list(scan(store, flt if flt is not None and flt.active else None, progress,
                         unreachable))
     key, desc = sort or ("identifier", False)
     if key == "identifier":
-        entries.sort(key=lambda e: e.identifier, reverse=desc)
+        entries.sort(key=attrgetter("identifier"), reverse=desc)
     else:
         # unknown values (None) always last, whatever the direction
         known = [e for e in entries if getattr(e, key) is not None]

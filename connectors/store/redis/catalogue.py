@@ -123,7 +123,8 @@ class RedisCatalogue:
                 continue
         return out
 
-    def identifiers(self, *, unreachable: list | None = None) -> Iterator[str]:
+    def identifiers(self, *, unreachable: list | None = None,
+                    hint: bool = False) -> Iterator[str]:
         for page in self._scan_pages(unreachable=unreachable):
             yield from self._idents(page)
 
