@@ -127,6 +127,10 @@ class StoreContract:
         assert {e.identifier for e in store.scan(unreachable=unreachable)} == ids
         assert set(store.identifiers(unreachable=unreachable)) == ids
         assert store.count(unreachable=unreachable) == len(ids) and unreachable == []
+        # a reader index's listing (a hint): the same on a store at rest, deletes gone
+        assert set(store.identifiers(hint=True)) == ids
+        store.delete(f"{0:064x}")
+        assert set(store.identifiers(hint=True)) == ids - {f"{0:064x}"}
 
     def test_stat_reports_size_and_meta(self, store):
         b = blob("s")
@@ -139,6 +143,7 @@ class StoreContract:
         store.put(ident, blob(ident))
         assert decode(store.get(ident), identifier=ident)[0].identifier == ident
         assert ident in set(store.identifiers())
+        assert ident in set(store.identifiers(hint=True))
 
     def test_nul_identifier_rejected(self, store):
         with pytest.raises(ValueError):
