@@ -404,9 +404,10 @@ class Store(ABC):
                     hint: bool = False) -> Iterator[str]:
         """Every identifier present (cheap: no entry is read); ``unreachable`` as for
         :meth:`scan`. ``hint``: for a reader's index, which reads an entry before it
-        serves it -- the store may then also name entries being written or just removed
-        (a read finds them absent: a miss) where that saves a check per entry (a disk
-        store lists its directory without a ``stat`` per entry)."""
+        serves it and keeps a set -- the store may then also name entries being written
+        or just removed (a read finds them absent: a miss), or one twice, where that
+        saves a check per entry (a disk store lists its directory without a ``stat`` per
+        entry; Redis keeps no set of every key it has named)."""
 
     @abstractmethod
     def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:

@@ -434,6 +434,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fit-from", type=Path, default=None,
                     help="a scale JSON at a smaller N: the 10M projection is fitted through both")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale")
+    ap.add_argument("--keep", action="store_true",
+                    help="carry what --skip leaves out over from the JSON at --out (each "
+                         "part keeps the date it was measured)")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -506,6 +509,24 @@ def main(argv: list[str] | None = None) -> None:
             result["backends"][kind] = b
         finally:
             server.stop()
+    for b in result["backends"].values():
+        b["measured"] = result["date"]
+    if "verify" in result:
+        result["verify"]["measured"] = result["date"]
+    if args.keep and args.out.with_suffix(".json").exists():
+        old = json.loads(args.out.with_suffix(".json").read_text())
+        for kind, b in old.get("backends", {}).items():
+            if kind in skip:
+                result["backends"].setdefault(kind, {**b, "measured": b.get("measured", old["date"])})
+        if "verify" in skip and "verify" in old:
+            result["verify"] = {**old["verify"], "measured": old["verify"].get("measured", old["date"])}
+        if "disk" in skip and "projection_10m_disk" in old:
+            result["projection_10m_disk"] = old["projection_10m_disk"]
+        disk = result["backends"].get("disk")
+        if disk is not None and "verify" in result:  # (the disk summary carries verify's ratio)
+            for k in ("verify_vs_cat", "verify_read_vs_cat"):
+                disk["summary"][k] = result["verify"][k]
+                disk["summary"]["targets_met"][k] = result["verify"][k] >= TARGETS["verify_vs_cat"]
     if args.fit_from and "disk" in result["backends"]:
         small = json.loads(args.fit_from.read_text())["backends"]["disk"]["summary"]
         big = result["backends"]["disk"]["summary"]

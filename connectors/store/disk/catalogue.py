@@ -123,22 +123,24 @@ class DiskCatalogue:
                     if name[:1] != ".":  # (dot names: bookkeeping, temp files)
                         yield name
                     continue
-                ident = from_name(name)
-                if ident is None:  # hashed name: the identifier lives in the metadata
-                    info = self._stat_path(name, os.path.join(self.root, name, ENTRY_FILE))
-                    ident = info.identifier if info else None
+                ident = self._identifier(name, os.path.join(self.root, name, ENTRY_FILE))
                 if ident is not None:
                     yield ident
             return
         for d in self._entry_dirs():
             if not os.path.isfile(os.path.join(d.path, ENTRY_FILE)):
                 continue
-            ident = from_name(d.name)
-            if ident is None:  # hashed name: the identifier lives in the metadata
-                info = self._stat_path(d.name, os.path.join(d.path, ENTRY_FILE))
-                ident = info.identifier if info else None
+            ident = self._identifier(d.name, os.path.join(d.path, ENTRY_FILE))
             if ident is not None:
                 yield ident
+
+    def _identifier(self, name: str, path: str) -> str | None:
+        """The identifier of the entry directory ``name`` (its entry file at ``path``)."""
+        ident = from_name(name)
+        if ident is None:  # hashed name: the identifier lives in the metadata
+            info = self._stat_path(name, path)
+            ident = info.identifier if info else None
+        return ident
 
     def scan(self, use_index: bool = True, *,
              unreachable: list | None = None) -> Iterator[EntryInfo]:

@@ -95,16 +95,21 @@ class RedisCatalogue:
     def contains(self, identifier: str) -> bool:
         return bool(self._r.exists(self.key(identifier)))  # EXISTS does not touch the LRU
 
-    def _scan_pages(self, found: set | None = None,
-                    unreachable: list | None = None) -> Iterator[list[bytes]]:
+    def _scan_pages(self, found: set | None = None, unreachable: list | None = None,
+                    dedupe: bool = True) -> Iterator[list[bytes]]:
         """Entry keys, a SCAN page at a time, each once (``found``, ``unreachable``: for
-        cluster layouts; one server fails as a whole)."""
-        cursor, seen = 0, set()
+        cluster layouts; one server fails as a whole). ``dedupe`` off: a key SCAN names
+        twice is yielded twice (for a caller that makes a set of them: no set of every
+        key beside it, ~150 MB at a million)."""
+        cursor, seen = 0, set() if dedupe else None
         while True:
             with self._errors():
                 cursor, keys = self._r.scan(cursor, match=self._match, count=1000)
-            page = [k for k in keys if k not in seen]
-            seen.update(page)
+            if seen is None:
+                page = keys
+            else:
+                page = [k for k in keys if k not in seen]
+                seen.update(page)
             if page:
                 yield page
             if cursor == 0:
@@ -125,7 +130,7 @@ class RedisCatalogue:
 
     def identifiers(self, *, unreachable: list | None = None,
                     hint: bool = False) -> Iterator[str]:
-        for page in self._scan_pages(unreachable=unreachable):
+        for page in self._scan_pages(unreachable=unreachable, dedupe=not hint):
             yield from self._idents(page)
 
     def scan(self, *, unreachable: list | None = None) -> Iterator[EntryInfo]:

@@ -88,10 +88,11 @@ class ClusterScan:
         with self._errors():  # (the first call may build the client: unreachable, auth…)
             return self._r.get_primaries()
 
-    def _scan_pages(self, found: set | None = None,
-                    unreachable: list | None = None) -> Iterator[list[bytes]]:
-        """Entry keys of every primary, a SCAN page at a time, each once; side keys met on
-        the way go to ``found`` as ``(meta, atime)`` pairs.
+    def _scan_pages(self, found: set | None = None, unreachable: list | None = None,
+                    dedupe: bool = True) -> Iterator[list[bytes]]:
+        """Entry keys of every primary, a SCAN page at a time, each once (``dedupe`` off:
+        as often as SCAN names them); side keys met on the way go to ``found`` as
+        ``(meta, atime)`` pairs.
 
         The primaries come from the client's slot map; if one of them is a dead node the
         map still lists (a failover the client has not seen yet: a consumer's index
@@ -101,7 +102,7 @@ class ClusterScan:
         ``unreachable`` (a list: :meth:`.base.Store.scan`) is appended there as
         ``(node, reason)`` and the walk goes on; if no primary answered, the last failure
         raises."""
-        seen: set[bytes] = set()
+        seen: set[bytes] | None = set() if dedupe else None
         # entry keys only, unless side keys are wanted too (a sparse bucket has 3 keys)
         match = self._bucket_match if found is not None else self._bucket_match + b"}:e:*"
         walked: set[str] = set()
@@ -136,7 +137,7 @@ class ClusterScan:
         if unreachable is not None:
             unreachable.extend((name, error.reason) for name, error in failed.items())
 
-    def _scan_node(self, node, match: bytes, seen: set, found: set | None):
+    def _scan_node(self, node, match: bytes, seen: set | None, found: set | None):
         """One primary's entry keys, a SCAN page at a time (see ``_scan_pages``)."""
         plen = len(self.prefix.encode("utf-8"))
         cursor = 0
@@ -148,7 +149,9 @@ class ClusterScan:
                 close = k.find(b"}", plen)
                 rest = k[close + 1:]
                 if rest.startswith(b":e:"):
-                    if k not in seen:
+                    if seen is None:
+                        page.append(k)
+                    elif k not in seen:
                         seen.add(k)
                         page.append(k)
                 elif found is not None and rest in (b":m", b":a"):
