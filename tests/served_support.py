@@ -200,6 +200,32 @@ def start_server(model: str, store_config: dict | None, root: Path, *extra_args:
     return Server(cmd, env, root, encoder_log, model)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vllm_epd_proxy() -> Path:
+    """vLLM's EPD proxy (``disagg_epd_proxy.py``) of the installed release: it lives in
+    vLLM's source tree, not its wheel; ``scripts/setup`` fetches it from that release's
+    source distribution into ``.vllm-src/<version>/``."""
+    from vllm import __version__
+
+    path = ROOT / ".vllm-src" / __version__.split("+")[0] / "disagg_epd_proxy.py"
+    if not path.is_file():
+        pytest.fail(f"{path.relative_to(ROOT)} is missing: scripts/setup fetches it from "
+                    "vLLM's source distribution (python scripts/fetch_vllm_proxy.py)")
+    return path
+
+
+def start_proxy(encoder: Server, pd: Server, root: Path, *flags: str) -> Server:
+    """vLLM's own EPD proxy (:func:`vllm_epd_proxy`) in front of ``encoder`` and ``pd``
+    (E + PD: no prefill instance), with ``flags`` (``--no-rewrite``); returns at once
+    (:meth:`Server.wait_ready`: its ``/health`` asks both)."""
+    cmd = [sys.executable, str(vllm_epd_proxy()), "--host", "127.0.0.1",
+           "--encode-servers-urls", encoder.base, "--prefill-servers-urls", "disable",
+           "--decode-servers-urls", pd.base, *flags]
+    return Server(cmd, dict(os.environ), root, None, pd.model)
+
+
 @contextlib.contextmanager
 def api_server(model: str, store_config: dict | None, root: Path, *extra_args: str, **kw):
     """``python -m vllm.entrypoints.openai.api_server`` with the encache connector, as

@@ -53,6 +53,7 @@ import re
 
 from blake3 import blake3
 
+from ..store.entry import KEYED_BY_CONTENT
 from ..store.keys import split_lora
 from . import CONNECTOR_MODULE, CONNECTOR_NAMES
 
@@ -84,6 +85,16 @@ def is_content_hash(identifier: str) -> bool:
     bytes: hex of a digest's length. A client uuid is never one where :func:`applies`;
     vLLM's request-local names (both caches off: ``renderer0-mm-1-image-0``) are not."""
     return _CONTENT_HASH.fullmatch(split_lora(identifier)[1]) is not None
+
+
+def keyed_by(identifier: str, *, content_keyed: bool, content_hashes_keyed: bool) -> str:
+    """An entry's ``keyed_by`` header field: ``content`` when its identifier was computed
+    from the item's bytes -- every identifier of a writer told so (``content_keyed``:
+    precompute, warm), or a content hash where client uuids are namespaced apart
+    (``content_hashes_keyed``: :func:`content_keying`) -- else empty (checked on load)."""
+    if content_keyed or (content_hashes_keyed and is_content_hash(identifier)):
+        return KEYED_BY_CONTENT
+    return ""
 
 
 def namespaces(ec_transfer_config) -> bool:

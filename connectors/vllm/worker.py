@@ -27,9 +27,8 @@ import time
 
 import torch
 
-from ..store.entry import KEYED_BY_CONTENT
 from ..store.keys import split_lora
-from .uuids import content_keying, is_content_hash
+from .uuids import content_keying, keyed_by
 from .writer import EntryWriter
 from .config import ConnectorConfig
 from .device_copy import DeviceCopier
@@ -172,11 +171,9 @@ class EncacheWorkerConnector:
             self._step_saves.append((mm_hash, future))
 
     def keyed_by(self, identifier: str) -> str:
-        """The entry's ``keyed_by``: ``content`` when its identifier was computed from the
-        item's bytes (by precompute, or by vLLM where client uuids cannot pass for one)."""
-        if self.content_keyed or (self.content_hashes_keyed and is_content_hash(identifier)):
-            return KEYED_BY_CONTENT
-        return ""
+        """The entry's ``keyed_by`` (:func:`.uuids.keyed_by`)."""
+        return keyed_by(identifier, content_keyed=self.content_keyed,
+                        content_hashes_keyed=self.content_hashes_keyed)
 
     def end_step(self) -> None:
         """The step's end (vLLM's ``get_finished``): wait until this step's writes are in

@@ -47,7 +47,6 @@ import tempfile
 import time
 import uuid
 from collections import UserDict
-from types import SimpleNamespace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +70,7 @@ def run(rounds: int, entries: int) -> dict:
     from encache.connectors.vllm import binding as binding_mod
     from encache.connectors.store.entry import EntryMeta
     from encache.connectors.vllm.binding import binding_to_check, item_binding
-    from encache.connectors.vllm.uuids import uuid_identifier
-    from encache.connectors.vllm.worker import EncacheWorkerConnector
+    from encache.connectors.vllm.uuids import keyed_by, uuid_identifier
 
     def one_core(data):
         """item_binding with every input hashed on one core."""
@@ -112,10 +110,9 @@ def run(rounds: int, entries: int) -> dict:
         item_binding(kept["llava"])  # remembered: the repeat row's object
         # the headers a consumer checks: an entry precompute wrote, and what an online
         # producer's worker stamps for a content hash and for a client uuid's identifier
-        online = SimpleNamespace(content_keyed=False, content_hashes_keyed=True)
-        keyed = {"precomputed": "content",
-                 "online": EncacheWorkerConnector.keyed_by(online, ids[0]),
-                 "client_uuid": EncacheWorkerConnector.keyed_by(online, uuid_identifier("c"))}
+        online = dict(content_keyed=False, content_hashes_keyed=True)
+        keyed = {"precomputed": "content", "online": keyed_by(ids[0], **online),
+                 "client_uuid": keyed_by(uuid_identifier("c"), **online)}
         assert keyed == {"precomputed": "content", "online": "content", "client_uuid": ""}
         metas = {k: EntryMeta(identifier="x", dtype="F16", shape=SHAPE, data_bytes=nbytes,
                               binding="blake3:" + "0" * 64, keyed_by=v)

@@ -9,6 +9,8 @@ password redacted (``StoreError.reason``: the same line without the URL).
 
 from __future__ import annotations
 
+import time
+
 from redis.exceptions import (AuthenticationError, AuthorizationError, BusyLoadingError,
                               ClusterDownError, ConnectionError as RedisConnectionError,
                               NoPermissionError, OutOfMemoryError, ReadOnlyError,
@@ -42,17 +44,32 @@ class ConnectionBackoff(AbstractBackoff):
 class ConnectionRetry(Retry):
     """Retry dropped/refused connections (a restart, a stale pooled socket), but neither a
     refused password nor a timeout (a hung or overloaded server: waiting again only
-    multiplies the delay every caller sees)."""
+    multiplies the delay every caller sees).
+
+    The loop is ours, not ``Retry.call_with_retry``'s: redis-py 5 calls it with ``(do,
+    fail)``, later releases add ``is_retryable`` and ``with_failure_count``, and the
+    base class of each release accepts only its own; this one takes either call."""
 
     def __init__(self, backoff, retries):
         super().__init__(backoff, retries, supported_errors=(RedisConnectionError,))
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        def retryable(e):
-            if isinstance(e, (AuthenticationError, AuthorizationError)):
-                return False
-            return is_retryable is None or is_retryable(e)
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+        self._backoff.reset()
+        failures = 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as e:
+                if isinstance(e, (AuthenticationError, AuthorizationError)) \
+                        or (is_retryable is not None and not is_retryable(e)):
+                    raise
+                failures += 1
+                fail(e, failures) if with_failure_count else fail(e)
+                if 0 <= self._retries < failures:
+                    raise
+                wait = self._backoff.compute(failures)
+                if wait > 0:
+                    time.sleep(wait)
 
 
 def describe_error(e: BaseException, *, url: str, password: str | None,
@@ -67,7 +84,8 @@ def describe_error(e: BaseException, *, url: str, password: str | None,
                 "docs/security.md lists what a consumer and a writer need")
     elif isinstance(e, AuthenticationError) or "noauth" in low \
             or "wrongpass" in low or "invalid password" in low \
-            or "invalid username-password" in low or "already authenticated" in low:
+            or "invalid username-password" in low or "already authenticated" in low \
+            or "authentication required" in low:
         if not password:
             what = "authentication failed: the server requires a password (the URL has none)"
         elif "wrongpass" in low or "invalid" in low:
