@@ -23,6 +23,11 @@ from the item's bytes, and an online producer stamps its entry ``keyed_by: conte
 under the namespace keep the binding check (two clients may pick one uuid for different
 pixels).
 
+A uuid of 64 hex digits on an item that carries its data, of a modality whose
+placeholders need no metadata, is not used at all: the item is keyed by its bytes
+(:func:`_keyed_by_content`), so vLLM's EPD proxy, which names such items differently to
+the encoder and to PD, still has PD find the encoder's entry.
+
 The patch wraps ``BaseRenderer._process_multimodal`` (``vllm/renderers/base.py``, the
 same in vLLM 0.32 and 0.34: every chat, completion and ``LLM`` request's media go
 through it, with the request's uuids and the engine's ``VllmConfig``), and that
@@ -46,10 +51,12 @@ from the client as given; docs/security.md says so.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
 import re
+import threading
 
 from blake3 import blake3
 
@@ -188,17 +195,97 @@ def install() -> None:
         given = bound.arguments.get("mm_uuids")
         if not given:
             return original(self, *args, **kwargs)
+        processor = self.get_mm_processor()
+        given, by_content = _keyed_by_content(given, bound.arguments.get("mm_data"),
+                                              processor)
         mapped = bound.arguments["mm_uuids"] = _mapped(given)
-        _hook_processor(self.get_mm_processor())
+        _hook_processor(processor)
         out = original(*bound.args, **bound.kwargs)
         # (a processor that bypasses _get_mm_hashes: its output is put right here)
         hashes = out.get("mm_hashes") if isinstance(out, dict) else None
         if hashes:
             out["mm_hashes"] = _kept_in_namespace(hashes, mapped)
+            _remember(by_content, out["mm_hashes"])
         return out
 
     _process_multimodal._encache_uuids = True
     target._process_multimodal = _process_multimodal
+
+
+class _Kept(str):
+    """A content hash vLLM computed in this process, passed as an item's uuid as is."""
+
+
+#: hex uuids whose items this process keyed by their bytes -> the hash vLLM gave the
+#: item, so a later uuid-only reference (vLLM's processor-cache reference) names it too
+_ALIASES: collections.OrderedDict[str, str] = collections.OrderedDict()
+_ALIASES_MAX = 65536
+_aliases_lock = threading.Lock()
+
+
+def _no_placeholder_metadata(processor, modality: str) -> bool:
+    """Whether ``modality``'s placeholders need no metadata for this model (LLaVA, Gemma
+    3: a fixed token count; Qwen-VL's need ``image_grid_thw``); False where vLLM does not
+    say (nothing is then keyed otherwise)."""
+    try:
+        return not processor.info.data_parser.placeholder_metadata_fields(modality)
+    except Exception:  # noqa: BLE001 - a vLLM without the declaration
+        return False
+
+
+def _keyed_by_content(mm_uuids: dict, mm_data, processor) -> tuple[dict, list]:
+    """``mm_uuids`` with each uuid of 64 (or 128) hex digits on an item that carries its
+    data, of a modality whose placeholders need no metadata, left out: vLLM then keys the
+    item by its bytes, as the same item sent without a uuid. Why: vLLM's EPD proxy (0.32
+    to 0.34, default mode) gives the encoder every item under sha256 of its URL and, for
+    such a model, sends PD the raw item *without* it, so PD keys it by its bytes; keyed
+    alike on every encache server, the encoder's entry is PD's (and precompute's entries
+    serve both). A client's hex uuid gets the same: keyed by the pixels, never by a
+    client's choice. A uuid-only reference (no data) to such an item gets the hash vLLM
+    gave it in this process (:data:`_ALIASES`), as vLLM's own cache reference would.
+    Returns ``(uuids, [(modality, index, uuid)] left out)``."""
+    out, left_out = {}, []
+    for modality, uuids in mm_uuids.items():
+        single = isinstance(uuids, str)
+        items = [uuids] if single else list(uuids or ())
+        if not any(isinstance(u, str) and _CONTENT_HASH.fullmatch(u) for u in items) \
+                or not _no_placeholder_metadata(processor, modality):
+            out[modality] = uuids
+            continue
+        data = (mm_data or {}).get(modality)
+        datas = list(data) if isinstance(data, (list, tuple)) and not single else [data]
+        kept = []
+        for i, u in enumerate(items):
+            if isinstance(u, str) and _CONTENT_HASH.fullmatch(u):
+                item = datas[i] if i < len(datas) else None
+                if item is None:  # a uuid-only reference
+                    with _aliases_lock:
+                        known = _ALIASES.get(u)
+                    if known is not None:
+                        kept.append(_Kept(known))
+                        continue
+                elif not isinstance(item, dict):  # (a dict: embeddings, kept as named)
+                    kept.append(None)
+                    left_out.append((modality, i, u))
+                    continue
+            kept.append(u)
+        out[modality] = kept[0] if single else kept
+    return out, left_out
+
+
+def _remember(left_out: list, hashes: dict) -> None:
+    """Note the hash vLLM gave each item :func:`_keyed_by_content` left its uuid out of."""
+    for modality, i, u in left_out:
+        try:
+            mm_hash = hashes[modality][i]
+        except (KeyError, IndexError, TypeError):
+            continue
+        if is_content_hash(mm_hash):
+            with _aliases_lock:
+                _ALIASES[u] = mm_hash
+                _ALIASES.move_to_end(u)
+                while len(_ALIASES) > _ALIASES_MAX:
+                    _ALIASES.popitem(last=False)
 
 
 def _hook_processor(processor) -> None:
@@ -221,14 +308,15 @@ def _hook_processor(processor) -> None:
 
 def _mapped(mm_uuids: dict) -> dict:
     """``multi_modal_uuids`` with every given uuid mapped by :func:`uuid_identifier`."""
+    def one(u):
+        return u if u is None or isinstance(u, _Kept) else uuid_identifier(u)
+
     out = {}
     for modality, uuids in mm_uuids.items():
-        if isinstance(uuids, str):
-            out[modality] = uuid_identifier(uuids)
-        elif uuids is None:
-            out[modality] = None
+        if isinstance(uuids, str) or uuids is None:
+            out[modality] = one(uuids)
         else:
-            out[modality] = [None if u is None else uuid_identifier(u) for u in uuids]
+            out[modality] = [one(u) for u in uuids]
     return out
 
 

@@ -95,3 +95,39 @@ def test_the_request_uuids_are_mapped_and_what_vllm_hashed_again_stays_in_the_na
         "vision_chunk": ["uuid=" + HEX64, "uuid=" + "f" * 64]}
     # uuids the patch did not map (an engine it does not act for): left as they are
     assert uuids._kept_in_namespace({"image": [HEX64]}, {"image": [HEX64]}) == {"image": [HEX64]}
+
+
+
+def _processor(fields):
+    parser = SimpleNamespace(placeholder_metadata_fields=lambda m: set(fields))
+    return SimpleNamespace(info=SimpleNamespace(data_parser=parser))
+
+
+def test_hex_uuids_on_items_with_data_of_models_without_placeholder_metadata_key_by_bytes(
+        monkeypatch):
+    """What vLLM's EPD proxy (default mode) does to a LLaVA / Gemma 3 item -- sha256 of its
+    URL as the encoder's uuid, the raw item without it to PD -- keys alike on both: the
+    hex uuid is left out where the item carries its data, and a later uuid-only
+    reference to it gets the hash vLLM gave it. Grid models (PD gets the uuid), other
+    uuids and embeddings keep their uuids."""
+    monkeypatch.setattr(uuids, "_ALIASES", type(uuids._ALIASES)())
+    image, hex2 = object(), "ab" * 32
+    given = {"image": [HEX64, "doc-7", None, hex2]}
+    data = {"image": [image, image, image, None]}
+    out, left = uuids._keyed_by_content(given, data, _processor(()))
+    assert out == {"image": [None, "doc-7", None, hex2]}  # (hex2: no data, not known yet)
+    assert left == [("image", 0, HEX64)]
+    uuids._remember(left, {"image": ["c" * 64, "d", "e", "f"]})
+    # a uuid-only reference to it: the hash vLLM gave it, passed as is (not mapped)
+    out, left = uuids._keyed_by_content({"image": [HEX64]}, {"image": [None]}, _processor(()))
+    assert out == {"image": ["c" * 64]} and left == []
+    assert uuids._mapped(out) == {"image": ["c" * 64]}
+    assert uuids._mapped({"image": ["doc-7"]}) == {"image": [uuids.uuid_identifier("doc-7")]}
+    # a grid model, embeddings (a dict), a single uuid
+    assert uuids._keyed_by_content(given, data, _processor({"image_grid_thw"}))[0] == given
+    assert uuids._keyed_by_content({"image": [HEX64]}, {"image": [{"image_embeds": 1}]},
+                                   _processor(()))[0] == {"image": [HEX64]}
+    assert uuids._keyed_by_content({"image": HEX64}, {"image": image},
+                                   _processor(()))[0] == {"image": None}
+    # a vLLM that does not declare the fields: left as given
+    assert uuids._keyed_by_content(given, data, SimpleNamespace())[0] == given

@@ -1,10 +1,11 @@
 """Entries bound to their inputs, on real engines: a client-chosen uuid cannot poison the store.
 
 The attack: a client sends image A to a producer with ``uuid`` set to image B's identifier
-(anyone who has B can compute it). Client uuids live in a namespace of their own
-(:mod:`encache.connectors.vllm.uuids`): A's output lands under ``uuid=…``, never under B's
-identifier, and a later request for B (no uuid) on a consumer is answered from B's own
-pixels. Two clients that pick one uuid for different pixels meet the binding (a digest
+(anyone who has B can compute it). A uuid of 64 hex digits on an item with its data is not
+used: A's output lands under A's own identifier, never under B's; other client uuids live
+in a namespace of their own (:mod:`encache.connectors.vllm.uuids`, ``uuid=…``); a later
+request for B (no uuid) on a consumer is answered from B's own pixels. Two clients that
+pick one uuid for different pixels meet the binding (a digest
 of the inputs the producer's tower consumed, :mod:`encache.connectors.vllm.binding`): the
 consumer refuses the entry, encodes its own pixels and counts the refusal. An honest uuid
 (the same pixels under a client's own uuid) and precompute still hit; an online
@@ -90,18 +91,21 @@ def test_a_client_uuid_never_names_content_and_honest_uuids_hit(tiny_model, page
     assert reference[a] != reference[b], "the tiny model must tell the two pages apart"
     store = str(tmp_path / "store")
     b_id = identify_file(b, tiny_model).identifier
-    honest = "client-chosen-id-for-c"
+    honest, shared = "client-chosen-id-for-c", "a-uuid-two-clients-picked"
 
     producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
     try:
-        # the attack: A's pixels under B's identifier; an honest client's own uuid for C
-        chat(producer, [(a, b_id), (c, honest)])
+        # the attack: A's pixels under B's identifier, and under a uuid another client
+        # will pick for B; an honest client's own uuid for C
+        chat(producer, [(a, b_id), (a, shared), (c, honest)])
         _saved(producer)
     finally:
         shutdown(producer)
     s = open_store(store)
-    assert not s.contains(b_id), "a client uuid named a content hash"
-    planted = s.stat(uuid_identifier(b_id)).meta
+    assert not s.contains(b_id) and not s.contains(uuid_identifier(b_id)), \
+        "a client's hex uuid named an entry"
+    assert s.stat(identify_file(a, tiny_model).identifier).meta.keyed_by == "content"
+    planted = s.stat(uuid_identifier(shared)).meta
     assert planted.binding.startswith("blake3:") and planted.keyed_by == ""
     assert s.stat(uuid_identifier(honest)).meta.keyed_by == ""
     assert uuid_identifier(honest).startswith("uuid=") and ":" not in uuid_identifier(honest)
@@ -116,8 +120,8 @@ def test_a_client_uuid_never_names_content_and_honest_uuids_hit(tiny_model, page
         # B asked about without a uuid: nothing stored under B's identifier, B encoded
         assert chat(consumer, [(b, None)]) == [reference[b]]
         assert counter.items == 1
-        # B sent under the attacker's uuid: the entry there is A's, bound to A: refused
-        assert chat(consumer, [(b, b_id)]) == [reference[b]]
+        # B sent under the uuid the attacker used for A: A's entry, bound to A: refused
+        assert chat(consumer, [(b, shared)]) == [reference[b]]
         assert counter.items == 2
         counters = _wait_counter(store, "misses_binding", 1)
         assert counters.get("binding_mismatches") == 1 and counters.get("misses_binding") == 1
@@ -125,7 +129,7 @@ def test_a_client_uuid_never_names_content_and_honest_uuids_hit(tiny_model, page
     finally:
         shutdown(consumer)
     # the planted entry was served to nobody and is still there (a consumer writes nothing)
-    assert open_store(store).stat(uuid_identifier(b_id)).meta.binding == planted.binding
+    assert open_store(store).stat(uuid_identifier(shared)).meta.binding == planted.binding
 
 
 def test_encoder_reencodes_an_entry_bound_to_other_pixels_and_replaces_it(
@@ -212,8 +216,8 @@ def test_precomputed_entries_load_without_a_digest_and_a_client_uuid_cannot_repl
     """Precompute computes each identifier from the item's bytes and passes it as the
     item's uuid, unmapped (``content_keyed``): its entries land where a request without a
     uuid looks, say so (``keyed_by: content``), and a consumer serves them without
-    digesting the request's inputs. A client that sends A under B's identifier writes to
-    the uuid namespace: the precomputed entry for B is untouched and still hits."""
+    digesting the request's inputs. A client that sends A under B's identifier reaches
+    A's own identifier: the precomputed entry for B is untouched and still hits."""
     from encache.jobs.precompute import PrecomputeOptions, precompute_corpus
     a, b, _ = pages
     root = tmp_path / "corpus"
@@ -237,7 +241,7 @@ def test_precomputed_entries_load_without_a_digest_and_a_client_uuid_cannot_repl
     finally:
         shutdown(producer)
     assert open_store(store).stat(b_id).meta.keyed_by == "content"
-    assert open_store(store).contains(uuid_identifier(b_id))
+    assert not open_store(store).contains(uuid_identifier(b_id))
 
     digests = _count_digests(monkeypatch)
     counter = EncoderCounter()

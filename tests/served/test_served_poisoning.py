@@ -6,11 +6,12 @@ a client would play it: send image A to the producer with ``"uuid"`` set to imag
 identifier (``encache hash B``), hoping A's encoder output is stored under B's key, for a
 later client who asks the consumer about B with no uuid. Shown for each store:
 
-* client uuids live in their own namespace: A's output lands under ``uuid=…``, never
-  under B's identifier, and the consumer answers B from B's own pixels (its tower encodes
-  B; the first token's top-5 logprobs are not A's);
-* a client that sends B under the attacker's uuid meets A's entry there and the binding:
-  refused and counted (``misses_binding``, ``binding_mismatches``), B encoded;
+* a client uuid of 64 hex digits on an item with its data is not used: A's output lands
+  under A's own identifier, never under B's, and the consumer answers B from B's own
+  pixels (its tower encodes B; the first token's top-5 logprobs are not A's);
+* other client uuids live in their own namespace (``uuid=…``): a client that sends B
+  under a uuid the attacker used for A meets A's entry there and the binding: refused
+  and counted (``misses_binding``, ``binding_mismatches``), B encoded;
 * an honest client uuid (the same pixels under the client's own id), a precomputed image
   and vLLM's EPD proxy flow (media to the encoder, then the request to PD) still hit, the
   consumer's tower idle for them;
@@ -101,14 +102,18 @@ def test_a_planted_entry_is_never_served_and_honest_flows_hit(fleet, backend):
     model, images, store = fleet["model"], fleet["images"], fleet["stores"][backend]
     producer, consumer = fleet["servers"][f"e-{backend}"], fleet["servers"][f"c-{backend}"]
     b_id = identify_file(images["b"], model).identifier
-    honest = f"tenant-{backend}-c"
+    honest, shared = f"tenant-{backend}-c", f"tenant-{backend}-shared"
 
-    # the attack, and an honest client's own uuid, on the producer
+    # the attack (A under B's identifier, and under a uuid another client will pick for
+    # B), and an honest client's own uuid, on the producer
     post_chat_ok(producer.base, request(model, images["a"], b_id))
+    post_chat_ok(producer.base, request(model, images["a"], shared))
     post_chat_ok(producer.base, request(model, images["c"], honest))
     s = open_store(store)
-    planted = header(s, uuid_identifier(b_id))
-    assert not s.contains(b_id), "a client uuid named B's identifier"
+    planted = header(s, uuid_identifier(shared))
+    assert not s.contains(b_id) and not s.contains(uuid_identifier(b_id)), \
+        "a client's hex uuid named an entry"
+    assert header(s, identify_file(images["a"], model).identifier).keyed_by == "content"
     assert planted.keyed_by == "" and planted.binding.startswith("blake3:")
     assert header(s, uuid_identifier(honest)).keyed_by == ""
 
@@ -117,17 +122,18 @@ def test_a_planted_entry_is_never_served_and_honest_flows_hit(fleet, backend):
     # a later client asks the consumer about B, no uuid: B's own pixels are encoded
     got_b = first_token_logprobs(post_chat_ok(consumer.base, request(model, images["b"])))
     assert consumer.encoder_log.count() == runs + 1, "the consumer loaded an entry for B"
-    # ... and B's answer is not what A's encoder output gives (A asked plainly: encoded)
+    # ... and B's answer is not what A's encoder output gives (A asked plainly: the entry
+    # the attacker's request left under A's own identifier, A's own output: a hit)
     got_a = first_token_logprobs(post_chat_ok(consumer.base, request(model, images["a"])))
     assert got_a != got_b, "B was answered from A's encoder output"
-    # B sent under the attacker's uuid: A's entry is there, bound to A: refused
+    # B sent under the uuid the attacker used for A: A's entry, bound to A: refused
     got_b_uuid = first_token_logprobs(post_chat_ok(consumer.base,
-                                                   request(model, images["b"], b_id)))
-    assert consumer.encoder_log.count() == runs + 3, "the consumer served A's entry for B"
+                                                   request(model, images["b"], shared)))
+    assert consumer.encoder_log.count() == runs + 2, "the consumer served A's entry for B"
     assert got_b_uuid == got_b
     deltas = counter_deltas(store, before, keys=KEYS)
-    assert deltas == {"hits": 0, "misses": 3, "misses_binding": 1, "binding_mismatches": 1,
-                      "misses_absent": 2, "inputs_digested": 1}, deltas
+    assert deltas == {"hits": 1, "misses": 2, "misses_binding": 1, "binding_mismatches": 1,
+                      "misses_absent": 1, "inputs_digested": 1}, deltas
 
     # the producer's entry for an item sent without a uuid is keyed by its content
     post_chat_ok(producer.base, request(model, images["d"]))

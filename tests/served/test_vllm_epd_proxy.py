@@ -7,15 +7,15 @@ the model is the tiny LLaVA with Gemma-3-sized entries (2.75 MB), whose placehol
 like Gemma 3's, need no metadata. Two proxies stand in front of the pair: vLLM's default
 and ``--no-rewrite``. Clients post to a proxy, as in production. Shown:
 
-* ``--no-rewrite`` (what docs/epd.md recommends): every PD item is a store hit with the
+* ``--no-rewrite``: every PD item is a store hit with the
   PD tower idle, for clients with and without a uuid, answered as a plain server answers;
   an image precomputed before is served from the store on both sides (the encoder's tower
   idle too).
-* the default: a client's own uuid hits (the proxy hands it to the encoder and PD alike).
-  An item sent without one is a PD miss that PD encodes itself: the proxy gives the
-  encoder a uuid of its own (sha256 of the URL) and, for a model whose placeholders need
-  no metadata, sends PD the raw item without it, so the two key it differently (vLLM
-  0.32-0.34; vLLM PR #57275). Pinned here, so a vLLM that fixes it shows up.
+* the default: the same. The proxy gives the encoder each item under a uuid of its own
+  (sha256 of the URL) and, for a model whose placeholders need no metadata, sends PD the
+  raw item without it (vLLM 0.32-0.34; vLLM PR #57275): encache keys an item that
+  carries its data under such a hex uuid by its bytes, on both servers, so they agree
+  (and precomputed entries serve both); a client's own uuid hits too.
 * the attack of docs/security.md through the proxy: image A sent under image B's
   identifier as its uuid is never what a later request for B is answered from.
 """
@@ -48,15 +48,16 @@ def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-proxy")
     images = draw_images(root / "img", {
         "n1": (200, 160), "n2": (170, 190), "u1": (180, 150), "u2": (150, 170),
-        "d1": (210, 150), "pre": (160, 200), "a": (190, 170), "b": (190, 170)}, seed=57)
+        "pre": (160, 200), "pre2": (210, 150), "a": (190, 170), "b": (190, 170)}, seed=57)
     store = str(root / "store")
     pre_dir = root / "pre"
     pre_dir.mkdir()
-    (pre_dir / "pre.png").write_bytes(Path(images["pre"]).read_bytes())
+    for name in ("pre", "pre2"):
+        (pre_dir / f"{name}.png").write_bytes(Path(images[name]).read_bytes())
     pre = dict(PRECOMPUTE_KW, max_model_len=MAX_LEN,
                engine_args={**PRECOMPUTE_KW["engine_args"], "max_num_batched_tokens": MAX_LEN})
     assert precompute_corpus(str(pre_dir), PrecomputeOptions(
-        model=model, store=store, **pre)).encoded == 1
+        model=model, store=store, **pre)).encoded == 2
     started = {}
     try:  # (started inside: a start that fails stops the ones started before it)
         for name, config in (("plain", None),
@@ -111,31 +112,36 @@ def test_no_rewrite_every_pd_item_hits_and_precomputed_images_serve_both_sides(f
     assert s.stat(uuid_identifier("tenant-7/u1"))
 
 
-def test_default_proxy_a_client_uuid_hits_and_an_item_without_one_is_encoded_by_pd(fleet):
-    before, (e0, pd0) = open_store(fleet["store"]).read_counters(), runs(fleet)
-    ask(fleet, "default", "u2", "tenant-8/u2")
-    assert runs(fleet) == (e0 + 1, pd0)
+def test_default_proxy_every_pd_item_hits_with_or_without_a_client_uuid(fleet):
+    """vLLM's proxy gives the encoder each item under sha256 of its URL and sends PD the
+    raw item without it; encache keys that item by its bytes on both servers."""
+    s = open_store(fleet["store"])
+    before, (e0, pd0) = s.read_counters(), runs(fleet)
+    got = {"u2": ask(fleet, "default", "u2", "tenant-8/u2"),
+           "n2": ask(fleet, "default", "n2"),
+           "pre2": ask(fleet, "default", "pre2")}
+    assert runs(fleet) == (e0 + 2, pd0), "the PD tower ran (or the encoder's, for pre)"
     assert counter_deltas(fleet["store"], before, keys=KEYS) == {
-        "hits": 1, "misses": 0, "saves": 1}
-
-    before = open_store(fleet["store"]).read_counters()
-    got = ask(fleet, "default", "n2")
-    # vLLM's proxy keyed the encoder's item by a uuid of its own and sent PD the raw
-    # item without it: PD's lookup (vLLM's hash of the bytes) misses and PD encodes
-    assert runs(fleet) == (e0 + 2, pd0 + 1), \
-        "PD found the encoder's entry: vLLM's proxy now keys both alike; update docs/epd.md"
-    deltas = counter_deltas(fleet["store"], before, keys=KEYS)
-    assert deltas["hits"] == 0 and deltas["misses"] == 1, deltas
-    assert_logprobs_close(got, plain(fleet, "n2"))
+        "hits": 3, "misses": 0, "saves": 2}
+    for name, logprobs in got.items():
+        assert_logprobs_close(logprobs, plain(fleet, name))
+    # the proxy's uuid is not what the entry is stored under: the image's own hash is,
+    # and the entry says it is keyed by its content
+    n2 = identify_file(fleet["images"]["n2"], fleet["model"]).identifier
+    assert s.stat(n2).meta.keyed_by == "content"
+    assert s.stat(uuid_identifier("tenant-8/u2")).meta.keyed_by == ""
 
 
-@pytest.mark.parametrize("proxy", ["default", "no-rewrite"])
-def test_an_image_sent_under_anothers_identifier_never_answers_for_it(fleet, proxy):
+def test_an_image_sent_under_anothers_identifier_never_answers_for_it(fleet):
     images, model = fleet["images"], fleet["model"]
     b_id = identify_file(images["b"], model).identifier
-    ask(fleet, proxy, "a", b_id)  # the attack: A's pixels under B's identifier
+    for proxy in ("default", "no-rewrite"):  # the attack: A's pixels under B's identifier
+        ask(fleet, proxy, "a", b_id)
     s = open_store(fleet["store"])
-    assert not s.contains(b_id), "a client uuid named B's identifier"
-    got_b = ask(fleet, proxy, "b")
-    assert_logprobs_close(got_b, plain(fleet, "b"))
-    assert got_b != plain(fleet, "a")
+    assert not s.contains(b_id) and not s.contains(uuid_identifier(b_id)), \
+        "a client's uuid named an entry"
+    want_b, want_a = plain(fleet, "b"), plain(fleet, "a")
+    for proxy in ("default", "no-rewrite"):
+        got_b = ask(fleet, proxy, "b")
+        assert_logprobs_close(got_b, want_b)
+        assert got_b != want_a
