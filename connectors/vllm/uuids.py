@@ -218,6 +218,7 @@ class _Kept(str):
 
 #: hex uuids whose items this process keyed by their bytes -> the hash vLLM gave the
 #: item, so a later uuid-only reference (vLLM's processor-cache reference) names it too
+#: ("" where one uuid came with two images: such a reference is then refused)
 _ALIASES: collections.OrderedDict[str, str] = collections.OrderedDict()
 _ALIASES_MAX = 65536
 _aliases_lock = threading.Lock()
@@ -261,7 +262,7 @@ def _keyed_by_content(mm_uuids: dict, mm_data, processor) -> tuple[dict, list]:
                 if item is None:  # a uuid-only reference
                     with _aliases_lock:
                         known = _ALIASES.get(u)
-                    if known is not None:
+                    if known:
                         kept.append(_Kept(known))
                         continue
                 elif not isinstance(item, dict):  # (a dict: embeddings, kept as named)
@@ -282,7 +283,10 @@ def _remember(left_out: list, hashes: dict) -> None:
             continue
         if is_content_hash(mm_hash):
             with _aliases_lock:
-                _ALIASES[u] = mm_hash
+                # one uuid sent with two images (a client replacing another's): neither
+                # (a reference then fails as an unknown uuid, never answered wrongly)
+                known = _ALIASES.get(u)
+                _ALIASES[u] = mm_hash if known in (None, mm_hash) else ""
                 _ALIASES.move_to_end(u)
                 while len(_ALIASES) > _ALIASES_MAX:
                     _ALIASES.popitem(last=False)

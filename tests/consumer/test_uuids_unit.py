@@ -123,6 +123,13 @@ def test_hex_uuids_on_items_with_data_of_models_without_placeholder_metadata_key
     assert out == {"image": ["c" * 64]} and left == []
     assert uuids._mapped(out) == {"image": ["c" * 64]}
     assert uuids._mapped({"image": ["doc-7"]}) == {"image": [uuids.uuid_identifier("doc-7")]}
+    # the same uuid later sent with other pixels: references to it name neither image
+    uuids._remember([("image", 0, HEX64)], {"image": ["d" * 64]})
+    out, _ = uuids._keyed_by_content({"image": [HEX64]}, {"image": [None]}, _processor(()))
+    assert uuids._mapped(out) == {"image": [uuids.uuid_identifier(HEX64)]}
+    uuids._remember([("image", 0, HEX64)], {"image": ["c" * 64]})  # (stays refused)
+    assert uuids._keyed_by_content({"image": [HEX64]}, {"image": [None]},
+                                   _processor(()))[0] == {"image": [HEX64]}
     # a grid model, embeddings (a dict), a single uuid
     assert uuids._keyed_by_content(given, data, _processor({"image_grid_thw"}))[0] == given
     assert uuids._keyed_by_content({"image": [HEX64]}, {"image": [{"image_embeds": 1}]},

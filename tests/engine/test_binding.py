@@ -254,5 +254,37 @@ def test_precomputed_entries_load_without_a_digest_and_a_client_uuid_cannot_repl
         shutdown(consumer)
 
 
+def test_a_hex_uuid_on_an_item_with_its_data_keys_it_by_its_bytes_and_a_reference_finds_it(
+        tiny_model, pages, reference, tmp_path):
+    """A uuid of 64 hex digits (what vLLM's EPD proxy gives every item) on an item with its
+    data, for LLaVA (no placeholder metadata): the entry lands under the image's own
+    identifier, keyed by content, and a later uuid-only reference to that uuid (vLLM's
+    processor-cache reference: no data) in the same server is answered as the image."""
+    from vllm import SamplingParams
+    a = pages[0]
+    hex_uuid = "5a" * 32
+    store = str(tmp_path / "store")
+    producer = make_llm(tiny_model, consumer_config(store, role="ec_producer"))
+    try:
+        chat(producer, [(a, hex_uuid)])
+        _saved(producer)
+    finally:
+        shutdown(producer)
+    s = open_store(store)
+    assert s.stat(identify_file(a, tiny_model).identifier).meta.keyed_by == "content"
+    assert not s.contains(uuid_identifier(hex_uuid))
+    consumer = make_llm(tiny_model, consumer_config(store, index_refresh_s=0.2))
+    try:
+        assert chat(consumer, [(a, hex_uuid)]) == [reference[a]]  # (a hit, by content)
+        ref = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": None, "uuid": hex_uuid},
+            {"type": "text", "text": "What is on this page?"}]}]
+        out = consumer.chat([ref], SamplingParams(max_tokens=6, temperature=0),
+                            use_tqdm=False)
+        assert out[0].outputs[0].text == reference[a]
+    finally:
+        shutdown(consumer)
+
+
 def _identifiers(store: str) -> list[str]:
     return list(open_store(store).identifiers())
