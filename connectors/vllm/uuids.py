@@ -2,9 +2,9 @@
 
 vLLM lets a client name an item (a chat part's ``"uuid"``, ``multi_modal_uuids``): the
 item's identifier is then that string, not a hash of the pixels, and the engine core
-cannot tell the two apart. encache maps every client uuid, in the API server, to
-:func:`uuid_identifier` -- ``"uuid="`` followed by 64 hex digits of blake3 over the
-uuid's UTF-8 bytes -- before vLLM uses it. Such an identifier is never hex (vLLM's
+cannot tell the two apart. encache maps client uuids (all but the hex ones below), in
+the API server, to :func:`uuid_identifier` -- ``"uuid="`` followed by 64 hex digits of
+blake3 over the uuid's UTF-8 bytes -- before vLLM uses it. Such an identifier is never hex (vLLM's
 content hashes are), holds no ``:`` (vLLM prefixes ``"{lora_name}:"`` after this, in
 ``InputProcessor._get_mm_identifier``), and is a file name the disk store keeps verbatim.
 The same uuid maps to the same identifier on every server (EPD: the proxy sends one uuid
@@ -234,6 +234,11 @@ def _no_placeholder_metadata(processor, modality: str) -> bool:
         return False
 
 
+def _as_list(uuids) -> list:
+    """A modality's ``multi_modal_uuids`` value (one uuid, a list, or None) as a list."""
+    return [uuids] if isinstance(uuids, str) else list(uuids or ())
+
+
 def _keyed_by_content(mm_uuids: dict, mm_data, processor) -> tuple[dict, list]:
     """``mm_uuids`` with each uuid of 64 (or 128) hex digits on an item that carries its
     data, of a modality whose placeholders need no metadata, left out: vLLM then keys the
@@ -247,8 +252,7 @@ def _keyed_by_content(mm_uuids: dict, mm_data, processor) -> tuple[dict, list]:
     Returns ``(uuids, [(modality, index, uuid)] left out)``."""
     out, left_out = {}, []
     for modality, uuids in mm_uuids.items():
-        single = isinstance(uuids, str)
-        items = [uuids] if single else list(uuids or ())
+        single, items = isinstance(uuids, str), _as_list(uuids)
         if not any(isinstance(u, str) and _CONTENT_HASH.fullmatch(u) for u in items) \
                 or not _no_placeholder_metadata(processor, modality):
             out[modality] = uuids
@@ -331,9 +335,8 @@ def _kept_in_namespace(hashes, given) -> dict:
     (a model's unified modality), every hash of the request goes in: such items then keep
     the binding check. Items named by anything else (a raw uuid: an engine the patch does
     not act for) are left as they are."""
-    named = {m: [u if isinstance(u, str) and in_namespace(u) else None
-                 for u in ([u] if isinstance(u, str) else list(u or ()))]
-             for m, u in given.items()}
+    named = {m: [u if isinstance(u, str) and in_namespace(u) else None for u in _as_list(us)]
+             for m, us in given.items()}
     named = {m: u for m, u in named.items() if any(u)}
     if not named:
         return hashes

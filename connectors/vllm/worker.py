@@ -166,14 +166,11 @@ class EncacheWorkerConnector:
             model=self.model_id, vllm_version=vllm_version, hash_algo=self.hash_algo,
             encoder_config=self.encoder_config,
             lora_digest=self._lora_digests.get(lora_name, "") if lora_name else "",
-            binding=self._bindings.pop(mm_hash, ""), keyed_by=self.keyed_by(mm_hash))
+            binding=self._bindings.pop(mm_hash, ""),
+            keyed_by=keyed_by(mm_hash, content_keyed=self.content_keyed,
+                              content_hashes_keyed=self.content_hashes_keyed))
         if self.save_wait_s > 0:
             self._step_saves.append((mm_hash, future))
-
-    def keyed_by(self, identifier: str) -> str:
-        """The entry's ``keyed_by`` (:func:`.uuids.keyed_by`)."""
-        return keyed_by(identifier, content_keyed=self.content_keyed,
-                        content_hashes_keyed=self.content_hashes_keyed)
 
     def end_step(self) -> None:
         """The step's end (vLLM's ``get_finished``): wait until this step's writes are in
